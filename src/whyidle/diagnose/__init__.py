@@ -1,0 +1,74 @@
+"""Diagnosis: facts → verdict and ranked findings (pure; no framework imports).
+
+``diagnose`` runs every rule of :mod:`whyidle.diagnose.rules`. The verdict is the id of the
+warning/critical finding with the highest ``est_speedup`` of at least
+``thresholds.VERDICT_MIN_SPEEDUP``; ``"device_bound"`` when none limits the device; ``"unknown"``
+when there are too few steps to judge.
+"""
+
+from __future__ import annotations
+
+from whyidle.diagnose import rules
+from whyidle.diagnose import thresholds as T
+
+_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _insufficient(facts: dict) -> dict | None:
+    info = facts.get("steps_info") or {}
+    step = facts.get("step")
+    if facts.get("primary") is None:
+        if not facts.get("instrumented"):
+            why = ("no Python process of the command imported PyTorch (a non-Python command, Python started with "
+                   "-I or -S, or a framework whyidle does not instrument yet); host and GPU samples only")
+        else:
+            why = ("PyTorch was imported but no optimizer step or DataLoader batch was seen (the program ended "
+                   "before training, or it trains without torch.optim and DataLoader)")
+        return rules.finding("no_steps", "info", "No training steps seen", f"No step data was seen: {why}.",
+                             {"instrumented_processes": len(facts.get("instrumented") or [])}, None,
+                             "Run the training script itself under whyidle (whyidle run -- python train.py).")
+    if step is None or step["steps"] < T.MIN_STEPS:
+        n = step["steps"] if step else 0
+        return rules.finding("too_few_steps", "info", "Too few steps to judge",
+                             f"Only {info.get('total', 0)} steps were seen ({n} after warm-up); at least "
+                             f"{T.MIN_STEPS} steady steps are needed for a diagnosis.",
+                             {"steps": info.get("total", 0), "analyzed": n}, None,
+                             "Run for more steps (a minute of training is plenty).")
+    return None
+
+
+def diagnose(facts: dict) -> tuple[str, list[dict]]:
+    """Returns ``(verdict, findings)``, findings most important first (severity, then est_speedup).
+
+    ``facts`` is the output of :func:`whyidle.analysis.run.analyze`.
+    """
+    findings: list[dict] = []
+    short = _insufficient(facts)
+    if short is not None:
+        findings.append(short)
+    for rule in (rules.gpu_not_visible, rules.wrong_device, rules.cpu_contention):
+        f = rule(facts)
+        if f:
+            findings.append(f)
+    if short is None:
+        for rule in (rules.input_bound, rules.host_bound, rules.small_batch):
+            f = rule(facts)
+            if f:
+                findings.append(f)
+    causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
+    config = rules.input_pipeline_config(facts, causes)
+    if config:
+        findings.append(config)
+    findings.sort(key=lambda f: (_SEVERITY_RANK[f["severity"]], -(f["est_speedup"] or 0)))
+    limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
+    if limiting:
+        verdict = max(limiting, key=lambda f: f["est_speedup"])["id"]
+    elif any(f["id"] in ("wrong_device", "gpu_not_visible") for f in findings):
+        verdict = next(f["id"] for f in findings if f["id"] in ("wrong_device", "gpu_not_visible"))
+    elif short is not None:
+        verdict = "unknown"
+    else:
+        verdict = "device_bound"
+        findings.insert(0, rules.device_bound(facts))
+    findings.sort(key=lambda f: f["id"] != verdict)  # stable: the verdict's finding leads
+    return verdict, findings

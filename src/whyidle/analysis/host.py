@@ -1,0 +1,190 @@
+"""Host samples → CPU, scheduler, disk and memory metrics over a time window (pure).
+
+Each ``host`` record holds cumulative counters (``docs/run-format.md``); a metric over a window is
+the difference between the record at (or just before) the window start and the one at (or just
+after) its end, divided by the elapsed time. Process roles come from the caller: the *trainer* is
+the process that ran the training steps, *workers* are its descendants (DataLoader workers), the
+rest of the observed tree is *tree other*, and *other processes* are everything else on the
+machine (system busy time minus the tree and whyidle itself).
+
+Units: ``*_cores`` are CPU-seconds per second (1.0 = one core fully busy); ``*_share`` fractions
+0–1; ``*_per_s`` per second of wall time.
+"""
+
+from __future__ import annotations
+
+# Indexes into a ``procs`` row of a host record (docs/run-format.md).
+PID, PPID, CPU_S, RSS, THREADS, CTX_VOL, CTX_INVOL, READ_BYTES, READ_CHARS, RUN_DELAY, MAIN_RUN_DELAY = range(11)
+
+
+def _bracket(records: list[dict], window: tuple[int, int] | None) -> tuple[dict, dict] | None:
+    """The two host ticks a window's deltas are taken between.
+
+    Ticks inside the window when there are at least two (so start-up work such as imports just
+    before the first step does not leak in); otherwise the ticks just outside it.
+    """
+    ticks = [r for r in records if r.get("k") == "host"]
+    if len(ticks) < 2:
+        return None
+    if window is None:
+        return ticks[0], ticks[-1]
+    t0, t1 = window
+    inside = [r for r in ticks if t0 <= r["t"] <= t1]
+    if len(inside) >= 2:
+        return inside[0], inside[-1]
+    before = [r for r in ticks if r["t"] <= t0]
+    after = [r for r in ticks if r["t"] >= t1]
+    a = before[-1] if before else ticks[0]
+    b = after[0] if after else ticks[-1]
+    if b["t"] <= a["t"]:
+        return None
+    return a, b
+
+
+def descendants(parents: dict[int, int], roots: set[int]) -> set[int]:
+    """All pids whose parent chain (``parents``: pid → ppid) reaches one of ``roots``."""
+    out: set[int] = set()
+    for pid in parents:
+        seen = set()
+        p = parents.get(pid)
+        while p is not None and p not in seen:
+            if p in roots:
+                out.add(pid)
+                break
+            seen.add(p)
+            p = parents.get(p)
+    return out - roots
+
+
+def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: set[int],
+                 primary: int | None, whyidle_pid: int | None, samples_in_window: float | None = None,
+                 loader_in_main: bool = True) -> dict | None:
+    """CPU, scheduler, I/O and memory metrics over ``window`` (monotonic ns) or the whole run.
+
+    Args:
+        records: ``host.jsonl`` records.
+        window: [t0, t1] in monotonic ns, or None for the whole recording.
+        trainers: pids of the processes that ran training steps; ``primary`` the main one.
+        whyidle_pid: the whyidle process (its own CPU is reported apart, not as "other").
+        samples_in_window: samples trained in the window, for bytes read per sample.
+        loader_in_main: True when the primary loader runs in the trainer (``num_workers=0``);
+            the loader processes for I/O per sample are then the trainer, else its workers.
+    Returns:
+        None when fewer than two host ticks exist; otherwise a dict with ``cores``,
+        ``cpu_busy_share``, ``percpu_busy_share`` (list), ``iowait_share``, ``trainer_cores``,
+        ``workers`` (count), ``workers_cores``, ``worker_busy_share`` (per worker, fraction of a
+        core), ``tree_other_cores``, ``whyidle_cores``, ``other_procs_cores``,
+        ``trainer_run_delay_share`` (fraction of wall time the trainer's main thread was runnable
+        but waiting for a CPU), ``tree_run_delay_cores`` (thread-seconds waiting per second),
+        ``invol_ctx_per_s``, ``disk_read_bytes_per_s``, ``loader_read_bytes_per_s`` and
+        ``loader_read_bytes_per_sample`` (``read_chars``: bytes returned by read(), page-cache
+        hits and pipes included), ``trainer_rss_max_bytes``, ``tree_rss_max_bytes``,
+        ``tree_threads``, ``psi_cpu_share``, ``psi_io_share``, ``window_s``.
+    """
+    pair = _bracket(records, window)
+    if pair is None:
+        return None
+    a, b = pair
+    dt = (b["t"] - a["t"]) / 1e9
+    static = next((r for r in records if r.get("k") == "host_static"), {})
+    cores = static.get("cpu_count") or len(b.get("percpu_busy_s") or []) or 1
+
+    rows_a = {r[PID]: r for r in a["procs"]}
+    rows_b = {r[PID]: r for r in b["procs"]}
+    parents: dict[int, int] = {}
+    for rec in records:
+        if rec.get("k") == "host":
+            for r in rec["procs"]:
+                parents[r[PID]] = r[PPID]
+    workers = descendants(parents, set(trainers))
+
+    def delta(pid: int, idx: int) -> float:
+        rb = rows_b.get(pid)
+        if rb is None or rb[idx] is None:
+            return 0.0
+        ra = rows_a.get(pid)
+        base = ra[idx] if ra is not None and ra[idx] is not None else 0
+        return max(0.0, rb[idx] - base)
+
+    def cores_of(pids) -> float:
+        return sum(delta(p, CPU_S) for p in pids) / dt
+
+    in_window = set(rows_b)
+    tree = in_window - ({whyidle_pid} if whyidle_pid else set())
+    trainer_set = set(trainers) & tree
+    worker_set = workers & tree
+    tree_other = tree - trainer_set - worker_set
+
+    busy_a, busy_b = a.get("percpu_busy_s") or [], b.get("percpu_busy_s") or []
+    percpu = [max(0.0, (y - x) / dt) for x, y in zip(busy_a, busy_b)]
+    busy_cores = sum(percpu)
+    iowait = (b["cpu"].get("iowait", 0.0) - a["cpu"].get("iowait", 0.0)) / dt / cores
+    tree_cores = cores_of(tree)
+    whyidle_cores = cores_of({whyidle_pid}) if whyidle_pid in rows_b else 0.0
+    live_workers = [p for p in worker_set if rows_b.get(p)]
+
+    main_delay = None
+    if primary is not None and primary in rows_b and rows_b[primary][MAIN_RUN_DELAY] is not None:
+        main_delay = delta(primary, MAIN_RUN_DELAY) / 1e9 / dt
+
+    loader = trainer_set if loader_in_main else worker_set
+    read_chars = sum(delta(p, READ_CHARS) for p in loader)
+    disk_a, disk_b = a.get("disk_read_bytes"), b.get("disk_read_bytes")
+
+    def psi(key: str) -> float | None:
+        if a.get(key) is None or b.get(key) is None:
+            return None
+        return (b[key] - a[key]) / 1e6 / dt
+
+    rss_trainer = [r[RSS] for rec in records if rec.get("k") == "host" and (window is None or a["t"] <= rec["t"] <= b["t"])
+                   for r in rec["procs"] if r[PID] in trainer_set]
+    rss_tree = [sum(r[RSS] for r in rec["procs"] if r[PID] in tree) for rec in records
+                if rec.get("k") == "host" and (window is None or a["t"] <= rec["t"] <= b["t"])]
+    workers_cores = cores_of(worker_set)
+    return {
+        "window_s": dt,
+        "cores": cores,
+        "cpu_busy_share": min(1.0, busy_cores / cores),
+        "percpu_busy_share": [min(1.0, x) for x in percpu],
+        "iowait_share": max(0.0, iowait),
+        "trainer_cores": cores_of(trainer_set),
+        "workers": len(live_workers),
+        "workers_cores": workers_cores,
+        "worker_busy_share": (workers_cores / len(live_workers)) if live_workers else None,
+        "tree_other_cores": cores_of(tree_other),
+        "whyidle_cores": whyidle_cores,
+        "other_procs_cores": max(0.0, busy_cores - tree_cores - whyidle_cores),
+        "trainer_run_delay_share": main_delay,
+        "tree_run_delay_cores": sum(delta(p, RUN_DELAY) for p in tree) / 1e9 / dt,
+        "invol_ctx_per_s": sum(delta(p, CTX_INVOL) for p in tree) / dt,
+        "disk_read_bytes_per_s": (disk_b - disk_a) / dt if disk_a is not None and disk_b is not None else None,
+        "loader_read_bytes_per_s": read_chars / dt,
+        "loader_read_bytes_per_sample": (read_chars / samples_in_window) if samples_in_window else None,
+        "trainer_rss_max_bytes": max(rss_trainer) if rss_trainer else None,
+        "tree_rss_max_bytes": max(rss_tree) if rss_tree else None,
+        "tree_threads": sum(r[THREADS] for pid, r in rows_b.items() if pid in tree),
+        "psi_cpu_share": psi("psi_cpu_us"),
+        "psi_io_share": psi("psi_io_us"),
+    }
+
+
+def top_other_processes(records: list[dict], window: tuple[int, int] | None, limit: int = 3) -> list[dict]:
+    """The busiest processes outside the observed tree in ``window``.
+
+    Returns a list of ``{"pid", "command", "cores"}`` (cores = CPU-seconds per second over the
+    scans that overlap the window), busiest first.
+    """
+    scans = [r for r in records if r.get("k") == "host_top"]
+    if window is not None:
+        t0, t1 = window
+        scans = [r for r in scans if r["t1"] > t0 and r["t0"] < t1] or scans
+    if not scans:
+        return []
+    span = sum(r["t1"] - r["t0"] for r in scans) / 1e9
+    totals: dict[int, list] = {}
+    for r in scans:
+        for pid, cmd, cpu in r["procs"]:
+            entry = totals.setdefault(pid, [cmd, 0.0])
+            entry[1] += cpu
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:limit]
+    return [{"pid": pid, "command": cmd, "cores": cpu / span} for pid, (cmd, cpu) in ranked if span > 0]

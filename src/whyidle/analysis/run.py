@@ -1,0 +1,116 @@
+"""One saved run → the facts the diagnosis needs (pure: plain records in, plain dicts out).
+
+This is the facade over the one-question modules: :mod:`.steps` (step time and its split),
+:mod:`.host` (CPU, scheduler, I/O), :mod:`.stacks` (source lines), :mod:`.gpu` (NVML).
+"""
+
+from __future__ import annotations
+
+import platform
+
+from whyidle.analysis import gpu as gpu_analysis
+from whyidle.analysis import host as host_analysis
+from whyidle.analysis import stacks as stack_analysis
+from whyidle.analysis import steps as step_analysis
+from whyidle.record.reader import RunData
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _first(records: list[dict], kind: str) -> dict | None:
+    return next((r for r in records if r.get("k") == kind), None)
+
+
+def analyze(run: RunData) -> dict:
+    """Computes the facts of a run.
+
+    Returns a dict with: ``framework``; ``trainers`` (pids with steps, most steps first) and
+    ``primary``; ``proc`` (its ``proc`` record); ``steps_info`` (see
+    :func:`whyidle.analysis.steps.select_steps`); ``step`` (:func:`step_metrics` of the analyzed
+    steps, or None); ``host`` (:func:`host_metrics` over the analyzed window, or over the whole run
+    when there are no steps); ``top_others``; ``gpu`` and ``device``; ``loader`` (configuration
+    of the primary trainer's first DataLoader) and ``loader_iters`` (iterator creations and their
+    seconds); ``devices`` (last device audit); ``hotspots`` (phase → list, see
+    :func:`whyidle.analysis.stacks.hotspots`); ``notices``; ``instrumented`` (pids that imported
+    a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
+    """
+    procs = run.procs
+    step_lists = {pid: step_analysis.steps_of(recs) for pid, recs in procs.items()}
+    trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
+    primary = trainers[0] if trainers else None
+    recs = procs.get(primary, []) if primary is not None else []
+
+    framework = "none"
+    for records in procs.values():
+        proc = _first(records, "proc")
+        if proc and proc.get("framework"):
+            framework = proc["framework"]
+            break
+
+    analyzed, info = step_analysis.select_steps(step_lists[primary]) if primary is not None else ([], {"total": 0})
+    step = step_analysis.step_metrics(analyzed) if analyzed else None
+    window = tuple(step["window"]) if step else None
+
+    loaders = [r for r in recs if r.get("k") == "loader"]
+    loader = loaders[0] if loaders else None
+    iters = [r for r in recs if r.get("k") == "iter" and (loader is None or r.get("loader") == loader["id"])]
+    samples = None
+    if step and step.get("samples_per_s"):
+        samples = step["samples_per_s"] * sum(
+            (s["t1"] - s["t0"]) / 1e9 for s in analyzed)
+    loader_in_main = not loader or not loader.get("num_workers")
+    whyidle_pid = run.meta.get("whyidle_pid")
+    host = host_analysis.host_metrics(run.host, window, set(trainers), primary, whyidle_pid,
+                                      samples_in_window=samples, loader_in_main=loader_in_main)
+    if host is None and window is not None:  # run shorter than two host ticks inside the steps
+        host = host_analysis.host_metrics(run.host, None, set(trainers), primary, whyidle_pid)
+
+    total_s = sum((s["t1"] - s["t0"]) / 1e9 for s in analyzed) if analyzed else None
+    hotspots = {
+        phase: stack_analysis.hotspots(recs, {phase}, window, total_s)
+        for phase in ("other", "data", "forward", "backward", "optimizer")
+    }
+    devices = [r for r in recs if r.get("k") == "devices"]
+    notices = [r["msg"] for records in procs.values() for r in records if r.get("k") == "notice"]
+    notices += [r["msg"] for r in run.gpu if r.get("k") == "gpu_notice"]
+    other_trainers = []
+    for pid in trainers[1:]:
+        a, _ = step_analysis.select_steps(step_lists[pid])
+        if a:
+            m = step_analysis.step_metrics(a)
+            other_trainers.append({"pid": pid, "steps": m["steps"], "samples_per_s": m["samples_per_s"],
+                                   "step_time_p50_s": m["step_time_s"]["p50"]})
+    device = gpu_analysis.device_info(run.gpu) or {
+        "kind": "cpu", "name": _cpu_name(), "compute_capability": None,
+        "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
+    }
+    return {
+        "framework": framework,
+        "trainers": trainers,
+        "primary": primary,
+        "proc": _first(recs, "proc"),
+        "instrumented": sorted(pid for pid, r in procs.items() if _first(r, "proc")),
+        "steps_info": info,
+        "step": step,
+        "host": host,
+        "top_others": host_analysis.top_other_processes(run.host, window),
+        "gpu": gpu_analysis.gpu_metrics(run.gpu, window),
+        "gpu_static": _first(run.gpu, "gpu_static"),
+        "device": device,
+        "loader": loader,
+        "loader_iters": {"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
+        "devices": devices[-1] if devices else None,
+        "hotspots": hotspots,
+        "notices": notices,
+        "other_trainers": other_trainers,
+        "meta": run.meta,
+    }

@@ -1,0 +1,129 @@
+"""Step records → step-time metrics (pure; no framework imports).
+
+Definitions (all over the *analyzed* steps, see :func:`select_steps`):
+
+- step time: ``t1 - t0`` of each step record, seconds.
+- shares: each phase's summed time divided by the summed step time (fractions, 0–1):
+  ``data_wait`` (blocked in the DataLoader), ``forward``, ``backward``, ``optimizer``, ``eval``
+  (forward with grad disabled) and ``other_host`` (the rest of the step: Python, logging, loss
+  functions written outside modules, copies, ...).
+- samples/s: summed samples divided by summed step time.
+- ``data_cpu_share``: main-thread CPU time during data wait / data wait (near 1: the main process
+  computes its batches; near 0: it sleeps on I/O or on worker queues).
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Steps skipped at the start of a run: the first steps include worker start-up, lazy
+#: initialization and allocator warm-up, and would skew per-step shares (PyTorch profiler
+#: schedules use ``wait``/``warmup`` steps for the same reason).
+WARMUP_STEPS_LONG = 2  # when the run has at least MIN_STEPS_FOR_LONG_WARMUP steps
+WARMUP_STEPS_SHORT = 1
+MIN_STEPS_FOR_LONG_WARMUP = 10
+
+#: Steps that contain an epoch boundary (iterator creation, StopIteration, eval forwards) are left
+#: out of the steady-state shares unless they are this common (then they *are* the steady state).
+MAX_BOUNDARY_FRACTION_TO_EXCLUDE = 0.3
+
+PHASE_KEYS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("eval", "eval"))
+
+
+def steps_of(records: list[dict]) -> list[dict]:
+    """The ``step`` records of one process, using one boundary kind.
+
+    Optimizer-marked steps win when there are any (a process that started with loader-marked
+    steps and later stepped an optimizer keeps only the optimizer ones); GPU times from
+    ``gpu_step`` records are merged in as ``gpu_ms``.
+    """
+    steps = [r for r in records if r.get("k") == "step"]
+    if any(s.get("by") == "optimizer" for s in steps):
+        steps = [s for s in steps if s.get("by") == "optimizer"]
+    gpu = {r["i"]: r["gpu_ms"] for r in records if r.get("k") == "gpu_step"}
+    if gpu:
+        steps = [dict(s, gpu_ms=gpu.get(s["i"])) for s in steps]
+    return steps
+
+
+def select_steps(steps: list[dict]) -> tuple[list[dict], dict]:
+    """Chooses the steady-state steps to analyze.
+
+    Returns:
+        (analyzed, info) where info = ``{"total", "warmup", "boundary_excluded",
+        "boundary_s"}`` (counts, and seconds spent in excluded boundary steps).
+    """
+    n = len(steps)
+    warmup = WARMUP_STEPS_LONG if n >= MIN_STEPS_FOR_LONG_WARMUP else (WARMUP_STEPS_SHORT if n >= 3 else 0)
+    rest = steps[warmup:]
+    boundary = [s for s in rest if s.get("boundary")]
+    excluded: list[dict] = []
+    if boundary and len(boundary) <= MAX_BOUNDARY_FRACTION_TO_EXCLUDE * len(rest) and len(rest) - len(boundary) >= 3:
+        excluded = boundary
+        rest = [s for s in rest if not s.get("boundary")]
+    info = {
+        "total": n,
+        "warmup": warmup,
+        "boundary_excluded": len(excluded),
+        "boundary_s": sum(s["t1"] - s["t0"] for s in excluded) / 1e9,
+    }
+    return rest, info
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0–100) of a non-empty list."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def step_metrics(steps: list[dict]) -> dict:
+    """Metrics of the analyzed steps (see the module docstring for definitions).
+
+    Returns a dict with ``steps``, ``window`` ([t0, t1] monotonic ns), ``wall_s`` (window length,
+    s), ``samples_per_s``, ``steps_per_s``, ``batch_size`` (median samples per step),
+    ``step_time_s`` {p50, p90, mean, min, max}, ``shares``, ``data_wait_s_per_step`` (mean),
+    ``compute_s_per_step`` (mean of step minus data wait), ``data_cpu_share``,
+    ``main_cpu_share`` (main-thread CPU / step time), ``gpu_ms`` {p50, mean} or None.
+    Errors: ``ValueError`` for an empty list.
+    """
+    if not steps:
+        raise ValueError("no steps to analyze")
+    times = [(s["t1"] - s["t0"]) / 1e9 for s in steps]
+    total = sum(times) or 1e-12
+    shares = {}
+    for name, key in PHASE_KEYS:
+        shares[name] = sum(s.get(key, 0) for s in steps) / 1e9 / total
+    shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
+    known = [s for s in steps if s.get("samples") is not None]
+    samples_per_s = None
+    batch = None
+    if known:
+        samples_per_s = sum(s["samples"] for s in known) / (sum((s["t1"] - s["t0"]) for s in known) / 1e9)
+        batch = percentile([s["samples"] / max(1, s.get("batches") or 1) for s in known], 50)
+    data_s = sum(s.get("data", 0) for s in steps) / 1e9
+    data_cpu = sum(s.get("data_cpu", 0) for s in steps) / 1e9
+    gpu = [s["gpu_ms"] for s in steps if s.get("gpu_ms") is not None]
+    return {
+        "steps": len(steps),
+        "window": [steps[0]["t0"], steps[-1]["t1"]],
+        "wall_s": (steps[-1]["t1"] - steps[0]["t0"]) / 1e9,
+        "samples_per_s": samples_per_s,
+        "steps_per_s": len(steps) / total,
+        "batch_size": batch,
+        "batches_per_step": percentile([s.get("batches") or 0 for s in steps], 50),
+        "step_time_s": {
+            "p50": percentile(times, 50), "p90": percentile(times, 90), "mean": total / len(times),
+            "min": min(times), "max": max(times),
+        },
+        "shares": shares,
+        "data_wait_s_per_step": data_s / len(steps),
+        "compute_s_per_step": (total - data_s) / len(steps),
+        "data_cpu_share": (data_cpu / data_s) if data_s > 0 else None,
+        "main_cpu_share": sum(s.get("cpu", 0) for s in steps) / 1e9 / total,
+        "gpu_ms": {"p50": percentile(gpu, 50), "mean": sum(gpu) / len(gpu)} if gpu else None,
+    }

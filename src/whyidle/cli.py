@@ -1,0 +1,94 @@
+"""Command line: thin wrappers that parse arguments and call the layers below.
+
+Exit codes: ``run`` exits like the command it ran (same code, or the same signal); 2 for usage
+errors and unreadable input; 127 command not found; 126 not executable.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+import whyidle
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"whyidle: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(whyidle.__version__, prog_name="whyidle")
+def main() -> None:
+    """Why is my GPU idle? Run a training command unchanged, name its bottleneck, get the fix."""
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "out", metavar="DIR", help="Run directory (default: ./whyidle-runs/<UTC time>-<name>/).")
+@click.option("--name", help="Run name used in the default run directory.")
+@click.option("--json", "json_path", metavar="FILE", help="Also write the report (whyidle.report/1) to FILE.")
+@click.option("--interval", type=click.FloatRange(0.05, 60.0), default=0.25, show_default=True,
+              help="Seconds between host samples.")
+@click.option("--stack-hz", type=click.FloatRange(0.0, 500.0), default=100.0, show_default=True,
+              help="Stack samples per second of the training thread (0 = off).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; still write the run directory and --json.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(out, name, json_path, interval, stack_hz, quiet, command) -> None:
+    """Run COMMAND unchanged and diagnose why the device waits.
+
+    \b
+    Example:  whyidle run -- python train.py --epochs 1
+    """
+    from whyidle.run.launcher import LaunchError
+    from whyidle.run.session import RunOptions, observe
+
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        click.echo(click.get_current_context().get_usage(), err=True)
+        _fail("no command given (usage: whyidle run [OPTIONS] -- COMMAND ...)", 2)
+    opts = RunOptions(out=out, name=name, json_path=json_path, interval_s=interval, stack_hz=stack_hz, quiet=quiet)
+    try:
+        _report, status, _run_dir = observe(cmd, opts)
+    except LaunchError as exc:
+        _fail(str(exc), exc.exit_code)
+    status.whyidle_exit()
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("run_dir", metavar="RUN_DIR")
+@click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
+def report(run_dir, json_path) -> None:
+    """Re-render a saved run directory without re-running anything."""
+    import json
+
+    from whyidle.record.reader import RunDirError
+    from whyidle.report import terminal
+    from whyidle.run.session import finish_report
+
+    try:
+        rep = finish_report(run_dir, json_path if json_path not in (None, "-") else None)
+    except RunDirError as exc:
+        _fail(str(exc), 2)
+    except OSError as exc:
+        _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
+    if json_path == "-":
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        terminal.render(rep)
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--out", "out", metavar="DIR", default="whyidle-runs", show_default=True,
+              help="Where the demo's two run directories go.")
+@click.option("--data", "data_dir", metavar="DIR", help="Image folder cache (default: ~/.cache/whyidle/demo-images).")
+@click.option("--steps", type=click.IntRange(10, 100000), default=60, show_default=True, help="Steps per run.")
+def demo(out, data_dir, steps) -> None:
+    """Diagnose a beginner's image pipeline on real photos, apply the fix, show before/after."""
+    from whyidle.demo import run_demo
+
+    sys.exit(run_demo(out_dir=out, data_dir=data_dir, steps=steps))

@@ -1,0 +1,403 @@
+"""Diagnosis rules: facts (from :func:`whyidle.analysis.run.analyze`) → findings.
+
+One small function per finding id; each returns a finding dict or ``None``. A finding follows
+the report contract: ``{id, severity, title, summary, evidence, est_speedup, fix: {text, code,
+docs}}``. ``est_speedup`` is the predicted step-time ratio if the cause were removed (for
+``small_batch``: the samples/s ratio at the target batch size); ``None`` when it cannot be
+estimated. Thresholds live in :mod:`whyidle.diagnose.thresholds`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from whyidle.diagnose import thresholds as T
+
+DOCS_DATALOADER = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
+DOCS_TUNING = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
+DOCS_THREADS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_inference.html"
+
+#: Substrings of a hotspot's function, line or innermost frame that mark logging / progress /
+#: formatting work (fix: do it every N steps) rather than computation (fix: vectorize).
+LOGGING_HINTS = ("log", "print", "progress", "tqdm", "rich/", "json", "format", "write", "flush",
+                 "wandb", "tensorboard", "csv", "report", "display")
+
+
+def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
+            est_speedup: float | None, fix_text: str, code: str | None = None,
+            docs: list[str] | None = None) -> dict:
+    """Builds one finding of the report contract (see the module docstring)."""
+    return {
+        "id": fid, "severity": severity, "title": title, "summary": summary,
+        "evidence": evidence,
+        "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
+        "fix": {"text": fix_text, "code": code, "docs": docs or []},
+    }
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0%}"
+
+
+def _round(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, float):
+            v = round(v, 4) if abs(v) < 100 else round(v, 1)
+        out[k] = v
+    return out
+
+
+def _loader_code(loader: dict | None, workers: int, prefetch: int = 4) -> str:
+    batch = (loader or {}).get("batch_size") or 32
+    return (
+        f"loader = DataLoader(dataset, batch_size={batch}, shuffle=True,\n"
+        f"                    num_workers={workers},           # was {(loader or {}).get('num_workers', 0)}\n"
+        f"                    persistent_workers=True,  # keep workers alive between epochs\n"
+        f"                    prefetch_factor={prefetch},         # batches queued per worker\n"
+        f"                    pin_memory=torch.cuda.is_available())"
+    )
+
+
+def suggested_workers(facts: dict) -> int:
+    """Workers needed so batches are ready before compute finishes.
+
+    ⌈fetch time per batch / compute time per step × headroom⌉ (cases.md C01). Fetch time per
+    batch is the data wait itself with ``num_workers=0``, and ``num_workers`` × step time with
+    workers (each worker delivers one batch per ``num_workers`` steps when the loop waits on
+    them). Capped at the core count for CPU-bound loaders (more workers than cores only adds
+    contention) and at 4 × cores for loaders that mostly wait on I/O.
+    """
+    step = facts["step"]
+    host = facts.get("host") or {}
+    loader = facts.get("loader") or {}
+    nw = loader.get("num_workers") or 0
+    cores = host.get("cores") or 1
+    per_batch = 1 / max(1.0, step.get("batches_per_step") or 1)
+    fetch = step["data_wait_s_per_step"] if nw == 0 else nw * step["step_time_s"]["mean"]
+    fetch *= per_batch
+    compute = max(step["compute_s_per_step"] * per_batch, 1e-6)
+    need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
+    busy = step.get("data_cpu_share") if nw == 0 else host.get("worker_busy_share")
+    cap = max(2, cores) if (busy or 0) >= T.LOADER_OFF_CPU else max(4, 4 * cores)
+    return int(min(max(need, 2, nw + 1), cap, T.MAX_SUGGESTED_WORKERS))
+
+
+def input_bound(facts: dict) -> dict | None:
+    """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
+
+    Cause, first match wins: ``storage`` (the loader is mostly off-CPU while reading files, or
+    iowait is high); ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing``
+    (workers CPU-bound and all cores busy: more workers cannot help); ``too_few_workers``.
+    """
+    step = facts.get("step")
+    if not step:
+        return None
+    share = step["shares"]["data_wait"]
+    if share < T.DATA_WAIT_WARN:
+        return None
+    host = facts.get("host") or {}
+    loader = facts.get("loader") or {}
+    nw = loader.get("num_workers")
+    cores = host.get("cores") or 1
+    busy = step.get("data_cpu_share") if not nw else host.get("worker_busy_share")
+    off_cpu = None if busy is None else max(0.0, 1.0 - busy)
+    per_sample = host.get("loader_read_bytes_per_sample")
+    iowait = host.get("iowait_share") or 0.0
+    cpu_busy = host.get("cpu_busy_share")
+    reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
+    if off_cpu is not None and off_cpu >= T.LOADER_OFF_CPU and reads:
+        cause = "storage"
+    elif not nw:
+        cause = "loader_in_main_process"
+    elif busy is not None and busy >= T.WORKER_SATURATED and (cpu_busy or 0) >= T.CPU_SATURATED:
+        cause = "cpu_preprocessing"
+    elif nw:
+        cause = "too_few_workers"
+    else:
+        cause = "unknown"
+    workers = suggested_workers(facts)
+    wait = step["data_wait_s_per_step"]
+    mean = step["step_time_s"]["mean"]
+    hot = [h for h in facts.get("hotspots", {}).get("data", []) if not h["library"]][:3]
+    hot_text = f" The loading time is mostly in `{hot[0]['function']}` ({hot[0]['site']})." if hot else ""
+    reason = {
+        "storage": f"the loader is off-CPU {_pct(off_cpu)} of the time, waiting on reads "
+                   f"({(per_sample or 0) / 1024:.1f} KiB read per sample, iowait {_pct(iowait)})",
+        "loader_in_main_process": f"batches are prepared in the training process itself (num_workers=0), "
+                                  f"{_pct(busy)} of that time on the CPU",
+        "cpu_preprocessing": f"the {nw} workers keep {_pct(cpu_busy)} of the {cores} cores busy preparing samples",
+        "too_few_workers": f"{nw} DataLoader worker{'s' if nw != 1 else ''} cannot keep up "
+                           f"(each {_pct(busy)} busy on CPU)",
+        "unknown": "the cause could not be narrowed down",
+    }[cause]
+    summary = (f"The training loop waits for the next batch {_pct(share)} of each step "
+               f"({_ms(wait)} of {_ms(mean)}): {reason}.{hot_text}")
+    fixes = {
+        "storage": (f"Reads wait on storage. Overlap more of them with num_workers={workers}; copy the dataset "
+                    "to local disk or RAM (/dev/shm), or pack small files into large shards (tar/WebDataset, "
+                    "LMDB) so each read fetches many samples.", _loader_code(loader, workers)),
+        "loader_in_main_process": (f"Prepare batches in {workers} worker processes so loading overlaps the "
+                                   "training step, keep them alive across epochs and queue batches ahead.",
+                                   _loader_code(loader, workers)),
+        "too_few_workers": (f"Raise num_workers from {nw} to {workers} and queue more batches per worker.",
+                            _loader_code(loader, workers)),
+        "cpu_preprocessing": ("All cores are already busy preparing samples, so more workers will not help: "
+                              "make each sample cheaper. Cache the result of expensive deterministic work once "
+                              "(decoded images, tokenized text as an int32 array/memmap), decode at lower "
+                              "resolution, or move augmentation to the GPU on whole batches.", None),
+        "unknown": (f"Try num_workers={workers} with persistent workers and prefetching, then re-run whyidle.",
+                    _loader_code(loader, workers)),
+    }
+    text, code = fixes[cause]
+    if hot and cause in ("loader_in_main_process", "cpu_preprocessing") and (busy or 0) >= T.LOADER_OFF_CPU:
+        text += (f" The per-sample work in `{hot[0]['function'].split()[-1]}` is CPU-heavy: precomputing or caching it "
+                 "removes it from every epoch.")
+    evidence = _round({
+        "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
+        "num_workers": nw, "suggested_num_workers": workers, "loader_cpu_busy_share": busy,
+        "loader_read_bytes_per_sample": per_sample, "iowait_share": iowait, "cpu_busy_share": cpu_busy,
+        "cores": cores, "pin_memory": loader.get("pin_memory"),
+        "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
+    })
+    evidence["hotspots"] = hot
+    severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
+    return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence,
+                   1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_DATALOADER, DOCS_TUNING])
+
+
+def _is_logging(h: dict) -> bool:
+    text = " ".join(str(h.get(k) or "") for k in ("function", "site", "leaf")).lower()
+    return any(hint in text for hint in LOGGING_HINTS)
+
+
+def host_bound(facts: dict) -> dict | None:
+    """Host work outside data loading, forward, backward and optimizer holds the step.
+
+    ``other_host`` share ≥ ``HOST_SHARE_WARN``. ``est_speedup`` removes the time of the top
+    (at most three) user functions sampled in that phase, or the whole share without samples.
+    """
+    step = facts.get("step")
+    if not step:
+        return None
+    share = step["shares"]["other_host"]
+    if share < T.HOST_SHARE_WARN:
+        return None
+    spots = facts.get("hotspots", {}).get("other", [])
+    user = [h for h in spots if not h["library"]][:3] or spots[:3]
+    attributed = sum(h["share"] or 0 for h in user) if user else share
+    removable = min(share, attributed) if user else share
+    logging_work = any(_is_logging(h) for h in user[:1])
+    if user:
+        top = user[0]
+        where = f"`{top['function']}` takes {_pct(top['share'])} of step time (at {top['site']}"
+        where += f", inside {top['leaf']})" if top.get("leaf") and top["leaf"] != top["site"] else ")"
+    else:
+        where = "no stack samples were recorded to name the lines"
+    summary = (f"Host work outside data loading and the model takes {_pct(share)} of each step "
+               f"({_ms(share * step['step_time_s']['mean'])}); {where}.")
+    if logging_work:
+        text = ("Log, print and refresh progress every N steps instead of every step; keep running metrics "
+                "as tensors and read them (.item()/.cpu()) only when you log.")
+        code = ("if step % 50 == 0:          # was: every step\n"
+                "    log_metrics(...)\n"
+                "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
+    else:
+        text = ("Move this work out of the per-step path or make it cheaper: vectorize Python loops over "
+                "tensor elements into whole-tensor ops (masks, torch.cdist, topk, amin/amax), avoid "
+                "per-element .item()/min()/max() in Python, or compile it with torch.compile.")
+        code = None
+    evidence = _round({"other_host_share": share, "attributed_share": attributed if user else None,
+                       "step_time_s_mean": step["step_time_s"]["mean"]})
+    evidence["hotspots"] = user
+    evidence["kind"] = "logging" if logging_work else "python_compute"
+    severity = "critical" if share >= T.HOST_SHARE_CRITICAL else "warning"
+    return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
+                   evidence, 1.0 / (1.0 - min(removable, 0.95)), text, code, [DOCS_TUNING])
+
+
+def small_batch(facts: dict) -> dict | None:
+    """Per-step fixed cost dominates because batches are tiny (≤ ``SMALL_BATCH_MAX`` samples).
+
+    Model: step time = fixed + per-sample × batch, with forward, backward and data wait counted as
+    per-sample work and optimizer plus other host time as fixed. That is conservative (forward and
+    backward of tiny batches are themselves mostly per-op overhead), so the true gain is larger.
+    ``est_speedup`` is the samples/s ratio at ``SMALL_BATCH_TARGET``.
+    """
+    step = facts.get("step")
+    if not step or step.get("batch_size") is None:
+        return None
+    batch = step["batch_size"]
+    if batch > T.SMALL_BATCH_MAX:
+        return None
+    sh = step["shares"]
+    fixed = sh["optimizer"] + sh["other_host"]
+    k = T.SMALL_BATCH_TARGET / max(batch, 1)
+    est = k / (fixed + (1.0 - fixed) * k)
+    summary = (f"Batches of {batch:g} sample{'s' if batch != 1 else ''}: each {_ms(step['step_time_s']['mean'])} step "
+               f"carries {_pct(fixed)} fixed per-step work (optimizer, Python) and per-operation overhead that a "
+               f"bigger batch would share; batches of {T.SMALL_BATCH_TARGET} would give about {est:.1f}× the samples/s "
+               f"(a conservative estimate).")
+    text = (f"Raise batch_size (e.g. to {T.SMALL_BATCH_TARGET}) and scale the learning rate with it (linear scaling "
+            "with warm-up). Gradient accumulation keeps a large effective batch but does not amortize per-step cost.")
+    evidence = _round({"batch_size": batch, "fixed_share": fixed, "step_time_s_mean": step["step_time_s"]["mean"],
+                       "samples_per_s": step.get("samples_per_s"), "target_batch_size": T.SMALL_BATCH_TARGET})
+    severity = "warning" if est >= 1.3 else "info"
+    return finding("small_batch", severity, "Small batch: per-step overhead dominates", summary, evidence, est, text,
+                   f"loader = DataLoader(dataset, batch_size={T.SMALL_BATCH_TARGET}, ...)  # was {batch:g}",
+                   [DOCS_TUNING])
+
+
+def cpu_contention(facts: dict) -> dict | None:
+    """The training thread waits for a CPU core (run-queue wait ≥ ``RUN_DELAY_WARN`` of wall time).
+
+    Cause ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
+    else ``oversubscription`` (the job's own threads and processes want more cores than exist).
+    """
+    host = facts.get("host") or {}
+    delay = host.get("trainer_run_delay_share")
+    if delay is None or delay < T.RUN_DELAY_WARN:
+        return None
+    cores = host.get("cores") or 1
+    others = host.get("other_procs_cores") or 0.0
+    top = facts.get("top_others") or []
+    proc = facts.get("proc") or {}
+    devices = facts.get("devices") or {}
+    threads = devices.get("threads") or proc.get("threads")
+    trainers = max(1, len(facts.get("trainers") or []))
+    workers = host.get("workers") or 0
+    if others >= T.OTHER_PROCS_MIN_CORES:
+        cause = "other_processes"
+        names = ", ".join(f"`{p['command']}` (pid {p['pid']}, {p['cores']:.1f} cores)" for p in top[:3])
+        reason = f"other processes use {others:.1f} of {cores} cores" + (f": {names}" if names else "")
+        text = ("Other processes take the cores this job needs: stop or move them, run the job on an idle machine, "
+                "or give it dedicated cores (taskset / cgroups / the scheduler's CPU request).")
+        code = None
+    else:
+        cause = "oversubscription"
+        reason = (f"{trainers} training process{'es' if trainers > 1 else ''} × {threads} threads"
+                  f"{f' + {workers} loader workers' if workers else ''} compete for {cores} cores "
+                  f"({host.get('tree_threads')} threads in the job, {host.get('invol_ctx_per_s', 0):.0f} forced "
+                  f"context switches/s)")
+        per = max(1, cores // trainers)
+        text = (f"Give each process at most cores ÷ processes threads ({per} here) and one thread per DataLoader "
+                "worker; set OMP_NUM_THREADS before start-up so OpenMP pools are sized right.")
+        code = (f"torch.set_num_threads({per})   # or OMP_NUM_THREADS={per}\n"
+                "loader = DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1))")
+    summary = f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}."
+    evidence = _round({"cause": cause, "run_delay_share": delay, "cores": cores, "other_procs_cores": others,
+                       "cpu_busy_share": host.get("cpu_busy_share"), "intra_op_threads": threads,
+                       "processes": trainers, "workers": workers, "tree_threads": host.get("tree_threads"),
+                       "invol_ctx_per_s": host.get("invol_ctx_per_s")})
+    evidence["top_other_processes"] = top
+    severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
+    return finding("cpu_contention", severity, "CPU contention: the job waits for cores", summary, evidence,
+                   1.0 / (1.0 - min(delay, 0.95)), text, code, [DOCS_THREADS])
+
+
+def _gpu_count(facts: dict) -> int:
+    static = facts.get("gpu_static") or {}
+    return len(static.get("devices") or [])
+
+
+def wrong_device(facts: dict) -> dict | None:
+    """A GPU is present (NVML sees one, or CUDA is initialized) but the model's parameters or the
+    batches stay on the CPU. Not raised when PyTorch is a CPU-only build (see ``gpu_not_visible``)."""
+    devices = facts.get("devices")
+    gpus = _gpu_count(facts)
+    if not devices or not (gpus or devices.get("cuda_initialized")):
+        return None
+    if (facts.get("proc") or {}).get("cuda_build") is None and not devices.get("cuda_initialized"):
+        return None
+    params = devices.get("params") or {}
+    inputs = devices.get("inputs") or []
+    on_cpu = params.get("cpu", 0)
+    if params and on_cpu and "cuda" not in params:
+        what = f"all {on_cpu:,} model parameters are on the CPU"
+    elif params and on_cpu:
+        what = f"{on_cpu:,} of {sum(params.values()):,} parameters are on the CPU"
+    elif inputs == ["cpu"] and "cuda" in params:
+        what = "the model's inputs arrive on the CPU"
+    else:
+        return None
+    summary = f"A GPU is available ({gpus or 'CUDA initialized'}) but {what}, so the work runs on the CPU."
+    text = ("Create the model on the GPU (or call model.to(device) before building the optimizer), move each batch "
+            "with .to(device, non_blocking=True), and give library-internal tensors device=.")
+    code = ("device = torch.device('cuda')\nmodel = Model().to(device)\noptimizer = torch.optim.SGD(model.parameters(), ...)\n"
+            "for x, y in loader:\n    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")
+    evidence = {"gpus": gpus, "params": params, "inputs": inputs, "batch": devices.get("batch"),
+                "cuda_initialized": devices.get("cuda_initialized")}
+    return finding("wrong_device", "critical", "Wrong device: the model is not on the GPU", summary, evidence,
+                   None, text, code, ["https://pytorch.org/docs/stable/notes/cuda.html"])
+
+
+def gpu_not_visible(facts: dict) -> dict | None:
+    """NVML sees a GPU but the PyTorch build has no CUDA support (``torch.version.cuda`` is None)."""
+    proc = facts.get("proc") or {}
+    gpus = _gpu_count(facts)
+    if not gpus or proc.get("framework") != "torch" or proc.get("cuda_build") is not None:
+        return None
+    static = facts.get("gpu_static") or {}
+    drv = (static.get("devices") or [{}])[0].get("cuda_driver_version")
+    summary = (f"{gpus} NVIDIA GPU{'s are' if gpus > 1 else ' is'} present (driver supports CUDA {drv}) but this "
+               f"PyTorch {proc.get('framework_version')} is a CPU-only build, so nothing can run on the GPU.")
+    return finding("gpu_not_visible", "critical", "GPU not visible to PyTorch", summary,
+                   {"gpus": gpus, "cuda_driver_version": drv, "torch": proc.get("framework_version"),
+                    "cuda_build": None}, None,
+                   "Install a CUDA build of PyTorch that the driver supports (CUDA version ≤ the driver's).",
+                   "pip install torch --index-url https://download.pytorch.org/whl/cu124",
+                   ["https://pytorch.org/get-started/locally/"])
+
+
+def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
+    """Static DataLoader smells, reported as info even when they are not today's bottleneck.
+
+    ``already`` holds causes reported elsewhere (not repeated here).
+    """
+    loader = facts.get("loader")
+    if not loader:
+        return None
+    smells = []
+    nw = loader.get("num_workers") or 0
+    params = (facts.get("devices") or {}).get("params") or {}
+    if nw == 0 and "loader_in_main_process" not in already:
+        smells.append("num_workers=0: batches are prepared in the training process, serially with the step")
+    if "cuda" in params and not loader.get("pin_memory"):
+        smells.append("pin_memory=False while the model is on CUDA: host→device copies come from pageable memory")
+    iters = facts.get("loader_iters") or {}
+    if nw > 0 and not loader.get("persistent_workers") and iters.get("count", 0) >= 2:
+        secs = iters.get("seconds") or [0.0]
+        smells.append(f"persistent_workers=False: {nw} workers are started again every epoch "
+                      f"({iters['count']} times, {sum(secs) / len(secs) * 1000:.0f} ms each to create the iterator)")
+    if not smells:
+        return None
+    summary = "DataLoader configuration: " + "; ".join(smells) + "."
+    return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
+                   {"smells": smells, "loader": {k: loader.get(k) for k in (
+                       "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "dataset")}},
+                   None, "DataLoader(..., num_workers>0, persistent_workers=True, pin_memory=True on CUDA).",
+                   _loader_code(loader, max(2, nw)), [DOCS_DATALOADER])
+
+
+def device_bound(facts: dict) -> dict:
+    """Nothing upstream limits the device: compute (forward, backward, optimizer) fills the step."""
+    step = facts["step"]
+    sh = step["shares"]
+    compute = sh["forward"] + sh["backward"] + sh["optimizer"]
+    device = facts.get("device") or {}
+    if device.get("kind") == "cpu":
+        where = ("this run has no GPU, so the device is the CPU itself; faster training needs a faster device, "
+                 "a smaller model or less work per sample")
+    else:
+        where = f"the {device.get('name') or 'GPU'} is the limit"
+    summary = (f"Nothing upstream holds the device back: forward, backward and optimizer take {_pct(compute)} of each "
+               f"{_ms(step['step_time_s']['mean'])} step; {where}.")
+    return finding("device_bound", "info", "Device-bound: compute fills the step", summary,
+                   _round({"compute_share": compute, "data_wait_share": sh["data_wait"],
+                           "other_host_share": sh["other_host"]}), None,
+                   "Nothing to fix upstream. For more speed: mixed precision on GPUs with tensor cores, "
+                   "torch.compile, or a bigger device.", None, [DOCS_TUNING])

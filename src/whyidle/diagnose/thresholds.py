@@ -1,0 +1,54 @@
+"""Every threshold of the diagnosis, with its reason. Fractions are 0–1 unless named otherwise."""
+
+#: Data-wait share of step time that makes ``input_bound`` a warning. Removing it would gain at
+#: least 1/(1-0.10) = 1.11×, about the run-to-run noise of a shared machine. TraceML warns at the
+#: same 10 %; the PyTorch profiler's TensorBoard plugin flagged 5 %, which fires on healthy runs.
+DATA_WAIT_WARN = 0.10
+#: ... and critical: ≥ 1.33× available (TraceML calls 20 % critical; we want a third more
+#: throughput before shouting).
+DATA_WAIT_CRITICAL = 0.25
+
+#: ``other_host`` share (Python, logging, loss code outside modules, copies) that makes
+#: ``host_bound`` a warning: a lean loop spends 5–10 % there (zero_grad, ``.to()``, a functional
+#: loss), so 15 % is clearly above that floor.
+HOST_SHARE_WARN = 0.15
+HOST_SHARE_CRITICAL = 0.30
+
+#: The loader is "waiting, not computing" when at least half its time is off-CPU.
+LOADER_OFF_CPU = 0.5
+#: Bytes returned by read() per sample in the loader processes above which the waiting is on
+#: storage. DataLoader IPC moves ~1 KB per *batch* through pipes (indices, shared-memory
+#: handles), a few tens of bytes per sample; reading even a 3 KB sample file is well above.
+STORAGE_MIN_READ_BYTES_PER_SAMPLE = 512
+#: iowait share of all cores that points at local storage whatever the read counters say.
+IOWAIT_STORAGE = 0.10
+
+#: A DataLoader worker using ≥ 80 % of a core is CPU-bound (its remaining time is queue hand-off).
+WORKER_SATURATED = 0.8
+#: The machine is out of cores when ≥ 90 % of all cores are busy.
+CPU_SATURATED = 0.9
+#: Headroom on the number of workers computed as ⌈fetch time per batch / compute time⌉
+#: (cases.md C01), so the prefetch queue refills faster than it drains.
+WORKER_HEADROOM = 1.25
+MAX_SUGGESTED_WORKERS = 32
+
+#: Share of wall time the training thread sat runnable on a run-queue waiting for a core
+#: (schedstat run_delay) that makes ``cpu_contention`` a warning / critical: 10 % is what
+#: removing it could gain at least (1.11×); 25 % is a third more throughput.
+RUN_DELAY_WARN = 0.10
+RUN_DELAY_CRITICAL = 0.25
+#: Other processes using at least half a core are named as the cause of contention.
+OTHER_PROCS_MIN_CORES = 0.5
+
+#: Batches of at most this many samples are checked for ``small_batch``: per-step fixed costs
+#: (optimizer, Python, kernel launches) are then rarely amortized.
+SMALL_BATCH_MAX = 8
+#: Batch size the ``small_batch`` estimate assumes after the fix (a common default that fits
+#: most models; the estimate scales per-sample work and keeps per-step work fixed).
+SMALL_BATCH_TARGET = 32
+
+#: A finding becomes the verdict only when fixing it would gain at least 10 %; otherwise the
+#: verdict is ``device_bound``.
+VERDICT_MIN_SPEEDUP = 1.10
+#: Fewer analyzed steps than this: say so rather than guess.
+MIN_STEPS = 5

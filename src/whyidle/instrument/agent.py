@@ -1,0 +1,210 @@
+"""The in-process agent: runs inside every Python process of an observed command.
+
+The bootstrap (``whyidle/run/bootstrap/sitecustomize.py``) calls :func:`start_from_env` at
+interpreter start-up when ``WHYIDLE_RUN_DIR`` is set. The agent does nothing visible until the
+user's program imports a framework: an import hook then installs that framework's
+instrumentation (``whyidle.instrument.torch``), opens ``RUN_DIR/proc-<pid>.jsonl`` and starts a
+flusher thread. Standard library only: it runs beside the user's own packages.
+
+The doctor must never harm the patient: every hook catches its own errors, disables the part that
+failed and says so once (a ``notice`` record and one line on stderr).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import time
+
+from whyidle.record.writer import JsonlWriter
+
+#: Seconds between flushes of the trainer's records: a ``kill -9`` loses at most this much
+#: (docs/run-format.md promises "at most the last second").
+FLUSH_PERIOD_S = 0.5
+
+#: Default stack-sampling rate of the training thread, Hz. The issue caps it at "a few hundred";
+#: 100 Hz keeps the GIL hand-offs it forces to well under 1 % of a 10 ms step (benchmarks/overhead.py).
+DEFAULT_STACK_HZ = 100.0
+
+_AGENT: "Agent | None" = None
+
+
+class Agent:
+    """Per-process recorder: queues records, flushes them, reports its own failures once.
+
+    Args:
+        run_dir: the run directory (``WHYIDLE_RUN_DIR``).
+        stack_hz: stack-sampling rate of the training thread in Hz; 0 disables sampling.
+    """
+
+    def __init__(self, run_dir: str, stack_hz: float = DEFAULT_STACK_HZ) -> None:
+        self.run_dir = run_dir
+        self.stack_hz = stack_hz
+        self.pid = os.getpid()
+        self.writer = JsonlWriter(os.path.join(run_dir, f"proc-{self.pid}.jsonl"))
+        self.disabled = False
+        self.collectors: list = []  # callables returning records to write at each flush
+        self.on_exit: list = []  # callables run once at exit, before the final flush
+        self._notices: set[str] = set()
+        self._flusher: threading.Thread | None = None
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+        atexit.register(self.at_exit)
+
+    def record(self, rec: dict) -> None:
+        """Queues one record for ``proc-<pid>.jsonl``; cheap enough for the training step."""
+        if not self.disabled:
+            self.writer.add(rec)
+
+    def notice(self, msg: str) -> None:
+        """Says ``msg`` once: as a ``notice`` record and one ``[whyidle]`` line on stderr."""
+        if msg in self._notices:
+            return
+        self._notices.add(msg)
+        self.record({"k": "notice", "t": time.monotonic_ns(), "msg": msg})
+        try:
+            sys.stderr.write(f"[whyidle] {msg}\n")
+        except Exception:
+            pass
+
+    def start_background(self) -> None:
+        """Starts the flusher thread (idempotent)."""
+        with self._lock:
+            if self._flusher is not None or self.disabled:
+                return
+            self._flusher = threading.Thread(target=self._flush_loop, name="whyidle-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self.disabled:
+            time.sleep(FLUSH_PERIOD_S)
+            self.flush()
+
+    def flush(self) -> None:
+        """Collects pending aggregates and writes queued records; disables the agent on I/O error."""
+        if self.disabled:
+            return
+        try:
+            for collect in list(self.collectors):
+                for rec in collect():
+                    self.writer.add(rec)
+            self.writer.flush()
+        except Exception as exc:  # never let recording break the program
+            self.disabled = True
+            try:
+                sys.stderr.write(f"[whyidle] recording stopped: {exc!r}\n")
+            except Exception:
+                pass
+
+    def at_exit(self) -> None:
+        """Final flush at interpreter exit (normal exit, ``sys.exit`` or an uncaught exception)."""
+        if self.disabled or os.getpid() != self.pid or self._flusher is None:
+            return  # nothing was instrumented in this process: leave no file behind
+        for stop in list(self.on_exit):
+            try:
+                stop()
+            except Exception:
+                pass
+        self.record({"k": "exit", "t": time.monotonic_ns()})
+        self.flush()
+        try:
+            self.writer.close()
+        except Exception:
+            pass
+
+    def _after_fork(self) -> None:
+        # A forked child (e.g. a DataLoader worker) shares our hooks but not our threads: it must
+        # neither write the parent's file nor run half-initialized. Forked trainers are therefore
+        # not observed; spawn-started ones get their own agent from the bootstrap.
+        self.disabled = True
+        self.collectors = []
+        self.writer.abandon()
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched top-level module finishes importing."""
+
+    def __init__(self, hooks: dict) -> None:
+        self.hooks = hooks
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        hook = self.hooks.get(fullname)
+        if hook is None or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _HookedLoader(spec.loader, hook)
+        del self.hooks[fullname]
+        return spec
+
+
+class _HookedLoader(importlib.abc.Loader):
+    def __init__(self, loader, hook) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        # Give the module back its real loader (importlib.resources and others inspect it).
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._hook(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def _install_torch(module) -> None:
+    agent = _AGENT
+    if agent is None or agent.disabled:
+        return
+    try:
+        from whyidle.instrument import torch as torch_instrument
+
+        torch_instrument.install(agent, module)
+    except Exception as exc:
+        agent.notice(f"PyTorch instrumentation disabled: {exc!r}")
+
+
+def start_from_env() -> "Agent | None":
+    """Creates the process's agent from ``WHYIDLE_*`` environment variables (idempotent).
+
+    Reads ``WHYIDLE_RUN_DIR`` (required) and ``WHYIDLE_STACK_HZ`` (Hz, default
+    :data:`DEFAULT_STACK_HZ`). Returns ``None`` when ``WHYIDLE_RUN_DIR`` is unset.
+    """
+    global _AGENT
+    if _AGENT is not None:
+        return _AGENT
+    run_dir = os.environ.get("WHYIDLE_RUN_DIR")
+    if not run_dir:
+        return None
+    try:
+        stack_hz = float(os.environ.get("WHYIDLE_STACK_HZ", DEFAULT_STACK_HZ))
+    except ValueError:
+        stack_hz = DEFAULT_STACK_HZ
+    _AGENT = Agent(run_dir, stack_hz)
+    if "torch" in sys.modules:  # started late (e.g. by whyidle.watch()): instrument now
+        _install_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _PostImportHook({"torch": _install_torch}))
+    return _AGENT
+
+
+def current() -> "Agent | None":
+    """The process's agent, or ``None`` when the process is not observed."""
+    return _AGENT

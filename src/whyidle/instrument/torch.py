@@ -1,0 +1,515 @@
+"""PyTorch instrumentation: step boundaries and the split of each step into phases.
+
+Installed by the agent right after the user's program imports ``torch``; nothing in the user's
+code changes. What it hooks (all public PyTorch hooks except the two DataLoader methods):
+
+- step end: ``torch.optim.optimizer.register_optimizer_step_post_hook`` (global). The first
+  optimizer that steps is the *primary* one: each of its steps ends a training step; other
+  optimizers' steps count as optimizer time. Without any optimizer step, a step ends where the next
+  batch is fetched (``by = "loader"``).
+- data wait: ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` and
+  ``DataLoader.__iter__`` (iterator creation, where non-persistent workers start), wrapped.
+- forward: global module forward pre/post hooks (``register_module_forward_pre_hook``,
+  ``register_module_forward_hook(always_call=True)``), counting only the outermost call. After
+  :data:`ROOT_LEARNING_STEPS` steps they are replaced by hooks on the top-level modules seen, so
+  inner modules keep PyTorch's hook-free fast path. Forward with grad disabled is ``eval``.
+- backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it).
+- optimizer: global optimizer step pre/post hooks.
+
+Phases are exclusive (a forward inside an optimizer closure counts as forward, not twice); the rest
+of the step is ``other`` host time. Only the training thread (the main thread, or the thread of
+the first optimizer step) is accounted. On CUDA, events recorded at step start and end are read
+later with ``query()``: never a synchronize. Every hook catches its own errors and turns the
+instrumentation off with one notice.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import functools
+import os
+import sys
+import threading
+from time import monotonic_ns, thread_time_ns
+
+#: Steps during which global forward hooks watch for top-level modules before being replaced by
+#: per-module hooks on those roots (global hooks force every submodule off PyTorch's fast path).
+ROOT_LEARNING_STEPS = 3
+
+#: Steps whose parameter / batch / input devices are recorded (enough to see a placement error;
+#: walking all parameters every step would cost time on large models).
+DEVICE_AUDIT_STEPS = 3
+
+#: CUDA event pairs awaiting completion at most; beyond that, steps are not GPU-timed until the
+#: GPU catches up (bounds memory and event churn when the GPU lags far behind).
+MAX_PENDING_GPU_STEPS = 64
+
+PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
+
+_INSTANCE: "TorchInstrument | None" = None
+
+
+def batch_size_of(batch) -> int | None:
+    """Number of samples in a DataLoader batch: the leading dimension of its first tensor.
+
+    Handles tensors/arrays, (nested) tuples and lists, and mappings (first value). A list of
+    non-tensors (e.g. strings) counts its length. Returns ``None`` when nothing has a length.
+    """
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if isinstance(batch, (list, tuple)):
+            if not batch:
+                return None
+            first = batch[0]
+            if getattr(first, "shape", None) is None and not isinstance(first, (list, tuple, dict)):
+                return len(batch)
+            batch = first
+        elif isinstance(batch, collections.abc.Mapping):
+            if not batch:
+                return None
+            batch = next(iter(batch.values()))
+        else:
+            return None
+    return None
+
+
+def _tensors_in(obj, limit: int = 16):
+    """Yields up to ``limit`` tensors found in nested tuples/lists/dicts (shallow, cheap)."""
+    stack = [obj]
+    found = 0
+    while stack and found < limit:
+        item = stack.pop()
+        if hasattr(item, "device") and hasattr(item, "is_pinned"):
+            found += 1
+            yield item
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item[:limit])
+        elif isinstance(item, collections.abc.Mapping):
+            stack.extend(list(item.values())[:limit])
+
+
+class CudaStepTimer:
+    """GPU-side time of each step from CUDA events, never synchronizing.
+
+    ``start()`` records an event on the current stream at step start, ``end(i)`` one at step end;
+    ``poll()`` returns ``gpu_step`` records for pairs whose end event ``query()`` reports done,
+    with ``elapsed_time`` in milliseconds (the GPU time between the two events: the step's work on
+    the GPU plus any GPU idle inside it). Events are recycled.
+
+    Args:
+        event_factory: callable returning an object with ``record()``, ``query()`` and
+            ``elapsed_time(other)`` (``torch.cuda.Event(enable_timing=True)``; tests pass a fake).
+    """
+
+    def __init__(self, event_factory) -> None:
+        self._new = event_factory
+        self._free: list = []
+        self._pending: collections.deque = collections.deque()
+        self._start = None
+
+    def _event(self):
+        return self._free.pop() if self._free else self._new()
+
+    def start(self) -> None:
+        if len(self._pending) >= MAX_PENDING_GPU_STEPS:
+            self._start = None
+            return
+        ev = self._event()
+        ev.record()
+        self._start = ev
+
+    def end(self, step: int) -> None:
+        if self._start is None:
+            return
+        ev = self._event()
+        ev.record()
+        self._pending.append((step, self._start, ev))
+        self._start = None
+
+    def poll(self) -> list[dict]:
+        out = []
+        pending = self._pending
+        while pending and pending[0][2].query():
+            step, e0, e1 = pending.popleft()
+            out.append({"k": "gpu_step", "t": monotonic_ns(), "i": step, "gpu_ms": float(e0.elapsed_time(e1))})
+            self._free.extend((e0, e1))
+        return out
+
+
+class TorchInstrument:
+    """State of the PyTorch instrumentation in one process. Use :func:`install`."""
+
+    def __init__(self, agent, torch) -> None:
+        self.agent = agent
+        self.torch = torch
+        self.tid = threading.main_thread().ident
+        self.phase = "setup"
+        self.t_phase = monotonic_ns()
+        self.saved: list[str] = []
+        self.acc = dict.fromkeys(PHASES, 0)
+        self.step = 0
+        self.t0: int | None = None
+        self.cpu0 = 0
+        self.data_cpu = 0
+        self.batches = 0
+        self.samples = 0
+        self.samples_known = True
+        self.boundary = False
+        self.by_optimizer = False
+        self.primary_opt: int | None = None
+        self.depth = 0
+        self.roots: dict[int, object] = {}
+        self.global_hooks: list = []
+        self.root_hooks: list = []
+        self.loaders: set[int] = set()
+        self.audit = {"batch": set(), "inputs": set(), "pinned": None}
+        self.gpu_timer: CudaStepTimer | None = None
+        self.stacks = None
+        self.off = False
+        self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+    # -- phase accounting ------------------------------------------------------------------------
+    def _begin_step(self, now: int) -> None:
+        self.t0 = now
+        self.t_phase = now
+        self.phase = "other"
+        self.saved = []
+        self.acc = dict.fromkeys(PHASES, 0)
+        self.cpu0 = thread_time_ns()
+        self.data_cpu = 0
+        self.batches = 0
+        self.samples = 0
+        self.samples_known = True
+        self.boundary = False
+        if self.gpu_timer is not None:
+            self.gpu_timer.start()
+
+    def enter(self, phase: str) -> None:
+        now = monotonic_ns()
+        if self.t0 is None:
+            self._begin_step(now)
+        self.acc[self.phase] += now - self.t_phase
+        self.saved.append(self.phase)
+        self.phase = phase
+        self.t_phase = now
+
+    def leave(self) -> None:
+        now = monotonic_ns()
+        self.acc[self.phase] += now - self.t_phase
+        self.phase = self.saved.pop() if self.saved else "other"
+        self.t_phase = now
+
+    def end_step(self, by: str) -> None:
+        now = monotonic_ns()
+        if self.t0 is None:
+            self._begin_step(now)
+            return
+        acc = self.acc
+        acc[self.phase] += now - self.t_phase
+        rec = {
+            "k": "step", "t": now, "i": self.step, "t0": self.t0, "t1": now, "by": by,
+            "data": acc["data"], "fwd": acc["forward"], "bwd": acc["backward"],
+            "opt": acc["optimizer"], "eval": acc["eval"],
+            "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
+            "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
+        }
+        self.agent.record(rec)
+        if self.gpu_timer is not None:
+            self.gpu_timer.end(self.step)
+            for r in self.gpu_timer.poll():
+                self.agent.record(r)
+        self.step += 1
+        self._begin_step(now)
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Turns the instrumentation off and says so once; the user's program goes on."""
+        self.off = True
+        self.uninstall_hooks()
+        self.agent.notice(f"PyTorch instrumentation disabled after an error in {where}: {exc!r}")
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_fetch_start(self) -> None:
+        if not self.by_optimizer and self.batches >= 1:
+            self.end_step("loader")
+        self.enter("data")
+
+    def on_fetch_end(self, batch, cpu_start: int, stopped: bool) -> None:
+        self.data_cpu += thread_time_ns() - cpu_start
+        self.leave()
+        if stopped:
+            self.boundary = True
+            return
+        self.batches += 1
+        n = batch_size_of(batch)
+        if n is None:
+            self.samples_known = False
+        else:
+            self.samples += n
+        if self.step < DEVICE_AUDIT_STEPS:
+            self._audit_batch(batch)
+
+    def on_iter(self, loader, t0: int, t1: int) -> None:
+        self.boundary = True
+        key = id(loader)
+        if key not in self.loaders:
+            self.loaders.add(key)
+            self.agent.record(_loader_config(loader, key, t0))
+        self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1})
+
+    def on_forward_pre(self, module, args) -> None:
+        if self.depth == 0:
+            self.enter("forward" if self.torch.is_grad_enabled() else "eval")
+            if self.phase == "eval":
+                self.boundary = True
+            if self.step < ROOT_LEARNING_STEPS and self.global_hooks:
+                self.roots[id(module)] = module
+            if self.step < DEVICE_AUDIT_STEPS:
+                for t in _tensors_in(args):
+                    self.audit["inputs"].add(t.device.type)
+        self.depth += 1
+
+    def on_forward_post(self) -> None:
+        if self.depth <= 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self.leave()
+
+    def on_optimizer_pre(self, optimizer) -> None:
+        if not self.by_optimizer:
+            self.by_optimizer = True
+            self.tid = threading.get_ident()
+            if self.stacks is not None:
+                self.stacks.thread_id = self.tid
+            self._start_stacks()
+        self.enter("optimizer")
+
+    def on_optimizer_post(self, optimizer) -> None:
+        self.leave()
+        if self.primary_opt is None:
+            self.primary_opt = id(optimizer)
+        if id(optimizer) != self.primary_opt:
+            return
+        if self.step < DEVICE_AUDIT_STEPS:
+            self._audit_step(optimizer)
+        self.end_step("optimizer")
+        if self.step == ROOT_LEARNING_STEPS and self.global_hooks:
+            self._switch_to_root_hooks()
+
+    # -- audits ----------------------------------------------------------------------------------
+    def _audit_batch(self, batch) -> None:
+        cuda_ready = self.torch.cuda.is_initialized()
+        for t in _tensors_in(batch):
+            self.audit["batch"].add(t.device.type)
+            if cuda_ready and t.device.type == "cpu":
+                pinned = bool(t.is_pinned())
+                self.audit["pinned"] = pinned if self.audit["pinned"] is None else (self.audit["pinned"] and pinned)
+
+    def _audit_step(self, optimizer) -> None:
+        params: dict[str, int] = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                params[p.device.type] = params.get(p.device.type, 0) + p.numel()
+        cuda_ready = self.torch.cuda.is_initialized()
+        self.agent.record({
+            "k": "devices", "t": monotonic_ns(), "step": self.step, "params": params,
+            "batch": sorted(self.audit["batch"]), "inputs": sorted(self.audit["inputs"]),
+            "cuda_initialized": cuda_ready, "pinned": self.audit["pinned"],
+            "threads": self.torch.get_num_threads(),
+        })
+        self.audit = {"batch": set(), "inputs": set(), "pinned": None}
+        if cuda_ready and "cuda" in params and self.gpu_timer is None:
+            cuda = self.torch.cuda
+            self.gpu_timer = CudaStepTimer(lambda: cuda.Event(enable_timing=True))
+
+    # -- installation ----------------------------------------------------------------------------
+    def _start_stacks(self) -> None:
+        if self.stacks is not None or self.agent.stack_hz <= 0:
+            return
+        from whyidle.instrument.stacks import StackSampler
+
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase)
+        self.agent.collectors.append(self.stacks.drain)
+        self.agent.on_exit.append(self.stacks.stop)
+        self.stacks.start()
+
+    def _switch_to_root_hooks(self) -> None:
+        for h in self.global_hooks:
+            h.remove()
+        self.global_hooks = []
+        pre, post = _forward_hooks(self)
+        for module in self.roots.values():
+            self.root_hooks.append(module.register_forward_pre_hook(pre))
+            self.root_hooks.append(module.register_forward_hook(post, always_call=True))
+        self.roots = {}
+
+    def uninstall_hooks(self) -> None:
+        for h in self.global_hooks + self.root_hooks:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self.global_hooks = []
+        self.root_hooks = []
+
+
+def _forward_hooks(inst: TorchInstrument):
+    get_ident = threading.get_ident
+    is_compiling = inst._is_compiling
+
+    def pre(module, args):
+        if inst.off or is_compiling() or get_ident() != inst.tid:
+            return None
+        try:
+            inst.on_forward_pre(module, args)
+        except Exception as exc:
+            inst.fail("a forward pre-hook", exc)
+        return None
+
+    def post(module, args, output):
+        if inst.off or is_compiling() or get_ident() != inst.tid:
+            return None
+        try:
+            inst.on_forward_post()
+        except Exception as exc:
+            inst.fail("a forward hook", exc)
+        return None
+
+    return pre, post
+
+
+def _loader_config(loader, key: int, t: int) -> dict:
+    def attr(name):
+        value = getattr(loader, name, None)
+        return value if isinstance(value, (int, float, bool, str, type(None))) else str(value)
+
+    try:
+        length = len(loader.dataset)
+    except Exception:
+        length = None
+    ctx = getattr(loader, "multiprocessing_context", None)
+    return {
+        "k": "loader", "t": t, "id": key, "num_workers": attr("num_workers"),
+        "pin_memory": attr("pin_memory"), "persistent_workers": attr("persistent_workers"),
+        "prefetch_factor": attr("prefetch_factor"), "batch_size": attr("batch_size"),
+        "dataset": type(getattr(loader, "dataset", None)).__name__, "dataset_len": length,
+        "mp_context": ctx.get_start_method() if hasattr(ctx, "get_start_method") else ctx,
+        "worker_init_fn": getattr(loader, "worker_init_fn", None) is not None,
+    }
+
+
+def install(agent, torch) -> TorchInstrument:
+    """Installs the hooks in this process (once) and writes the ``proc`` record.
+
+    Args:
+        agent: the process's :class:`whyidle.instrument.agent.Agent`.
+        torch: the imported ``torch`` module.
+    Errors: propagates exceptions from hook registration; the agent turns them into one notice.
+    """
+    global _INSTANCE
+    if _INSTANCE is not None:
+        return _INSTANCE
+    import torch.optim.optimizer as optim_mod
+    import torch.utils.data.dataloader as dl
+    from torch.nn.modules import module as module_mod
+
+    inst = TorchInstrument(agent, torch)
+    _INSTANCE = inst
+    get_ident = threading.get_ident
+
+    agent.record({
+        "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
+        "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
+        "framework": "torch", "framework_version": str(torch.__version__),
+        "cuda_build": getattr(torch.version, "cuda", None), "threads": torch.get_num_threads(),
+    })
+    agent.start_background()
+
+    orig_next = dl._BaseDataLoaderIter.__next__
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        if inst.off or agent.disabled or get_ident() != inst.tid:
+            return orig_next(self)
+        try:
+            inst.on_fetch_start()
+            c0 = thread_time_ns()
+        except Exception as exc:
+            inst.fail("DataLoader.__next__", exc)
+            return orig_next(self)
+        try:
+            batch = orig_next(self)
+        except StopIteration:
+            _safe(inst, inst.on_fetch_end, None, c0, True)
+            raise
+        except BaseException:
+            _safe(inst, inst.on_fetch_end, None, c0, True)
+            raise
+        _safe(inst, inst.on_fetch_end, batch, c0, False)
+        return batch
+
+    orig_iter = dl.DataLoader.__iter__
+
+    @functools.wraps(orig_iter)
+    def __iter__(self):
+        if inst.off or agent.disabled or get_ident() != inst.tid:
+            return orig_iter(self)
+        t0 = monotonic_ns()
+        _safe(inst, inst.enter, "data")
+        try:
+            return orig_iter(self)
+        finally:
+            if not inst.off:
+                _safe(inst, inst.leave)
+                _safe(inst, inst.on_iter, self, t0, monotonic_ns())
+
+    dl._BaseDataLoaderIter.__next__ = __next__
+    dl.DataLoader.__iter__ = __iter__
+
+    orig_backward = torch.autograd.backward
+
+    @functools.wraps(orig_backward)
+    def backward(*args, **kwargs):
+        if inst.off or agent.disabled or get_ident() != inst.tid:
+            return orig_backward(*args, **kwargs)
+        _safe(inst, inst.enter, "backward")
+        try:
+            return orig_backward(*args, **kwargs)
+        finally:
+            if not inst.off:
+                _safe(inst, inst.leave)
+
+    torch.autograd.backward = backward
+
+    def opt_pre(optimizer, args, kwargs):
+        if inst.off or agent.disabled or (inst.by_optimizer and get_ident() != inst.tid):
+            return None
+        _safe(inst, inst.on_optimizer_pre, optimizer)
+        return None
+
+    def opt_post(optimizer, args, kwargs):
+        if inst.off or agent.disabled or get_ident() != inst.tid:
+            return None
+        _safe(inst, inst.on_optimizer_post, optimizer)
+        return None
+
+    pre, post = _forward_hooks(inst)
+    inst.global_hooks = [
+        module_mod.register_module_forward_pre_hook(pre),
+        module_mod.register_module_forward_hook(post, always_call=True),
+    ]
+    optim_mod.register_optimizer_step_pre_hook(opt_pre)
+    optim_mod.register_optimizer_step_post_hook(opt_post)
+    # Without an optimizer the loader still marks steps; sample stacks from the start then.
+    inst._start_stacks()
+    return inst
+
+
+def _safe(inst: TorchInstrument, fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:
+        inst.fail(getattr(fn, "__name__", "a hook"), exc)

@@ -1,0 +1,87 @@
+"""Append-only JSON Lines writer with a bounded in-memory buffer.
+
+Used inside the observed process (so: standard library only) and by the sampler. Records are
+queued with :meth:`JsonlWriter.add` from any thread (``collections.deque`` appends are atomic under
+the GIL, so the training thread never takes a lock) and written by :meth:`flush`, which the owner
+calls periodically from a background thread (at least every 0.5 s, see ``docs/run-format.md``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+#: Records held in memory at most before new ones are dropped (and counted): bounds memory if the
+#: disk stalls. 100,000 small records are ~20 MB of Python objects at worst.
+MAX_BUFFERED_RECORDS = 100_000
+
+
+class JsonlWriter:
+    """Appends JSON objects, one per line, to ``path``; the file is created on first flush.
+
+    Args:
+        path: file to append to.
+        max_buffered: records kept in memory between flushes before dropping new ones.
+
+    Errors: :meth:`flush` raises ``OSError`` when the file cannot be written; callers in the
+    observed process catch it and disable themselves.
+    """
+
+    def __init__(self, path: str, max_buffered: int = MAX_BUFFERED_RECORDS) -> None:
+        self.path = path
+        self.max_buffered = max_buffered
+        self.dropped = 0
+        self._queue: collections.deque = collections.deque()
+        self._file = None
+
+    def add(self, record: dict) -> None:
+        """Queues one record (a JSON-serializable dict). Never blocks, never raises."""
+        if len(self._queue) >= self.max_buffered:
+            self.dropped += 1
+            return
+        self._queue.append(record)
+
+    def flush(self) -> int:
+        """Writes all queued records and flushes the OS buffer. Returns the number written."""
+        if not self._queue:
+            return 0
+        lines = []
+        queue = self._queue
+        while True:
+            try:
+                record = queue.popleft()
+            except IndexError:
+                break
+            lines.append(json.dumps(record, separators=(",", ":"), default=str))
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")
+        self._file.write("\n".join(lines) + "\n")
+        self._file.flush()
+        return len(lines)
+
+    def close(self) -> None:
+        """Flushes and closes; safe to call twice."""
+        try:
+            self.flush()
+        finally:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def abandon(self) -> None:
+        """Forgets queued records and the open file without writing (used after ``fork``)."""
+        self._queue = collections.deque()
+        self._file = None
+
+
+def write_json_atomic(path: str, obj: dict) -> None:
+    """Writes ``obj`` as JSON to ``path`` atomically (temporary file + ``os.replace``).
+
+    Errors: ``OSError`` when the directory is not writable.
+    """
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -1,0 +1,91 @@
+"""Facts + diagnosis → the report object (contract ``whyidle.report/1``, see DESIGN.md)."""
+
+from __future__ import annotations
+
+import whyidle
+
+SCHEMA = "whyidle.report/1"
+
+#: Host metrics copied into ``metrics.host`` (names and units documented in
+#: :func:`whyidle.analysis.host.host_metrics`).
+HOST_KEYS = ("cores", "cpu_busy_share", "percpu_busy_share", "iowait_share", "trainer_cores", "workers",
+             "workers_cores", "worker_busy_share", "tree_other_cores", "other_procs_cores", "whyidle_cores",
+             "trainer_run_delay_share", "invol_ctx_per_s", "disk_read_bytes_per_s", "loader_read_bytes_per_s",
+             "trainer_rss_max_bytes", "tree_rss_max_bytes", "tree_threads")
+
+
+def _r(x):
+    if isinstance(x, float):
+        return round(x, 4) if abs(x) < 100 else round(x, 1)
+    if isinstance(x, list):
+        return [_r(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _r(v) for k, v in x.items()}
+    return x
+
+
+def notes_of(facts: dict, problems: list[str]) -> list[str]:
+    """Plain-language notes about what was (not) observed, for the end of the report."""
+    meta = facts.get("meta") or {}
+    info = facts.get("steps_info") or {}
+    notes = list(problems)
+    if meta.get("signal"):
+        notes.append(f"The command was ended by signal {meta['signal']}"
+                     f"{' (Ctrl-C)' if meta.get('interrupted') else ''}; this report covers the steps before it.")
+    elif meta.get("exit_code") not in (None, 0):
+        notes.append(f"The command exited with code {meta['exit_code']}; this report covers the steps before it.")
+    elif meta.get("interrupted"):
+        notes.append("The run was interrupted (Ctrl-C); this report covers the steps before it.")
+    elif meta and "ended_utc" not in meta:
+        notes.append("The run did not finish cleanly (whyidle was stopped); the report uses what was recorded.")
+    if info.get("warmup"):
+        notes.append(f"The first {info['warmup']} step(s) were treated as warm-up and left out of the shares.")
+    if info.get("boundary_excluded"):
+        notes.append(f"{info['boundary_excluded']} step(s) containing an epoch boundary or evaluation "
+                     f"({info['boundary_s']:.2f} s) were left out of the steady-state shares.")
+    for t in facts.get("other_trainers") or []:
+        notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
+                     f"pid {facts.get('primary')}.")
+    if facts.get("gpu") is None:
+        notes.append("No NVIDIA GPU was observed (NVML unavailable or no device): GPU metrics are null.")
+    notes += facts.get("notices") or []
+    return notes
+
+
+def build_report(facts: dict, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
+    """Assembles the report dict. ``facts`` from :func:`whyidle.analysis.run.analyze`."""
+    meta = facts.get("meta") or {}
+    step = facts.get("step") or {}
+    info = facts.get("steps_info") or {}
+    host = facts.get("host") or {}
+    metrics = {
+        "steps": info.get("total", 0),
+        "steps_analyzed": step.get("steps", 0),
+        "wall_s": meta.get("wall_s") if meta.get("wall_s") is not None else step.get("wall_s"),
+        "train_wall_s": step.get("wall_s"),
+        "samples_per_s": step.get("samples_per_s"),
+        "steps_per_s": step.get("steps_per_s"),
+        "batch_size": step.get("batch_size"),
+        "step_time_s": {k: step["step_time_s"][k] for k in ("p50", "p90", "mean")} if step else None,
+        "shares": step.get("shares"),
+        "data_wait_s_per_step": step.get("data_wait_s_per_step"),
+        "data_cpu_share": step.get("data_cpu_share"),
+        "gpu_step_ms": step.get("gpu_ms"),
+        "host": {k: host.get(k) for k in HOST_KEYS} if host else None,
+        "gpu": facts.get("gpu"),
+    }
+    return _r({
+        "schema": SCHEMA,
+        "tool_version": whyidle.__version__,
+        "source": "run",
+        "command": meta.get("command") or [],
+        "name": meta.get("name"),
+        "framework": facts.get("framework", "none"),
+        "device": facts.get("device"),
+        "verdict": verdict,
+        "findings": findings,
+        "metrics": metrics,
+        "loader": facts.get("loader"),
+        "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
+        "notes": notes_of(facts, problems or []),
+    })

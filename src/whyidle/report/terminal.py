@@ -1,0 +1,128 @@
+"""Terminal renderer: verdict first, then the numbers, then each finding with its fix (rich)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import IO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.padding import Padding
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_VERDICT_TEXT = {
+    "device_bound": "DEVICE-BOUND: nothing upstream limits the device",
+    "unknown": "UNKNOWN: not enough data to judge",
+}
+_PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
+           ("optimizer", "optimizer", "magenta"), ("eval", "eval", "cyan"), ("other_host", "other host", "yellow"))
+
+
+def _ms(x) -> str:
+    return "n/a" if x is None else f"{x * 1000:.1f} ms"
+
+
+def _share_bar(shares: dict, width: int = 50) -> Text:
+    bar = Text()
+    for key, _label, style in _PHASES:
+        n = round((shares.get(key) or 0) * width)
+        if n:
+            bar.append("█" * n, style=style)
+    legend = Text()
+    for key, label, style in _PHASES:
+        v = shares.get(key) or 0
+        if v >= 0.005 or key in ("data_wait", "forward", "backward", "other_host"):
+            legend.append("■ ", style=style)
+            legend.append(f"{label} {v:.0%}  ")
+    return Text.assemble(bar, "\n", legend)
+
+
+def render(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
+    """Prints ``report`` (a ``whyidle.report/1`` dict) for a human to ``file`` (default stdout)."""
+    console = Console(file=file, width=width, highlight=False, soft_wrap=False)
+    m = report.get("metrics") or {}
+    cmd = shlex.join(report.get("command") or []) or "(no command)"
+    run = report.get("run") or {}
+    status = []
+    if run.get("signal"):
+        status.append(f"ended by signal {run['signal']}")
+    elif run.get("exit_code") is not None:
+        status.append(f"exit {run['exit_code']}")
+    console.print()
+    console.rule(Text("whyidle report", style="bold"))
+    console.print(f"[bold]command[/]  {escape(cmd)}" + (f"   ({', '.join(status)})" if status else ""))
+    device = report.get("device") or {}
+    console.print(f"[bold]device[/]   {escape(str(device.get('name') or device.get('kind') or 'unknown'))}"
+                  f" ({device.get('kind', '?')})   [bold]framework[/] {report.get('framework')}")
+
+    verdict = report.get("verdict")
+    lead = next((f for f in report.get("findings", []) if f["id"] == verdict), None)
+    if verdict in _VERDICT_TEXT:
+        vtext = _VERDICT_TEXT[verdict]
+    elif lead:
+        vtext = f"{verdict.upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
+    else:
+        vtext = str(verdict)
+    speed = f"  (fixing it: ~{lead['est_speedup']:.2f}× faster)" if lead and lead.get("est_speedup") else ""
+    console.print()
+    console.print(Text.assemble(("Verdict: ", "bold"), (vtext, "bold red" if verdict not in _VERDICT_TEXT else "bold green"), speed))
+
+    if m.get("step_time_s"):
+        st = m["step_time_s"]
+        sps = m.get("samples_per_s")
+        console.print()
+        console.print(f"[bold]steps[/] {m.get('steps')} ({m.get('steps_analyzed')} analyzed)   "
+                      f"[bold]step time[/] p50 {_ms(st['p50'])} · p90 {_ms(st['p90'])}   "
+                      + (f"[bold]samples/s[/] {sps:,.1f}   [bold]batch[/] {m.get('batch_size'):g}" if sps else ""))
+        console.print(_share_bar(m.get("shares") or {}))
+    host = m.get("host")
+    if host:
+        parts = [f"{host['cores']} cores {host['cpu_busy_share']:.0%} busy",
+                 f"trainer {host['trainer_cores']:.2f} cores"]
+        if host.get("workers"):
+            parts.append(f"{host['workers']} workers {host['workers_cores']:.2f} cores")
+        parts.append(f"other processes {host['other_procs_cores']:.2f} cores")
+        if host.get("trainer_run_delay_share") is not None:
+            parts.append(f"run-queue wait {host['trainer_run_delay_share']:.0%}")
+        console.print("[bold]CPU[/] " + " · ".join(parts))
+    gpu = m.get("gpu")
+    if gpu:
+        console.print(f"[bold]GPU[/] util {gpu.get('util_mean', 0):.0f}% (NVML, {gpu.get('util_source')})"
+                      + (f" · memory {gpu['memory_used_max_bytes'] / 2**30:.1f}/{gpu['memory_total_bytes'] / 2**30:.0f} GiB"
+                         if gpu.get("memory_used_max_bytes") and gpu.get("memory_total_bytes") else ""))
+    else:
+        console.print("[bold]GPU[/] none observed")
+
+    findings = report.get("findings") or []
+    if findings:
+        console.print()
+        console.rule(Text("findings", style="bold"), align="left")
+    for n, f in enumerate(findings, 1):
+        head = Text.assemble((f"{n}. ", "bold"), (f"[{f['severity']}] ", _SEVERITY_STYLE.get(f["severity"], "")),
+                             (f["title"], "bold"), (f"  ({f['id']})", "dim"))
+        if f.get("est_speedup"):
+            head.append(f"  est. {f['est_speedup']:.2f}×", style="bold")
+        console.print(head)
+        console.print(Padding(Text(f["summary"]), (0, 0, 0, 3)))
+        for h in (f.get("evidence") or {}).get("hotspots") or []:
+            share = f" {h['share']:.0%}" if h.get("share") is not None else ""
+            console.print(Padding(Text(f"·{share} {h['site']}" + (f"  → {h['leaf']}" if h.get("leaf") and h["leaf"] != h["site"] else ""),
+                                       style="dim"), (0, 0, 0, 5)))
+        fix = f.get("fix") or {}
+        if fix.get("text"):
+            console.print(Padding(Text.assemble(("Fix: ", "bold green"), fix["text"]), (0, 0, 0, 3)))
+        if fix.get("code"):
+            console.print(Syntax(fix["code"], "python", theme="ansi_dark", background_color="default",
+                                 padding=(0, 0, 0, 5)))
+        console.print()
+    notes = report.get("notes") or []
+    if notes:
+        table = Table.grid(padding=(0, 1))
+        for note in notes:
+            table.add_row("[dim]note[/]", Text(note, style="dim"))
+        console.print(table)
+    if run.get("run_dir"):
+        console.print(f"[dim]run directory: {escape(run['run_dir'])}  (re-render: whyidle report {escape(run['run_dir'])})[/]")

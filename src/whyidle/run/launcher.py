@@ -1,0 +1,212 @@
+"""Launching an observed command: bootstrap injection, signal forwarding, exit status.
+
+The command runs unchanged, with the same stdin/stdout/stderr (inherited file descriptors, so a
+TTY stays a TTY). Every Python process it starts is instrumented through a ``sitecustomize``
+bootstrap put first on ``PYTHONPATH`` — the mechanism ``ddtrace-run`` and
+``opentelemetry-instrument`` use — which chains to any ``sitecustomize`` it shadows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import whyidle
+
+BOOTSTRAP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap", "sitecustomize.py")
+PACKAGE_DIR = os.path.dirname(os.path.abspath(whyidle.__file__))
+
+#: Signals passed on to the command. SIGINT and SIGQUIT are only passed on when they did not come
+#: from the terminal: a terminal sends them to the whole foreground process group, command included.
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+_TERMINAL_SIGNALS = ("SIGINT", "SIGQUIT")
+
+#: Signals after which whyidle exits with 128 + N instead of re-raising them on itself (they would
+#: make whyidle dump core).
+_CORE_SIGNALS = ("SIGQUIT", "SIGILL", "SIGABRT", "SIGFPE", "SIGSEGV", "SIGBUS", "SIGSYS", "SIGTRAP")
+
+
+class LaunchError(Exception):
+    """The command cannot be started; ``exit_code`` is what whyidle should exit with."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def resolve_command(cmd: list[str]) -> str:
+    """Returns the executable path for ``cmd[0]``.
+
+    Errors:
+        LaunchError: exit code 127 when not found (as a shell does), 126 when not executable.
+    """
+    name = cmd[0]
+    if os.sep in name:
+        if not os.path.exists(name):
+            raise LaunchError(f"command not found: {name}", 127)
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise LaunchError(f"permission denied (not an executable file): {name}", 126)
+        return name
+    path = shutil.which(name)
+    if path is None:
+        raise LaunchError(f"command not found: {name}", 127)
+    return path
+
+
+def prepare_bootstrap(run_dir: str) -> str:
+    """Creates ``RUN_DIR/.bootstrap`` holding the bootstrap and a link to this whyidle package.
+
+    The link makes ``import whyidle`` resolve to this very installation in every child Python
+    (even another interpreter or virtual environment) without exposing any other package.
+    Returns the directory to put first on ``PYTHONPATH``.
+    """
+    boot = os.path.join(run_dir, ".bootstrap")
+    os.makedirs(boot, exist_ok=True)
+    shutil.copyfile(BOOTSTRAP_FILE, os.path.join(boot, "sitecustomize.py"))
+    link = os.path.join(boot, "whyidle")
+    if not os.path.lexists(link):
+        os.symlink(PACKAGE_DIR, link)
+    return boot
+
+
+def child_env(run_dir: str, bootstrap_dir: str, stack_hz: float, base: dict | None = None) -> dict:
+    """The command's environment: ``base`` (default ``os.environ``) plus the bootstrap.
+
+    Sets ``WHYIDLE_RUN_DIR`` and ``WHYIDLE_STACK_HZ`` (Hz) and prepends ``bootstrap_dir`` to
+    ``PYTHONPATH``, keeping the user's entries after it.
+    """
+    env = dict(os.environ if base is None else base)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = bootstrap_dir + (os.pathsep + old if old else "")
+    env["WHYIDLE_RUN_DIR"] = os.path.abspath(run_dir)
+    env["WHYIDLE_STACK_HZ"] = str(stack_hz)
+    return env
+
+
+def become_subreaper() -> bool:
+    """Makes orphaned descendants re-parent to this process (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    That keeps a trainer started by a shell script that exits early inside the observed tree.
+    Returns False where unsupported.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        return False
+
+
+def reap_orphans(child_pid: int) -> None:
+    """Reaps exited re-parented descendants (zombies), never the command itself."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return
+        if info is None or info.si_pid == child_pid:
+            return
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            return
+
+
+@dataclasses.dataclass
+class ChildExit:
+    """How the command ended: ``exit_code`` (None when a signal ended it), ``signal`` number."""
+
+    exit_code: int | None
+    signal: int | None
+    interrupted: bool
+
+    def whyidle_exit(self) -> None:
+        """Exits this process the way the command ended (same code, or the same signal)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.signal is None:
+            sys.exit(self.exit_code)
+        name = signal.Signals(self.signal).name
+        if name in _CORE_SIGNALS:
+            sys.exit(128 + self.signal)
+        signal.signal(self.signal, signal.SIG_DFL)
+        os.kill(os.getpid(), self.signal)
+        sys.exit(128 + self.signal)  # the signal is ignored or blocked by our parent
+
+
+class Child:
+    """The running command, with signal forwarding installed while it runs.
+
+    Args:
+        cmd: argv of the command (``cmd[0]`` already resolved by :func:`resolve_command`).
+        env: its environment.
+    Errors: ``OSError`` from ``subprocess.Popen`` (e.g. exec format error).
+    """
+
+    def __init__(self, cmd: list[str], env: dict) -> None:
+        self.interrupted = False
+        self._tty = _open_tty()
+        self._saved = {}
+        self.proc = subprocess.Popen(cmd, env=env)
+        for name in FORWARDED_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._saved[sig] = signal.signal(sig, self._on_signal)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            self.interrupted = True
+        if signal.Signals(signum).name in _TERMINAL_SIGNALS and self._from_terminal():
+            return
+        try:
+            os.kill(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _from_terminal(self) -> bool:
+        if self._tty is None:
+            return False
+        try:
+            return os.tcgetpgrp(self._tty) == os.getpgrp()
+        except OSError:
+            return False
+
+    def wait(self, timeout: float | None) -> bool:
+        """Waits up to ``timeout`` seconds; True when the command has ended."""
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def exit_status(self) -> ChildExit:
+        rc = self.proc.returncode
+        if rc is not None and rc < 0:
+            return ChildExit(None, -rc, self.interrupted)
+        return ChildExit(rc, None, self.interrupted)
+
+    def restore_signals(self) -> None:
+        """Puts back the previous handlers, except SIGINT, which stays ignored until exit so a
+        second Ctrl-C cannot cut the report short."""
+        for sig, old in self._saved.items():
+            signal.signal(sig, signal.SIG_IGN if sig == signal.SIGINT else old)
+        if self._tty is not None:
+            os.close(self._tty)
+            self._tty = None
+
+
+def _open_tty() -> int | None:
+    try:
+        return os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return None

@@ -1,0 +1,196 @@
+"""One observed run, start to finish: run directory, samplers, the command, the report.
+
+    prepare → start samplers → start command → live status until it ends → stop samplers →
+    finalize meta.json → analyze → diagnose → report.json (+ --json) → render
+
+Used by ``whyidle run`` and ``whyidle demo`` (the same code path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import socket
+import sys
+import time
+
+import whyidle
+from whyidle.record.writer import write_json_atomic
+from whyidle.run import launcher
+from whyidle.run.launcher import ChildExit, LaunchError
+
+DEFAULT_RUNS_DIR = "whyidle-runs"
+#: NVML's sample buffer is drained at most this often (seconds); its own period is 1/6–1 s, so
+#: faster polling only re-reads the same samples (../shared/sampling.md §1.2, §5).
+GPU_POLL_MIN_S = 1.0
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """Options of ``whyidle run`` (units: seconds, Hz)."""
+
+    out: str | None = None
+    name: str | None = None
+    json_path: str | None = None
+    interval_s: float = 0.25
+    stack_hz: float = 100.0
+    quiet: bool = False
+
+
+def default_name(cmd: list[str]) -> str:
+    """A short run name from the command: the script or module name (``train`` for
+    ``python train.py``, ``pkg.train`` for ``python -m pkg.train``), else the program name."""
+    base = os.path.basename(cmd[0])
+    args = cmd[1:]
+    if base.startswith("python"):
+        for i, a in enumerate(args):
+            if a == "-m" and i + 1 < len(args):
+                return args[i + 1]
+            if a == "-c":
+                return "python-c"
+            if not a.startswith("-"):
+                return os.path.splitext(os.path.basename(a))[0]
+    return os.path.splitext(base)[0] or "run"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:60] or "run"
+
+
+def prepare_run_dir(cmd: list[str], opts: RunOptions) -> str:
+    """Creates the run directory and checks it is writable.
+
+    Errors: LaunchError (exit 2) when it cannot be created or written, or already holds a run.
+    """
+    name = _safe(opts.name or default_name(cmd))
+    if opts.out:
+        path = opts.out
+    else:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = os.path.join(DEFAULT_RUNS_DIR, f"{stamp}-{name}")
+        n = 1
+        while os.path.exists(path):
+            n += 1
+            path = os.path.join(DEFAULT_RUNS_DIR, f"{stamp}-{name}-{n}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        if os.path.exists(os.path.join(path, "meta.json")):
+            raise LaunchError(f"run directory already holds a run: {path}", 2)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise LaunchError(f"run directory not writable: {path} ({exc.strerror or exc})", 2) from None
+    return path
+
+
+def _anchor() -> dict:
+    return {"monotonic_ns": time.monotonic_ns(), "time_ns": time.time_ns()}
+
+
+def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildExit, str]:
+    """Runs ``cmd`` under observation and returns ``(report, child_exit, run_dir)``.
+
+    ``stream`` receives the live status and the final report (default: stderr).
+    Errors: LaunchError (127 command not found, 126 not executable, 2 run directory problems).
+    """
+    from whyidle.sampling.host import HostPoller
+    from whyidle.sampling.loop import SamplerLoop
+    from whyidle.sampling.nvml import open_gpu_poller
+
+    stream = stream or sys.stderr
+    if not cmd:
+        raise LaunchError("no command given", 2)
+    launcher.resolve_command(cmd)
+    run_dir = prepare_run_dir(cmd, opts)
+    name = _safe(opts.name or default_name(cmd))
+    boot = launcher.prepare_bootstrap(run_dir)
+    meta = {
+        "format": "whyidle.run/1", "tool_version": whyidle.__version__, "name": name, "command": list(cmd),
+        "run_dir": run_dir, "cwd": os.getcwd(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
+        "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "anchors": [_anchor()], "interval_s": opts.interval_s, "stack_hz": opts.stack_hz,
+        "whyidle_pid": os.getpid(), "python": sys.version.split()[0],
+    }
+    write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+
+    launcher.become_subreaper()
+    pollers = [HostPoller(os.getpid(), opts.interval_s)]
+    gpu, gpu_reason = open_gpu_poller(max(GPU_POLL_MIN_S, opts.interval_s))
+    if gpu is not None:
+        pollers.append(gpu)
+    sampler = SamplerLoop(run_dir, pollers)
+    if gpu is None:
+        with open(os.path.join(run_dir, "gpu.jsonl"), "w", encoding="utf-8") as f:
+            f.write('{"k":"gpu_notice","t":%d,"msg":"%s"}\n' % (time.monotonic_ns(), (gpu_reason or "no GPU").replace('"', "'")))
+    sampler.start()
+
+    env = launcher.child_env(run_dir, boot, opts.stack_hz)
+    t_start = time.monotonic()
+    try:
+        child = launcher.Child(cmd, env)
+    except OSError as exc:
+        sampler.stop()
+        raise LaunchError(f"cannot execute {cmd[0]}: {exc.strerror or exc}", 126) from None
+    meta["root_pid"] = child.pid
+    write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+
+    live = None
+    if not opts.quiet:
+        from whyidle.report.live import LiveStatus
+
+        live = LiveStatus(run_dir, sampler, stream, tty=stream.isatty())
+    try:
+        while not child.wait(1.0):
+            launcher.reap_orphans(child.pid)
+            if live:
+                live.tick()
+    finally:
+        if live:
+            live.close()
+    status = child.exit_status()
+    child.restore_signals()
+    sampler.stop()
+    launcher.reap_orphans(child.pid)
+
+    meta.update({
+        "ended_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "end_t": time.monotonic_ns(), "wall_s": round(time.monotonic() - t_start, 3),
+        "exit_code": status.exit_code, "signal": status.signal, "interrupted": status.interrupted,
+    })
+    meta["anchors"].append(_anchor())
+    write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+
+    report = finish_report(run_dir, opts.json_path)
+    if not opts.quiet:
+        from whyidle.report import terminal
+
+        terminal.render(report, file=stream)
+    return report, status, run_dir
+
+
+def finish_report(run_dir: str, json_path: str | None = None) -> dict:
+    """Analyzes a run directory, writes ``report.json`` (and ``json_path``), returns the report.
+
+    Errors: :class:`whyidle.record.reader.RunDirError` for a missing or corrupt directory;
+    ``OSError`` when ``json_path`` cannot be written.
+    """
+    from whyidle.analysis.run import analyze
+    from whyidle.diagnose import diagnose
+    from whyidle.record.reader import load_run
+    from whyidle.report.build import build_report
+
+    run = load_run(run_dir)
+    facts = analyze(run)
+    verdict, findings = diagnose(facts)
+    report = build_report(facts, verdict, findings, run.problems)
+    report["run"]["run_dir"] = run_dir
+    try:
+        write_json_atomic(os.path.join(run_dir, "report.json"), report)
+    except OSError:
+        pass  # a read-only saved run can still be rendered
+    if json_path:
+        write_json_atomic(json_path, report)
+    return report

@@ -1,0 +1,179 @@
+"""Host sampler: CPU, memory, disk and scheduler counters of the machine and the observed tree.
+
+Polled from the whyidle process (never the trainer), see :mod:`whyidle.sampling.loop`. Records
+raw cumulative counters (``docs/run-format.md``, ``host.jsonl``); rates are derived later for any
+window by :mod:`whyidle.analysis.host`. Uses psutil for everything psutil offers; reads
+``/proc/<pid>/task/*/schedstat`` (run-queue wait) and ``/proc/pressure/*`` (PSI) directly, since
+psutil has neither (kernel Documentation/scheduler/sched-stats.rst, accounting/psi.rst).
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+#: Seconds between scans of all other processes for the top CPU users (a full process scan costs
+#: milliseconds, so it runs far less often than the tick; ../shared/sampling.md §4.1).
+TOP_SCAN_PERIOD_S = 2.0
+TOP_PROCESSES = 5
+
+
+def _schedstat_run_delay(pid: int) -> tuple[int | None, int | None]:
+    """(run-queue wait of all threads, of the main thread) in ns, from schedstat field 2."""
+    total = 0
+    main = None
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None, None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+            delay = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        total += delay
+        if tid == str(pid):
+            main = delay
+    return total, main
+
+
+def _psi_some_total_us(resource: str) -> int | None:
+    """Cumulative µs in which some task stalled on ``resource`` (``/proc/pressure``, Linux ≥ 4.20)."""
+    try:
+        with open(f"/proc/pressure/{resource}", "rb") as f:
+            for line in f.read().decode().splitlines():
+                if line.startswith("some"):
+                    return int(line.rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+class HostPoller:
+    """Samples the host and the process tree under ``tree_root_pid`` (see the Poller protocol).
+
+    Args:
+        tree_root_pid: the process whose descendants form the observed tree (whyidle itself, a
+            child subreaper, so orphaned descendants stay in the tree).
+        period_s: seconds between polls.
+    """
+
+    name = "host"
+
+    def __init__(self, tree_root_pid: int, period_s: float = 0.25) -> None:
+        self.period_s = period_s
+        self.root_pid = tree_root_pid
+        self._root = psutil.Process(tree_root_pid)
+        self._procs: dict[int, psutil.Process] = {}
+        self._seen: set[int] = set()
+        self._top_prev: dict[int, float] = {}
+        self._top_t = None
+        self._top_due = 0
+
+    def start(self, now_ns: int) -> list[dict]:
+        try:
+            physical = psutil.cpu_count(logical=False)
+        except Exception:
+            physical = None
+        return [{
+            "k": "host_static", "t": now_ns, "cpu_count": psutil.cpu_count() or 1,
+            "cpu_count_physical": physical, "mem_total_bytes": psutil.virtual_memory().total,
+            "clk_tck": os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else None,
+            "boot_time_s": psutil.boot_time(),
+        }]
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            children = self._root.children(recursive=True)
+        except psutil.Error:
+            children = []
+        procs = [self._root]
+        for child in children:
+            cached = self._procs.get(child.pid)
+            if cached is None or cached.create_time() != child.create_time():
+                self._procs[child.pid] = cached = child
+            procs.append(cached)
+        return procs
+
+    def poll(self, now_ns: int) -> list[dict]:
+        out: list[dict] = []
+        rows = []
+        for p in self._tree():
+            try:
+                with p.oneshot():
+                    ct = p.cpu_times()
+                    ppid = p.ppid()
+                    rss = p.memory_info().rss
+                    threads = p.num_threads()
+                    ctx = p.num_ctx_switches()
+                    try:
+                        io = p.io_counters()
+                        rb, rc = io.read_bytes, getattr(io, "read_chars", None)
+                    except (psutil.Error, AttributeError, NotImplementedError):
+                        rb = rc = None
+                    if p.pid not in self._seen:
+                        self._seen.add(p.pid)
+                        try:
+                            cmdline = p.cmdline()[:12]
+                        except psutil.Error:
+                            cmdline = []
+                        out.append({"k": "host_proc", "t": now_ns, "pid": p.pid, "ppid": ppid,
+                                    "name": p.name(), "cmdline": cmdline})
+            except psutil.Error:
+                self._procs.pop(p.pid, None)
+                continue
+            delay, main_delay = _schedstat_run_delay(p.pid)
+            rows.append([p.pid, ppid, round(ct.user + ct.system, 4), rss, threads, ctx.voluntary,
+                         ctx.involuntary, rb, rc, delay, main_delay])
+        cpu = psutil.cpu_times()
+        percpu = psutil.cpu_times(percpu=True)
+        try:
+            disk = psutil.disk_io_counters()
+            disk_read = disk.read_bytes if disk else None
+        except Exception:
+            disk_read = None
+        out.append({
+            "k": "host", "t": now_ns,
+            "cpu": {k: round(v, 3) for k, v in cpu._asdict().items()},
+            "percpu_busy_s": [round(sum(c) - c.idle - getattr(c, "iowait", 0.0), 3) for c in percpu],
+            "ctx": psutil.cpu_stats().ctx_switches,
+            "disk_read_bytes": disk_read,
+            "mem_used_bytes": psutil.virtual_memory().used,
+            "psi_cpu_us": _psi_some_total_us("cpu"),
+            "psi_io_us": _psi_some_total_us("io"),
+            "procs": rows,
+        })
+        if now_ns >= self._top_due:
+            self._top_due = now_ns + int(TOP_SCAN_PERIOD_S * 1e9)
+            top = self._scan_top({r[0] for r in rows}, now_ns)
+            if top is not None:
+                out.append(top)
+        return out
+
+    def _scan_top(self, exclude: set[int], now_ns: int) -> dict | None:
+        """Top CPU users outside the observed tree since the previous scan."""
+        current: dict[int, float] = {}
+        names: dict[int, str] = {}
+        for p in psutil.process_iter(["name", "cpu_times", "cmdline"]):
+            if p.pid in exclude:
+                continue
+            ct = p.info.get("cpu_times")
+            if ct is None:
+                continue
+            current[p.pid] = ct.user + ct.system
+            cmd = p.info.get("cmdline") or []
+            names[p.pid] = " ".join(cmd[:4]) if cmd else (p.info.get("name") or "?")
+        previous, t_prev = self._top_prev, self._top_t
+        self._top_prev, self._top_t = current, now_ns
+        if t_prev is None:
+            return None
+        deltas = sorted(((cpu - previous[pid], pid) for pid, cpu in current.items()
+                         if pid in previous and cpu > previous[pid]), reverse=True)
+        return {"k": "host_top", "t": now_ns, "t0": t_prev, "t1": now_ns,
+                "procs": [[pid, names[pid], round(d, 3)] for d, pid in deltas[:TOP_PROCESSES]]}
+
+    def close(self) -> None:
+        pass
