@@ -81,7 +81,6 @@ def analyze(run: RunData) -> dict:
     }
     devices = [r for r in recs if r.get("k") == "devices"]
     notices = [r["msg"] for records in procs.values() for r in records if r.get("k") == "notice"]
-    notices += [r["msg"] for r in run.gpu if r.get("k") == "gpu_notice"]
     other_trainers = []
     for pid in trainers[1:]:
         a, _ = step_analysis.select_steps(step_lists[pid])
@@ -111,6 +110,7 @@ def analyze(run: RunData) -> dict:
         "devices": devices[-1] if devices else None,
         "hotspots": hotspots,
         "notices": notices,
+        "gpu_records_notices": [r for r in run.gpu if r.get("k") == "gpu_notice"],
         "other_trainers": other_trainers,
         "meta": run.meta,
     }

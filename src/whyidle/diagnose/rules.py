@@ -69,8 +69,9 @@ def suggested_workers(facts: dict) -> int:
     ⌈fetch time per batch / compute time per step × headroom⌉ (cases.md C01). Fetch time per
     batch is the data wait itself with ``num_workers=0``, and ``num_workers`` × step time with
     workers (each worker delivers one batch per ``num_workers`` steps when the loop waits on
-    them). Capped at the core count for CPU-bound loaders (more workers than cores only adds
-    contention) and at 4 × cores for loaders that mostly wait on I/O.
+    them). For CPU-bound loaders it is capped at the cores left beside the training process
+    (more workers than cores only adds contention); loaders that mostly wait on I/O may use up
+    to 4 workers per core. Always at least one more than today.
     """
     step = facts["step"]
     host = facts.get("host") or {}
@@ -83,8 +84,8 @@ def suggested_workers(facts: dict) -> int:
     compute = max(step["compute_s_per_step"] * per_batch, 1e-6)
     need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
     busy = step.get("data_cpu_share") if nw == 0 else host.get("worker_busy_share")
-    cap = max(2, cores) if (busy or 0) >= T.LOADER_OFF_CPU else max(4, 4 * cores)
-    return int(min(max(need, 2, nw + 1), cap, T.MAX_SUGGESTED_WORKERS))
+    cap = max(1, cores - 1) if (busy or 0) >= T.LOADER_OFF_CPU else max(4, 4 * cores)
+    return int(min(max(min(need, cap), nw + 1), T.MAX_SUGGESTED_WORKERS))
 
 
 def input_bound(facts: dict) -> dict | None:
@@ -141,7 +142,8 @@ def input_bound(facts: dict) -> dict | None:
         "storage": (f"Reads wait on storage. Overlap more of them with num_workers={workers}; copy the dataset "
                     "to local disk or RAM (/dev/shm), or pack small files into large shards (tar/WebDataset, "
                     "LMDB) so each read fetches many samples.", _loader_code(loader, workers)),
-        "loader_in_main_process": (f"Prepare batches in {workers} worker processes so loading overlaps the "
+        "loader_in_main_process": (f"Prepare batches in {workers} worker process{'es' if workers != 1 else ''} "
+                                   "so loading overlaps the "
                                    "training step, keep them alive across epochs and queue batches ahead.",
                                    _loader_code(loader, workers)),
         "too_few_workers": (f"Raise num_workers from {nw} to {workers} and queue more batches per worker.",

@@ -52,6 +52,7 @@ class Agent:
         self._notices: set[str] = set()
         self._flusher: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
         atexit.register(self.at_exit)
@@ -81,8 +82,7 @@ class Agent:
             self._flusher.start()
 
     def _flush_loop(self) -> None:
-        while not self.disabled:
-            time.sleep(FLUSH_PERIOD_S)
+        while not self.disabled and not self._stop.wait(FLUSH_PERIOD_S):
             self.flush()
 
     def flush(self) -> None:
@@ -102,14 +102,25 @@ class Agent:
                 pass
 
     def at_exit(self) -> None:
-        """Final flush at interpreter exit (normal exit, ``sys.exit`` or an uncaught exception)."""
-        if self.disabled or os.getpid() != self.pid or self._flusher is None:
-            return  # nothing was instrumented in this process: leave no file behind
+        """Stops the agent's threads and writes the last records at interpreter exit.
+
+        Runs from ``atexit`` (normal exit, ``sys.exit``, an uncaught exception). The threads are
+        joined here, before interpreter finalization: a daemon thread woken during finalization is
+        ended with ``pthread_exit``, whose forced unwind can abort a process that holds C++ frames
+        ("terminate called without an active exception").
+        """
+        if os.getpid() != self.pid:
+            return
+        self._stop.set()
         for stop in list(self.on_exit):
             try:
                 stop()
             except Exception:
                 pass
+        if self._flusher is not None:
+            self._flusher.join(timeout=2 * FLUSH_PERIOD_S)
+        if self.disabled or self._flusher is None:
+            return  # nothing was instrumented in this process: leave no file behind
         self.record({"k": "exit", "t": time.monotonic_ns()})
         self.flush()
         try:

@@ -105,7 +105,10 @@ class StackSampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops and joins the sampling thread (called at exit, before interpreter finalization)."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
 
     def _run(self) -> None:
         period = 1.0 / self.hz
@@ -113,8 +116,8 @@ class StackSampler:
         while not self._stop.is_set():
             deadline += period
             delay = deadline - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            if delay > 0 and self._stop.wait(delay):
+                break
             else:  # late (GIL held long): skip missed ticks rather than burst
                 deadline = time.monotonic()
             frame = sys._current_frames().get(self.thread_id)

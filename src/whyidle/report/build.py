@@ -46,8 +46,12 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     for t in facts.get("other_trainers") or []:
         notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
                      f"pid {facts.get('primary')}.")
+    gpu_notices = [r["msg"] for r in facts.get("gpu_records_notices") or []]
     if facts.get("gpu") is None:
-        notes.append("No NVIDIA GPU was observed (NVML unavailable or no device): GPU metrics are null.")
+        why = f" ({'; '.join(gpu_notices)})" if gpu_notices else ""
+        notes.append(f"No NVIDIA GPU was observed{why}: GPU metrics are null.")
+    else:
+        notes += gpu_notices
     notes += facts.get("notices") or []
     return notes
 

@@ -40,6 +40,29 @@ def _share_bar(shares: dict, width: int = 50) -> Text:
     return Text.assemble(bar, "\n", legend)
 
 
+def _verdict_text(report: dict) -> Text:
+    verdict = report.get("verdict")
+    lead = next((f for f in report.get("findings", []) if f["id"] == verdict), None)
+    if verdict in _VERDICT_TEXT:
+        vtext = _VERDICT_TEXT[verdict]
+    elif lead:
+        vtext = f"{verdict.upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
+    else:
+        vtext = str(verdict)
+    speed = f"  (fixing it: ~{lead['est_speedup']:.2f}× faster)" if lead and lead.get("est_speedup") else ""
+    style = "bold green" if verdict in _VERDICT_TEXT else "bold red"
+    return Text.assemble(("Verdict: ", "bold"), (vtext, style), speed)
+
+
+def render_brief(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
+    """Prints the verdict and one line per finding (no fixes): for before/after views."""
+    console = Console(file=file, width=width, highlight=False)
+    console.print(_verdict_text(report))
+    for f in report.get("findings") or []:
+        console.print(Padding(Text.assemble((f"[{f['severity']}] ", _SEVERITY_STYLE.get(f["severity"], "")),
+                                            f["summary"]), (0, 0, 0, 2)))
+
+
 def render(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
     """Prints ``report`` (a ``whyidle.report/1`` dict) for a human to ``file`` (default stdout)."""
     console = Console(file=file, width=width, highlight=False, soft_wrap=False)
@@ -58,17 +81,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
     console.print(f"[bold]device[/]   {escape(str(device.get('name') or device.get('kind') or 'unknown'))}"
                   f" ({device.get('kind', '?')})   [bold]framework[/] {report.get('framework')}")
 
-    verdict = report.get("verdict")
-    lead = next((f for f in report.get("findings", []) if f["id"] == verdict), None)
-    if verdict in _VERDICT_TEXT:
-        vtext = _VERDICT_TEXT[verdict]
-    elif lead:
-        vtext = f"{verdict.upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
-    else:
-        vtext = str(verdict)
-    speed = f"  (fixing it: ~{lead['est_speedup']:.2f}× faster)" if lead and lead.get("est_speedup") else ""
     console.print()
-    console.print(Text.assemble(("Verdict: ", "bold"), (vtext, "bold red" if verdict not in _VERDICT_TEXT else "bold green"), speed))
+    console.print(_verdict_text(report))
 
     if m.get("step_time_s"):
         st = m["step_time_s"]

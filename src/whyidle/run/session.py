@@ -36,6 +36,7 @@ class RunOptions:
     interval_s: float = 0.25
     stack_hz: float = 100.0
     quiet: bool = False
+    show_report: bool = True  # False: live status only, the caller renders the report
 
 
 def default_name(cmd: list[str]) -> str:
@@ -164,7 +165,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
 
     report = finish_report(run_dir, opts.json_path)
-    if not opts.quiet:
+    if not opts.quiet and opts.show_report:
         from whyidle.report import terminal
 
         terminal.render(report, file=stream)
