@@ -135,7 +135,10 @@ class ChildExit:
         name = signal.Signals(self.signal).name
         if name in _CORE_SIGNALS:
             sys.exit(128 + self.signal)
-        signal.signal(self.signal, signal.SIG_DFL)
+        try:
+            signal.signal(self.signal, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be handled: they are default already
         os.kill(os.getpid(), self.signal)
         sys.exit(128 + self.signal)  # the signal is ignored or blocked by our parent
 
