@@ -8,6 +8,8 @@ several lines of one function. Sites are ``"file:line function"`` strings.
 
 from __future__ import annotations
 
+import os
+
 #: Stack records are flushed every 0.5 s and cover the preceding interval; a record whose flush
 #: time falls this long after the window end still describes time inside it.
 FLUSH_SLACK_NS = 1_000_000_000
@@ -68,7 +70,7 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     out = []
     for (path, func, library), g in groups.items():
         out.append({
-            "function": f"{path} {func}".strip(),
+            "function": f"{os.path.basename(path)} {func}".strip(),
             "site": max(g["lines"], key=g["lines"].get),
             "seconds": g["seconds"],
             "share": g["seconds"] / denom if denom else None,

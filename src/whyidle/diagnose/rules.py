@@ -366,7 +366,8 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
     smells = []
     nw = loader.get("num_workers") or 0
     params = (facts.get("devices") or {}).get("params") or {}
-    if nw == 0 and "loader_in_main_process" not in already:
+    share = ((facts.get("step") or {}).get("shares") or {}).get("data_wait") or 0.0
+    if nw == 0 and "loader_in_main_process" not in already and share >= T.SMELL_MIN_DATA_WAIT:
         smells.append("num_workers=0: batches are prepared in the training process, serially with the step")
     if "cuda" in params and not loader.get("pin_memory"):
         smells.append("pin_memory=False while the model is on CUDA: host→device copies come from pageable memory")

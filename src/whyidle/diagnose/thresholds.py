@@ -8,6 +8,11 @@ DATA_WAIT_WARN = 0.10
 #: throughput before shouting).
 DATA_WAIT_CRITICAL = 0.25
 
+#: ``num_workers=0`` is only worth mentioning when loading costs something: with in-memory data
+#: (a TensorDataset) the main process fetches a batch in microseconds and workers would only add
+#: IPC. 5 % is the PyTorch TensorBoard plugin's data-loading flag.
+SMELL_MIN_DATA_WAIT = 0.05
+
 #: ``other_host`` share (Python, logging, loss code outside modules, copies) that makes
 #: ``host_bound`` a warning: a lean loop spends 5–10 % there (zero_grad, ``.to()``, a functional
 #: loss), so 15 % is clearly above that floor.
