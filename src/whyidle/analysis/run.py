@@ -44,7 +44,7 @@ def analyze(run: RunData) -> dict:
     a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
     """
     procs = run.procs
-    step_lists = {pid: step_analysis.steps_of(recs) for pid, recs in procs.items()}
+    step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
     trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
     primary = trainers[0] if trainers else None
     recs = procs.get(primary, []) if primary is not None else []

@@ -30,19 +30,25 @@ MAX_BOUNDARY_FRACTION_TO_EXCLUDE = 0.3
 PHASE_KEYS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("eval", "eval"))
 
 
-def steps_of(records: list[dict]) -> list[dict]:
+def steps_of(records) -> list:
     """The ``step`` records of one process, using one boundary kind.
 
+    Args:
+        records: a process's records (dicts), or a :class:`whyidle.record.steptable.StepTable`
+            (what :func:`whyidle.record.reader.load_run` builds; its rows read like dicts).
     Optimizer-marked steps win when there are any (a process that started with loader-marked
     steps and later stepped an optimizer keeps only the optimizer ones); GPU times from
     ``gpu_step`` records are merged in as ``gpu_ms``.
     """
-    steps = [r for r in records if r.get("k") == "step"]
+    if hasattr(records, "rows"):
+        steps = records.rows()
+    else:
+        steps = [r for r in records if r.get("k") == "step"]
+        gpu = {r["i"]: r["gpu_ms"] for r in records if r.get("k") == "gpu_step"}
+        if gpu:
+            steps = [dict(s, gpu_ms=gpu.get(s["i"])) for s in steps]
     if any(s.get("by") == "optimizer" for s in steps):
         steps = [s for s in steps if s.get("by") == "optimizer"]
-    gpu = {r["i"]: r["gpu_ms"] for r in records if r.get("k") == "gpu_step"}
-    if gpu:
-        steps = [dict(s, gpu_ms=gpu.get(s["i"])) for s in steps]
     return steps
 
 

@@ -12,6 +12,8 @@ import json
 import os
 import re
 
+from whyidle.record.steptable import StepTable
+
 
 class RunDirError(Exception):
     """The run directory is missing, empty or corrupt; ``str(err)`` is a one-line explanation."""
@@ -26,7 +28,8 @@ class RunData:
         meta: ``meta.json`` (empty dict if it was never written).
         host: records of ``host.jsonl``.
         gpu: records of ``gpu.jsonl``.
-        procs: pid → records of ``proc-<pid>.jsonl``.
+        procs: pid → records of ``proc-<pid>.jsonl`` other than steps.
+        steps: pid → that file's ``step`` records (and GPU step times) as a :class:`StepTable`.
         problems: readable notes about skipped damage (e.g. a truncated last line).
     """
 
@@ -36,11 +39,16 @@ class RunData:
     gpu: list
     procs: dict
     problems: list
+    steps: dict = dataclasses.field(default_factory=dict)
 
 
-def read_jsonl(path: str) -> tuple[list[dict], list[str]]:
-    """Reads a JSON Lines file.
+def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict], list[str]]:
+    """Reads a JSON Lines file, streaming.
 
+    Args:
+        path: the file (a missing file reads as empty).
+        steps: when given, ``step`` and ``gpu_step`` records go into this table instead of the
+            returned list (keeps memory small for long runs).
     Returns:
         (records, problems): the parsed objects in file order; problems lists skipped damage.
     Errors:
@@ -50,27 +58,26 @@ def read_jsonl(path: str) -> tuple[list[dict], list[str]]:
     problems: list[str] = []
     if not os.path.exists(path):
         return records, problems
+    bad_line = None
     with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    # A file that ends with "\n" yields a last empty element.
-    last = len(lines) - 1
-    while last >= 0 and not lines[last].strip():
-        last -= 1
-    for number, raw in enumerate(lines[: last + 1], start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-            if not isinstance(obj, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            if number == last + 1:
-                problems.append(f"{os.path.basename(path)}: skipped a truncated last line")
-                break
-            raise RunDirError(
-                f"{path}: line {number} is not a JSON record; the run directory is corrupt"
-            ) from None
-        records.append(obj)
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            if bad_line is not None:  # damage followed by more data: not a cut-off write
+                raise RunDirError(f"{path}: line {bad_line} is not a JSON record; the run directory is corrupt")
+            try:
+                obj = json.loads(raw)
+                if not isinstance(obj, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                bad_line = number
+                continue
+            if steps is not None and obj.get("k") in ("step", "gpu_step"):
+                (steps.add if obj["k"] == "step" else steps.add_gpu)(obj)
+            else:
+                records.append(obj)
+    if bad_line is not None:
+        problems.append(f"{os.path.basename(path)}: skipped a truncated last line")
     return records, problems
 
 
@@ -100,13 +107,16 @@ def load_run(path: str) -> RunData:
     gpu, p = read_jsonl(os.path.join(path, "gpu.jsonl"))
     problems += p
     procs: dict[int, list[dict]] = {}
+    steps: dict[int, StepTable] = {}
     for file in sorted(glob.glob(os.path.join(path, "proc-*.jsonl"))):
         m = re.search(r"proc-(\d+)\.jsonl$", file)
         if not m:
             continue
-        records, p = read_jsonl(file)
+        table = StepTable()
+        records, p = read_jsonl(file, steps=table)
         problems += p
         procs[int(m.group(1))] = records
+        steps[int(m.group(1))] = table
     if not meta and not host and not procs:
         raise RunDirError(f"{path}: not a whyidle run directory (no meta.json or records)")
-    return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems)
+    return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps)

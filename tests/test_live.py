@@ -1,0 +1,62 @@
+"""The live status: a pinned bottom line on a terminal, plain periodic lines elsewhere."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+from conftest import whyidle_cmd, write_script
+
+
+def test_pinned_status_line_on_a_terminal(tmp_path):
+    script = write_script(tmp_path / "t.py", steps=150, in_step="time.sleep(0.02)")
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(whyidle_cmd("run", "--out", str(tmp_path / "r"), "--", sys.executable, script),
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    out = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0
+    assert "trained 150" in out  # the command's own output reaches the terminal
+    assert "\x1b[1;23r" in out  # rows 1-23 scroll; row 24 holds the status
+    assert "\x1b[24;1H" in out and "steps/s" in out
+    assert "\x1b[r" in out  # full height restored at the end
+    assert out.index("\x1b[r") < out.index("Verdict:")
+
+
+def test_plain_status_lines_when_not_a_terminal(tmp_path):
+    script = write_script(tmp_path / "t.py", steps=400, in_step="time.sleep(0.02)")
+    proc = subprocess.run(whyidle_cmd("run", "--out", str(tmp_path / "r"), "--", sys.executable, script),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("[whyidle]") and "steps/s" in l]
+    assert lines, proc.stderr
+    assert "\x1b[" not in proc.stderr.split("whyidle report")[0]
+    assert "data wait" in lines[-1]
+
+
+def test_quiet_prints_nothing(tmp_path):
+    script = write_script(tmp_path / "t.py", steps=20)
+    proc = subprocess.run(whyidle_cmd("run", "-q", "--out", str(tmp_path / "r"), "--", sys.executable, script),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    assert proc.stdout == "trained 20\n"
+    assert proc.stderr == ""
