@@ -90,7 +90,13 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     cores = static.get("cpu_count") or len(b.get("percpu_busy_s") or []) or 1
 
     rows_a = {r[PID]: r for r in a["procs"]}
-    rows_b = {r[PID]: r for r in b["procs"]}
+    # Each process's last row in [a, b]: a worker that exited mid-window keeps its CPU time.
+    span = [rec for rec in records if rec.get("k") == "host" and a["t"] <= rec["t"] <= b["t"]]
+    rows_b: dict[int, list] = {}
+    for rec in span:
+        for r in rec["procs"]:
+            rows_b[r[PID]] = r
+    alive = {r[PID] for r in b["procs"]}
     parents: dict[int, int] = {}
     for rec in records:
         if rec.get("k") == "host":
@@ -99,11 +105,12 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     workers = descendants(parents, set(trainers))
 
     def delta(pid: int, idx: int) -> float:
+        """Counter growth of ``pid`` in the window; a process born inside it counts from 0."""
         rb = rows_b.get(pid)
-        if rb is None or rb[idx] is None:
+        if rb is None or len(rb) <= idx or rb[idx] is None:
             return 0.0
         ra = rows_a.get(pid)
-        base = ra[idx] if ra is not None and ra[idx] is not None else 0
+        base = ra[idx] if ra is not None and len(ra) > idx and ra[idx] is not None else 0
         return max(0.0, rb[idx] - base)
 
     def cores_of(pids) -> float:
@@ -121,10 +128,11 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     iowait = (b["cpu"].get("iowait", 0.0) - a["cpu"].get("iowait", 0.0)) / dt / cores
     tree_cores = cores_of(tree)
     whyidle_cores = cores_of({whyidle_pid}) if whyidle_pid in rows_b else 0.0
-    live_workers = [p for p in worker_set if rows_b.get(p)]
+    live_workers = [p for p in worker_set if p in alive]
 
     main_delay = None
-    if primary is not None and primary in rows_b and rows_b[primary][MAIN_RUN_DELAY] is not None:
+    if primary is not None and primary in rows_b and len(rows_b[primary]) > MAIN_RUN_DELAY \
+            and rows_b[primary][MAIN_RUN_DELAY] is not None:
         main_delay = delta(primary, MAIN_RUN_DELAY) / 1e9 / dt
 
     loader = trainer_set if loader_in_main else worker_set
@@ -162,7 +170,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "loader_read_bytes_per_sample": (read_chars / samples_in_window) if samples_in_window else None,
         "trainer_rss_max_bytes": max(rss_trainer) if rss_trainer else None,
         "tree_rss_max_bytes": max(rss_tree) if rss_tree else None,
-        "tree_threads": sum(r[THREADS] for pid, r in rows_b.items() if pid in tree),
+        "tree_threads": sum(r[THREADS] for r in b["procs"] if r[PID] in tree),
         "psi_cpu_share": psi("psi_cpu_us"),
         "psi_io_share": psi("psi_io_us"),
     }
@@ -177,7 +185,7 @@ def top_other_processes(records: list[dict], window: tuple[int, int] | None, lim
     scans = [r for r in records if r.get("k") == "host_top"]
     if window is not None:
         t0, t1 = window
-        scans = [r for r in scans if r["t1"] > t0 and r["t0"] < t1] or scans
+        scans = [r for r in scans if r["t1"] > t0 and r["t0"] < t1]
     if not scans:
         return []
     span = sum(r["t1"] - r["t0"] for r in scans) / 1e9

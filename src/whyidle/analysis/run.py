@@ -76,7 +76,7 @@ def analyze(run: RunData) -> dict:
 
     total_s = sum((s["t1"] - s["t0"]) / 1e9 for s in analyzed) if analyzed else None
     hotspots = {
-        phase: stack_analysis.hotspots(recs, {phase}, window, total_s)
+        phase: stack_analysis.hotspots(recs, {phase}, window, total_s, source_root=run.meta.get("cwd"))
         for phase in ("other", "data", "forward", "backward", "optimizer")
     }
     devices = [r for r in recs if r.get("k") == "devices"]

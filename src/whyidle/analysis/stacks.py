@@ -8,6 +8,7 @@ several lines of one function. Sites are ``"file:line function"`` strings.
 
 from __future__ import annotations
 
+import linecache
 import os
 
 #: Stack records are flushed every 0.5 s and cover the preceding interval; a record whose flush
@@ -27,8 +28,22 @@ def split_site(site: str) -> tuple[str, int | None, str]:
         return loc, None, func
 
 
+def source_line(site: str, root: str | None) -> str | None:
+    """The source text of a user site (``"file:line function"``), read from ``root`` (the run's
+    working directory) for relative paths; None when the file is not readable here."""
+    path, line, _func = split_site(site)
+    if line is None or path.startswith("<"):
+        return None
+    if not os.path.isabs(path):
+        if root is None:
+            return None
+        path = os.path.join(root, path)
+    text = linecache.getline(path, line).strip()
+    return text[:200] or None
+
+
 def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | None = None,
-             total_s: float | None = None, limit: int = 5) -> list[dict]:
+             total_s: float | None = None, limit: int = 5, source_root: str | None = None) -> list[dict]:
     """The functions where the training thread spent the given phases.
 
     Args:
@@ -39,9 +54,10 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
         total_s: seconds to express ``share`` against (e.g. summed step time); None: shares of
             the samples in ``phases``.
         limit: how many to return.
+        source_root: directory relative user paths are read from to fill ``code``.
     Returns:
-        Busiest first: ``{"function", "site", "seconds", "share", "samples", "leaf",
-        "library": bool}``; ``site`` is the function's most-sampled line, ``leaf`` the most
+        Busiest first: ``{"function", "site", "code", "seconds", "share", "samples", "leaf",
+        "library": bool}``; ``code`` is the source text of ``site`` (None if unreadable); ``site`` is the function's most-sampled line, ``leaf`` the most
         common innermost frame under it (e.g. a library call), ``library`` True when no frame of
         the user's code was on the stack (the time is inside a library called from elsewhere).
     """
@@ -79,7 +95,10 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
             "library": library,
         })
     out.sort(key=lambda h: -h["seconds"])
-    return out[:limit]
+    out = out[:limit]
+    for h in out:
+        h["code"] = None if h["library"] else source_line(h["site"], source_root)
+    return out
 
 
 def sampled_seconds(records: list[dict], window: tuple[int, int] | None = None) -> float:

@@ -103,7 +103,7 @@ def step_metrics(steps: list[dict]) -> dict:
     total = sum(times) or 1e-12
     shares = {}
     for name, key in PHASE_KEYS:
-        shares[name] = sum(s.get(key, 0) for s in steps) / 1e9 / total
+        shares[name] = sum(s.get(key) or 0 for s in steps) / 1e9 / total
     shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
     known = [s for s in steps if s.get("samples") is not None]
     samples_per_s = None
@@ -111,8 +111,8 @@ def step_metrics(steps: list[dict]) -> dict:
     if known:
         samples_per_s = sum(s["samples"] for s in known) / (sum((s["t1"] - s["t0"]) for s in known) / 1e9)
         batch = percentile([s["samples"] / max(1, s.get("batches") or 1) for s in known], 50)
-    data_s = sum(s.get("data", 0) for s in steps) / 1e9
-    data_cpu = sum(s.get("data_cpu", 0) for s in steps) / 1e9
+    data_s = sum(s.get("data") or 0 for s in steps) / 1e9
+    data_cpu = sum(s.get("data_cpu") or 0 for s in steps) / 1e9
     gpu = [s["gpu_ms"] for s in steps if s.get("gpu_ms") is not None]
     return {
         "steps": len(steps),
@@ -130,6 +130,6 @@ def step_metrics(steps: list[dict]) -> dict:
         "data_wait_s_per_step": data_s / len(steps),
         "compute_s_per_step": (total - data_s) / len(steps),
         "data_cpu_share": (data_cpu / data_s) if data_s > 0 else None,
-        "main_cpu_share": sum(s.get("cpu", 0) for s in steps) / 1e9 / total,
+        "main_cpu_share": sum(s.get("cpu") or 0 for s in steps) / 1e9 / total,
         "gpu_ms": {"p50": percentile(gpu, 50), "mean": sum(gpu) / len(gpu)} if gpu else None,
     }

@@ -2,8 +2,9 @@
 
 ``diagnose`` runs every rule of :mod:`whyidle.diagnose.rules`. The verdict is the id of the
 warning/critical finding with the highest ``est_speedup`` of at least
-``thresholds.VERDICT_MIN_SPEEDUP``; ``"device_bound"`` when none limits the device; ``"unknown"``
-when there are too few steps to judge.
+``thresholds.VERDICT_MIN_SPEEDUP``; ``"device_bound"`` when none limits the device. With too few steps
+to judge the verdict is ``"unknown"``, unless the GPU cannot be used at all (``wrong_device``,
+``gpu_not_visible``), which needs no steps.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
         findings.append(config)
     findings.sort(key=lambda f: (_SEVERITY_RANK[f["severity"]], -(f["est_speedup"] or 0)))
     limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
-    if limiting:
+    if limiting and short is None:
         verdict = max(limiting, key=lambda f: f["est_speedup"])["id"]
     elif any(f["id"] in ("wrong_device", "gpu_not_visible") for f in findings):
         verdict = next(f["id"] for f in findings if f["id"] in ("wrong_device", "gpu_not_visible"))

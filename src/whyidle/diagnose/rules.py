@@ -10,6 +10,7 @@ estimated. Thresholds live in :mod:`whyidle.diagnose.thresholds`.
 from __future__ import annotations
 
 import math
+import re
 
 from whyidle.diagnose import thresholds as T
 
@@ -17,10 +18,17 @@ DOCS_DATALOADER = "https://pytorch.org/docs/stable/data.html#multi-process-data-
 DOCS_TUNING = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 DOCS_THREADS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_inference.html"
 
-#: Substrings of a hotspot's function, line or innermost frame that mark logging / progress /
-#: formatting work (fix: do it every N steps) rather than computation (fix: vectorize).
-LOGGING_HINTS = ("log", "print", "progress", "tqdm", "rich/", "json", "format", "write", "flush",
-                 "wandb", "tensorboard", "csv", "report", "display")
+#: Words in a hotspot's function name that mark logging / progress / formatting work (fix: do it
+#: every N steps) rather than computation (fix: vectorize). Matched as whole words of the name
+#: split at "_" and case changes, so ``log_softmax``'s "log" counts but ``logits`` does not.
+LOGGING_WORDS = {"log", "logs", "logger", "logging", "print", "progress", "tqdm", "display", "report", "write",
+                 "flush", "format", "dump", "emit", "status", "bar", "tensorboard", "wandb", "csv", "json"}
+#: Library modules (a hotspot's innermost frame) that are logging / output / formatting code.
+LOGGING_MODULES = ("logging/", "tqdm/", "rich/", "wandb/", "tensorboard/", "torch/utils/tensorboard/",
+                   "tensorboardX/", "json/", "csv.py", "pprint.py", "_pyio.py", "codecs.py", "string.py",
+                   "lightning/pytorch/callbacks/progress", "lightning/pytorch/loggers", "mlflow/", "comet_ml/")
+#: Words that look like logging but name math (``log_softmax``, ``logsumexp``, ``log_prob``).
+MATH_WORDS = {"softmax", "sumexp", "prob", "probs", "likelihood", "det", "sigmoid", "1p", "cosh", "normal"}
 
 
 def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
@@ -91,7 +99,7 @@ def suggested_workers(facts: dict) -> int:
 def input_bound(facts: dict) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
-    Cause, first match wins: ``storage`` (the loader is mostly off-CPU while reading files, or
+    Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``storage`` (the loader is mostly off-CPU while reading files, or
     iowait is high); ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing``
     (workers CPU-bound and all cores busy: more workers cannot help); ``too_few_workers``.
     """
@@ -111,16 +119,16 @@ def input_bound(facts: dict) -> dict | None:
     iowait = host.get("iowait_share") or 0.0
     cpu_busy = host.get("cpu_busy_share")
     reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
-    if off_cpu is not None and off_cpu >= T.LOADER_OFF_CPU and reads:
+    if not loader:
+        cause = "unknown"
+    elif (off_cpu is not None and off_cpu >= T.LOADER_OFF_CPU and reads) or (busy is None and iowait >= T.IOWAIT_STORAGE):
         cause = "storage"
     elif not nw:
         cause = "loader_in_main_process"
     elif busy is not None and busy >= T.WORKER_SATURATED and (cpu_busy or 0) >= T.CPU_SATURATED:
         cause = "cpu_preprocessing"
-    elif nw:
-        cause = "too_few_workers"
     else:
-        cause = "unknown"
+        cause = "too_few_workers"
     workers = suggested_workers(facts)
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
@@ -172,9 +180,20 @@ def input_bound(facts: dict) -> dict | None:
                    1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_DATALOADER, DOCS_TUNING])
 
 
+def _words(name: str) -> set[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return {w for w in re.split(r"[^A-Za-z0-9]+|_", spaced.lower()) if w}
+
+
 def _is_logging(h: dict) -> bool:
-    text = " ".join(str(h.get(k) or "") for k in ("function", "site", "leaf")).lower()
-    return any(hint in text for hint in LOGGING_HINTS)
+    """True when a hotspot is logging/progress/formatting work (see LOGGING_WORDS/MODULES)."""
+    leaf = h.get("leaf") or ""
+    leaf_path = leaf.rsplit(":", 1)[0]
+    if any(m in leaf_path for m in LOGGING_MODULES):
+        return True
+    func = (h.get("function") or "").split(" ")[-1]
+    words = _words(func) | _words(re.sub(r"[\"'].*?[\"']", " ", h.get("code") or ""))  # name + code, not strings
+    return bool(words & LOGGING_WORDS) and not (words & MATH_WORDS)
 
 
 def host_bound(facts: dict) -> dict | None:
@@ -217,7 +236,13 @@ def host_bound(facts: dict) -> dict | None:
                        "step_time_s_mean": step["step_time_s"]["mean"]})
     evidence["hotspots"] = user
     evidence["kind"] = "logging" if logging_work else "python_compute"
-    severity = "critical" if share >= T.HOST_SHARE_CRITICAL else "warning"
+    # Severity follows what fixing the named work would gain, so it agrees with est_speedup.
+    if removable >= T.HOST_SHARE_CRITICAL:
+        severity = "critical"
+    elif removable >= T.HOST_SHARE_WARN:
+        severity = "warning"
+    else:
+        severity = "info"
     return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
                    evidence, 1.0 / (1.0 - min(removable, 0.95)), text, code, [DOCS_TUNING])
 

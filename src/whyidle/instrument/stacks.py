@@ -146,7 +146,7 @@ class StackSampler:
         elif len(counts) < self.max_sites:
             counts[key] = 1
         else:
-            key = (phase, "(overflow)", "(overflow)")
+            key = (phase, None, "(overflow)")
             counts[key] = counts.get(key, 0) + 1
         self._n += 1
 

@@ -50,30 +50,40 @@ PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
 _INSTANCE: "TorchInstrument | None" = None
 
 
-def batch_size_of(batch) -> int | None:
-    """Number of samples in a DataLoader batch: the leading dimension of its first tensor.
+def _is_array(obj) -> bool:
+    return getattr(obj, "shape", None) is not None
 
-    Handles tensors/arrays, (nested) tuples and lists, and mappings (first value). A list of
-    non-tensors (e.g. strings) counts its length. Returns ``None`` when nothing has a length.
+
+def batch_size_of(batch, _depth: int = 0) -> int | None:
+    """Number of samples in a DataLoader batch.
+
+    Rules, in order: a tensor/array gives its leading dimension; a mapping is looked into
+    (``{"input_ids": ...}``); in a list/tuple, a list of per-sample dicts counts its length, a
+    tensor column (``(x, y)``, ``((x1, x2), y)``) gives its leading dimension, a mapping column is
+    looked into, a column that is itself a sequence (``tuple(zip(*batch))`` detection batches,
+    lists of strings) counts its length, and a list of per-sample lists or scalars counts its own
+    length. ``None`` when nothing tells (e.g. a 0-d tensor, an empty batch).
     """
-    for _ in range(4):
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
-        if isinstance(batch, (list, tuple)):
-            if not batch:
-                return None
-            first = batch[0]
-            if getattr(first, "shape", None) is None and not isinstance(first, (list, tuple, dict)):
-                return len(batch)
-            batch = first
-        elif isinstance(batch, collections.abc.Mapping):
-            if not batch:
-                return None
-            batch = next(iter(batch.values()))
-        else:
-            return None
-    return None
+    if _depth > 4:
+        return None
+    if _is_array(batch):
+        return int(batch.shape[0]) if len(batch.shape) else None
+    if isinstance(batch, collections.abc.Mapping):
+        return batch_size_of(next(iter(batch.values())), _depth + 1) if batch else None
+    if not isinstance(batch, (list, tuple)) or not batch:
+        return None
+    if all(isinstance(item, collections.abc.Mapping) for item in batch) and len(batch) > 1:
+        return len(batch)
+    for item in batch:
+        if _is_array(item):
+            return batch_size_of(item, _depth + 1)
+    first = batch[0]
+    if isinstance(first, collections.abc.Mapping):
+        return batch_size_of(first, _depth + 1)
+    if isinstance(first, (list, tuple)) and first:
+        scalars = all(not isinstance(x, (list, tuple, collections.abc.Mapping)) and not _is_array(x) for x in first)
+        return len(batch) if scalars and _depth == 0 and not isinstance(first[0], str) else len(first)
+    return len(batch)
 
 
 def _tensors_in(obj, limit: int = 16):

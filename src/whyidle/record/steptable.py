@@ -12,7 +12,7 @@ import collections.abc
 import math
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu")
-_BY = ("optimizer", "loader")
+_BY = ("optimizer", "loader", None)
 _NONE = -(2**63)  # stands for null in an int column
 
 
@@ -35,7 +35,7 @@ class StepTable:
             v = rec.get(f)
             self.cols[f].append(_NONE if v is None else int(v))
         by = rec.get("by")
-        self.by.append(_BY.index(by) if by in _BY else 0)
+        self.by.append(_BY.index(by) if by in _BY else 2)
         self.boundary.append(1 if rec.get("boundary") else 0)
         self.gpu_ms.append(math.nan)
         self._row_of_step[int(rec.get("i", len(self.by) - 1))] = len(self.by) - 1

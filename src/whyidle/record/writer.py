@@ -53,7 +53,12 @@ class JsonlWriter:
                 record = queue.popleft()
             except IndexError:
                 break
-            lines.append(json.dumps(record, separators=(",", ":"), default=str))
+            try:
+                lines.append(json.dumps(record, separators=(",", ":"), default=str))
+            except (TypeError, ValueError):  # e.g. a non-string dict key: skip it, keep the rest
+                self.dropped += 1
+        if not lines:
+            return 0
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")
         self._file.write("\n".join(lines) + "\n")

@@ -104,7 +104,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         console.print("[bold]CPU[/] " + " · ".join(parts))
     gpu = m.get("gpu")
     if gpu:
-        console.print(f"[bold]GPU[/] util {gpu.get('util_mean', 0):.0f}% (NVML, {gpu.get('util_source')})"
+        util = gpu.get("util_mean")
+        console.print(f"[bold]GPU[/] util " + (f"{util:.0f}% (NVML, {gpu.get('util_source')})" if util is not None else "n/a")
                       + (f" · memory {gpu['memory_used_max_bytes'] / 2**30:.1f}/{gpu['memory_total_bytes'] / 2**30:.0f} GiB"
                          if gpu.get("memory_used_max_bytes") and gpu.get("memory_total_bytes") else ""))
     else:

@@ -1,0 +1,186 @@
+"""C18: thread oversubscription, autodetected threads x processes x workers (cases.md C18).
+
+Stages: two training processes started together (standing for 2 jobs / ranks on one node): the
+script re-launches itself twice with ``--rank 0`` / ``--rank 1`` (``subprocess``), the ranks meet at
+a file barrier after set-up, train, and the parent waits for both (non-zero exit if a rank
+fails). Each rank trains the S-MLP (512 -> 1024 -> 1024 -> 10, batch 256, SGD) from a
+``DataLoader(num_workers=2)`` whose workers build each sample from 16 synthetic 256-dim frames
+with a 256x256 matmul-based feature transform (``tanh(frames @ W)``, then mean- and max-pool ->
+512 features). 80 steps per rank.
+
+- faulty: ``OMP_NUM_THREADS=8`` and ``torch.set_num_threads(8)`` in each rank and, via
+  ``worker_init_fn``, in each loader worker: 2 ranks x (1 + 2 workers) x 8 = 48 intra-op threads
+  on 2 cores.
+- fixed:  ``OMP_NUM_THREADS=1`` and 1 thread per rank and per worker (6 threads on 2 cores).
+
+The parent prints the aggregate ``RESULT`` line (samples/s summed over both ranks: total samples /
+the longest rank's loop time; ``steps`` is per rank; ``step_time_p50_s`` the median of the ranks'
+p50s; ``data_wait_share`` their mean) after echoing each rank's own ``RANK{n} RESULT {...}`` line.
+
+Expected diagnosis (faulty): ``cpu_contention`` (thread oversubscription): runnable threads >>
+cores (processes x workers x intra-op threads = 48 on 2), very high voluntary and involuntary
+context switches, OpenMP spin/barrier time, CPU ~100 % while throughput is low. Fix:
+``OMP_NUM_THREADS`` / ``torch.set_num_threads`` = cores / (processes x workers), 1 in loader workers.
+
+Expected faulty -> fixed throughput ratio: >= 1.5x on 2 cores (measured: see README).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from common import SMLP, StepMeter, make_parser, seed_everything
+
+FRAMES, DIM = 16, 256
+WORLD = 2
+
+
+class FrameFeatures(Dataset):
+    """Each sample: 16 frames x 256 raw values (generated from the index) -> 512 features."""
+
+    def __init__(self, length, seed):
+        self.length, self.seed = length, seed
+        self.proj = torch.randn(DIM, DIM, generator=torch.Generator().manual_seed(seed)) / DIM**0.5
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, idx):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
+        frames = torch.randn(FRAMES, DIM, generator=g)
+        h = torch.tanh(frames @ self.proj)  # the 256x256 matmul-based feature transform
+        feats = torch.cat([h.mean(0), h.amax(0)])
+        return feats, idx % 10
+
+
+def make_worker_init(threads):
+    def worker_init_fn(worker_id):
+        torch.set_num_threads(threads)
+
+    return worker_init_fn
+
+
+def wait_for_peers(barrier_dir, rank, world, timeout=300.0):
+    open(os.path.join(barrier_dir, f"ready.{rank}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while sum(os.path.exists(os.path.join(barrier_dir, f"ready.{r}")) for r in range(world)) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError("peers did not reach the barrier")
+        time.sleep(0.005)
+
+
+def run_rank(args):
+    threads = 8 if args.variant == "faulty" else 1
+    torch.set_num_threads(threads)
+    seed_everything(args.seed + args.rank)
+
+    dataset = FrameFeatures(length=256 * max(args.steps, 1), seed=args.seed + 17 * args.rank)
+    loader = DataLoader(
+        dataset,
+        batch_size=256,
+        shuffle=True,
+        drop_last=True,
+        num_workers=2,
+        worker_init_fn=make_worker_init(threads),
+    )
+    model = SMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    wait_for_peers(args.barrier_dir, args.rank, WORLD)
+    meter = StepMeter()
+    meter.start()
+    step = 0
+    while step < args.steps:
+        for x, y in loader:
+            meter.got_batch()
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            meter.step_done(x.shape[0])
+            step += 1
+            if step >= args.steps:
+                break
+    meter.print_result(
+        prefix=f"RANK{args.rank} ",
+        scenario="c18_thread_oversubscription",
+        variant=args.variant,
+        rank=args.rank,
+        threads=threads,
+        batch_size=256,
+    )
+    return 0
+
+
+def launch(args):
+    env = dict(os.environ, OMP_NUM_THREADS="8" if args.variant == "faulty" else "1")
+    with tempfile.TemporaryDirectory(prefix="c18_barrier_") as barrier_dir:
+        procs = []
+        for rank in range(WORLD):
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--variant", args.variant,
+                "--steps", str(args.steps),
+                "--seed", str(args.seed),
+                "--rank", str(rank),
+                "--barrier-dir", barrier_dir,
+            ]  # fmt: skip
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        outputs = [p.communicate()[0] for p in procs]
+
+    results, failed = [], False
+    for rank, (p, out) in enumerate(zip(procs, outputs)):
+        sys.stdout.write(out)
+        line = next((ln for ln in out.splitlines() if ln.startswith(f"RANK{rank} RESULT ")), None)
+        if p.returncode != 0 or line is None:
+            print(f"rank {rank} failed (exit code {p.returncode})", file=sys.stderr)
+            failed = True
+        else:
+            results.append(json.loads(line.split("RESULT ", 1)[1]))
+    sys.stdout.flush()
+    if failed:
+        return 1
+
+    wall = max(r["wall_s"] for r in results)
+    samples = sum(r["samples"] for r in results)
+    agg = {
+        "steps": min(r["steps"] for r in results),
+        "wall_s": wall,
+        "samples_per_s": round(samples / wall, 2),
+        "step_time_p50_s": round(statistics.median(r["step_time_p50_s"] for r in results), 5),
+        "data_wait_share": round(sum(r["data_wait_share"] for r in results) / len(results), 4),
+        "samples": samples,
+        "scenario": "c18_thread_oversubscription",
+        "variant": args.variant,
+        "ranks": WORLD,
+        "threads_per_process": results[0]["threads"],
+        "per_rank_samples_per_s": [r["samples_per_s"] for r in results],
+    }
+    print("RESULT " + json.dumps(agg), flush=True)
+    return 0
+
+
+def main():
+    p = make_parser(__doc__, steps=80)
+    p.add_argument("--rank", type=int, default=None, help="internal: run as this rank")
+    p.add_argument("--barrier-dir", default=None, help="internal: directory of the start barrier")
+    args = p.parse_args()
+    if args.rank is None:
+        return launch(args)
+    return run_rank(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Small shared pieces of the scenario training scripts (plain PyTorch, no whyidle import).
+
+- the two reference models of /work/shared/cases.md: S-CNN and S-MLP;
+- ``make_parser``: the common command line (``--variant``, ``--steps``, ``--seed``, ``--tc``);
+- ``measure_tc``: the start-up calibration (median of 5 warm-up steps = T_c);
+- ``StepMeter``: the classic "data_time / batch_time" meter of the PyTorch ImageNet example,
+  which the training loops call as ``meter.got_batch()`` right after the ``for`` loop hands
+  them a batch and ``meter.step_done(n)`` after ``optimizer.step()``; it prints the single
+  ``RESULT {json}`` line the tests parse.
+
+Each script puts this directory on ``sys.path`` itself (``sys.path.insert(0, dirname(__file__))``),
+so the scripts run from any working directory and need nothing installed but torch and numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+class SCNN(nn.Module):
+    """S-CNN: 3 conv layers (16 -> 32 -> 64, 3x3, ReLU, 2x2 max-pool after the first two),
+    global average pool, linear layer to 10 classes. Input float 3x32x32."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.head = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class SMLP(nn.Module):
+    """S-MLP: 512 -> 1024 -> 1024 -> 10."""
+
+    def __init__(self, in_features: int = 512, num_classes: int = 10):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(in_features, 1024),
+            nn.ReLU(inplace=True),
+            nn.Linear(1024, 1024),
+            nn.ReLU(inplace=True),
+            nn.Linear(1024, num_classes),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make_parser(doc: str | None, steps: int, variants: bool = True, tc: bool = False):
+    """The command line every scenario shares."""
+    first = (doc or "").strip().splitlines()[0] if doc else None
+    p = argparse.ArgumentParser(description=first)
+    if variants:
+        p.add_argument("--variant", choices=("faulty", "fixed"), default="faulty")
+    p.add_argument("--steps", type=int, default=steps, help="optimizer steps to run (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    if tc:
+        p.add_argument(
+            "--tc",
+            type=float,
+            default=None,
+            help="compute time T_c in seconds; skips the start-up calibration (injected costs are multiples of it)",
+        )
+    return p
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def measure_tc(model, batch, loss_fn, optimizer, n: int = 5) -> float:
+    """Run ``n`` warm-up training steps on one in-memory batch; return the median step time (T_c)."""
+    x, y = batch
+    times = []
+    model.train()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class StepMeter:
+    """Times the training loop: blocked-in-``next(loader)`` time and step time.
+
+    ``start()`` before the first ``for x, y in loader`` (so creating the iterator, which starts
+    the workers, counts as data wait); ``got_batch()`` as the first statement of the loop body;
+    ``step_done(n)`` after ``optimizer.step()`` (and after whatever else the step does).
+    """
+
+    def __init__(self):
+        self.t_start = None
+        self.last = None
+        self.data_s = 0.0
+        self.step_times: list[float] = []
+        self.samples = 0
+
+    def start(self) -> None:
+        self.t_start = self.last = time.perf_counter()
+
+    def got_batch(self) -> None:
+        self.data_s += time.perf_counter() - self.last
+
+    def step_done(self, n_samples: int) -> None:
+        now = time.perf_counter()
+        self.step_times.append(now - self.last)
+        self.samples += int(n_samples)
+        self.last = now
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_times)
+
+    def result(self, **extra) -> dict:
+        wall = (self.last - self.t_start) if self.step_times else 0.0
+        out = {
+            "steps": self.steps,
+            "wall_s": round(wall, 4),
+            "samples_per_s": round(self.samples / wall, 2) if wall > 0 else 0.0,
+            "step_time_p50_s": round(statistics.median(self.step_times), 5) if self.step_times else 0.0,
+            "data_wait_share": round(self.data_s / wall, 4) if wall > 0 else 0.0,
+            "samples": self.samples,
+        }
+        out.update(extra)
+        return out
+
+    def print_result(self, prefix: str = "", **extra) -> dict:
+        res = self.result(**extra)
+        print(prefix + "RESULT " + json.dumps(res, sort_keys=False), flush=True)
+        return res

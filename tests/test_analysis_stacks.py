@@ -1,0 +1,305 @@
+"""Stack samples: the in-process sampler (whyidle.instrument.stacks) and the pure hotspot analysis
+(whyidle.analysis.stacks). ``sample()`` is called directly on real frames of this file, which is
+user code (not stdlib, not site-packages, not whyidle)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+
+import pytest
+
+from whyidle.analysis.stacks import FLUSH_SLACK_NS, hotspots, sampled_seconds, split_site
+from whyidle.instrument import stacks as stacks_mod
+from whyidle.instrument.stacks import MAX_SITES_PER_FLUSH, FrameClassifier, StackSampler
+from whyidle.record.writer import write_json_atomic
+
+S = 1_000_000_000
+THIS_FILE = os.path.realpath(__file__)
+SITE_RE = re.compile(r"^(?P<path>.+):(?P<line>\d+) (?P<func>\S+)$")
+
+
+# -- split_site ----------------------------------------------------------------------------------
+
+def test_split_site():
+    assert split_site("train.py:12 step") == ("train.py", 12, "step")
+    assert split_site("/home/u/my project/train.py:7 <module>") == ("/home/u/my project/train.py", 7, "<module>")
+    assert split_site("torch/nn/modules/module.py:1747 _call_impl") == ("torch/nn/modules/module.py", 1747, "_call_impl")
+    assert split_site("C:\\code\\train.py:3 main") == ("C:\\code\\train.py", 3, "main")
+
+
+def test_split_site_tolerates_odd_input():
+    assert split_site("(overflow)") == ("(overflow)", None, "")
+    assert split_site("") == ("", None, "")
+    assert split_site("train.py:abc f") == ("train.py:abc", None, "f")
+    assert split_site("nocolon f") == ("nocolon", None, "f")
+
+
+# -- hotspots ------------------------------------------------------------------------------------
+
+def rec(t_s, sites, hz=100, n=None):
+    return {"k": "stacks", "t": int(t_s * S), "hz": hz, "n": n if n is not None else sum(s[3] for s in sites),
+            "sites": sites}
+
+
+RECORDS = [
+    {"k": "step", "t": 0},
+    rec(1, [["other", "train.py:40 log_metrics", "rich/console.py:100 print", 30],
+            ["other", "train.py:41 log_metrics", "train.py:41 log_metrics", 10],
+            ["other", "train.py:80 knn", "train.py:80 knn", 20],
+            ["data", "data.py:10 __getitem__", "PIL/Image.py:200 open", 50],
+            ["forward", "model.py:5 forward", "torch/nn/functional.py:10 conv2d", 5]]),
+    rec(2, [["other", "train.py:41 log_metrics", "train.py:41 log_metrics", 25],
+            ["other", None, "torch/optim/optimizer.py:50 zero_grad", 20],
+            ["other", "train.py:81 knn", "train.py:81 knn", 5]], hz=50),
+]
+
+
+def test_hotspots_group_by_function_and_rank_by_seconds():
+    out = hotspots(RECORDS, {"other"})
+    # log_metrics: 0.3 + 0.1 + 0.5 s; zero_grad (library) 20 / 50 Hz = 0.4 s; knn 0.2 + 0.1 s
+    assert [h["function"] for h in out][::2] == ["train.py log_metrics", "train.py knn"]
+    assert out[1]["function"].endswith("optimizer.py zero_grad")
+    top = out[0]
+    assert top["seconds"] == pytest.approx(0.9)
+    assert top["samples"] == 65
+    # most-sampled line of the function (counts, not seconds): line 41 has 35 samples vs 30
+    assert top["site"] == "train.py:41 log_metrics"
+    assert top["leaf"] == "train.py:41 log_metrics"
+    assert top["library"] is False
+    total = 0.9 + 0.4 + 0.3
+    assert top["share"] == pytest.approx(0.9 / total)  # share of the sampled phase time
+    lib = out[1]
+    assert lib["library"] is True
+    assert lib["site"] == "torch/optim/optimizer.py:50 zero_grad"
+    assert lib["seconds"] == pytest.approx(0.4) and lib["samples"] == 20
+    assert out[2]["seconds"] == pytest.approx(0.3) and out[2]["samples"] == 25
+
+
+def test_hotspots_share_against_total_step_time():
+    out = hotspots(RECORDS, {"other"}, total_s=3.0)
+    assert out[0]["share"] == pytest.approx(0.3)
+    assert out[2]["share"] == pytest.approx(0.1)
+
+
+def test_hotspots_phase_filter_limit_and_leaf():
+    data = hotspots(RECORDS, {"data"})
+    assert data == [{"function": "data.py __getitem__", "site": "data.py:10 __getitem__", "seconds": 0.5,
+                     "share": 1.0, "samples": 50, "leaf": "PIL/Image.py:200 open", "library": False,
+                     "code": None}]  # no source_root given: the line's text is not read
+    both = hotspots(RECORDS, {"data", "forward"}, limit=1)
+    assert len(both) == 1 and both[0]["function"] == "data.py __getitem__"
+    assert hotspots(RECORDS, {"backward"}) == []
+
+
+def test_hotspots_window_with_flush_slack():
+    # window [0, 1.5 s]: the record at 1 s counts, the one at 2 s is within the 1 s slack too
+    assert FLUSH_SLACK_NS == 1 * S
+    assert hotspots(RECORDS, {"other"}, window=(0, int(1.5 * S)))[0]["seconds"] == pytest.approx(0.9)
+    # window [0, 0.5 s]: 1 s is inside the slack, 2 s is not
+    out = hotspots(RECORDS, {"other"}, window=(0, int(0.5 * S)))
+    assert [h["function"] for h in out] == ["train.py log_metrics", "train.py knn"]
+    assert out[0]["seconds"] == pytest.approx(0.4)
+    # window starting after the first record: only the second
+    out = hotspots(RECORDS, {"other"}, window=(int(1.5 * S), 2 * S))
+    assert [h["seconds"] for h in out] == pytest.approx([0.5, 0.4, 0.1])
+    assert [h["library"] for h in out] == [False, True, False]
+
+
+def test_hotspots_unknown_site_and_default_hz():
+    recs = [{"k": "stacks", "t": 0, "n": 4, "sites": [["other", None, None, 4]]}]  # no hz: 100
+    out = hotspots(recs, {"other"})
+    assert out[0]["function"] == "(unknown)"
+    assert out[0]["seconds"] == pytest.approx(0.04)
+    assert out[0]["leaf"] is None and out[0]["library"] is True
+
+
+def test_hotspots_no_records():
+    assert hotspots([], {"other"}) == []
+    assert hotspots([{"k": "step", "t": 0}], {"other"}, total_s=1.0) == []
+
+
+def test_sampled_seconds():
+    assert sampled_seconds(RECORDS) == pytest.approx(115 / 100 + 50 / 50)
+    assert sampled_seconds(RECORDS, (0, int(0.5 * S))) == pytest.approx(1.15)
+    assert sampled_seconds(RECORDS, (5 * S, 6 * S)) == 0.0
+    assert sampled_seconds([{"k": "stacks", "t": 0, "n": 7, "sites": []}]) == pytest.approx(0.07)
+
+
+# -- FrameClassifier -----------------------------------------------------------------------------
+
+def test_classifier_kinds_and_labels(monkeypatch, tmp_path):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(THIS_FILE)))
+    c = FrameClassifier()
+    # user code inside the working directory: relative path
+    assert c.classify(__file__) == (0, os.path.join("tests", os.path.basename(THIS_FILE)))
+    # stdlib: relative to its root
+    assert c.classify(json.__file__) == (1, os.path.join("json", "__init__.py"))
+    # site-packages (or dist-packages), whatever the prefix
+    assert c.classify("/opt/x/lib/python3.11/site-packages/torch/nn/modules/conv.py") == (1, "torch/nn/modules/conv.py")
+    assert c.classify("/usr/lib/python3/dist-packages/numpy/core/x.py") == (1, "numpy/core/x.py")
+    # pseudo-files
+    assert c.classify("<string>") == (1, "<string>")
+    assert c.classify("<frozen importlib._bootstrap>") == (1, "<frozen importlib._bootstrap>")
+    # whyidle itself
+    kind, _ = c.classify(stacks_mod.__file__)
+    assert kind == 2
+    # cached
+    assert c.classify(__file__) is c.classify(__file__)
+
+
+def test_classifier_user_code_outside_cwd_is_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    c = FrameClassifier()
+    assert c.classify(__file__) == (0, THIS_FILE)
+
+
+# -- StackSampler.sample -------------------------------------------------------------------------
+
+def make_sampler(max_sites=MAX_SITES_PER_FLUSH, hz=100):
+    return StackSampler(threading.get_ident(), hz, lambda: "other", max_sites=max_sites)
+
+
+def _sample_here(sampler, phase):
+    here = sys._getframe(); sampler.sample(here, phase); return here.f_lineno  # noqa: E702
+
+
+class _Hook:
+    """Samples from inside the stdlib json encoder (str() of this object is called by it)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __str__(self):
+        self.sampler.sample(sys._getframe(1), "data")  # the caller: json/encoder.py
+        return "x"
+
+
+def _through_library_and_whyidle(sampler, path):
+    line = sys._getframe().f_lineno + 1
+    write_json_atomic(path, {"v": _Hook(sampler)})  # whyidle → json (stdlib) → _Hook.__str__
+    return line
+
+
+def label_of(sampler, path=__file__):
+    return sampler.classifier.classify(path)[1]
+
+
+def test_sample_user_frame_site_format_and_drain(monkeypatch):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(THIS_FILE)))
+    sampler = make_sampler(hz=50)
+    line = _sample_here(sampler, "forward")
+    _sample_here(sampler, "forward")
+    line2 = _sample_here(sampler, "backward")
+    site = f"{label_of(sampler)}:{line} _sample_here"
+    assert site == f"tests/{os.path.basename(THIS_FILE)}:{line} _sample_here"
+    assert SITE_RE.match(site)
+    assert split_site(site) == (f"tests/{os.path.basename(THIS_FILE)}", line, "_sample_here")
+    t_before = time.monotonic_ns()
+    out = sampler.drain()
+    assert len(out) == 1
+    r = out[0]
+    assert set(r) == {"k", "t", "hz", "n", "sites"}
+    assert r["k"] == "stacks" and r["hz"] == 50 and r["n"] == 3
+    assert isinstance(r["t"], int) and r["t"] >= t_before
+    # innermost frame is user code: user site and leaf site are the same line
+    assert sorted(r["sites"]) == sorted([["forward", site, site, 2],
+                                         ["backward", f"{label_of(sampler)}:{line2} _sample_here",
+                                          f"{label_of(sampler)}:{line2} _sample_here", 1]])
+    assert line2 == line
+    assert sampler.drain() == []  # counts reset
+    json.dumps(r)  # a JSON-serializable record
+
+
+def test_sample_skips_whyidle_frames_and_keeps_library_leaf(tmp_path):
+    sampler = make_sampler()
+    line = _through_library_and_whyidle(sampler, str(tmp_path / "m.json"))
+    (r,) = sampler.drain()
+    assert r["n"] == 1
+    ((phase, user, leaf, count),) = r["sites"]
+    assert (phase, count) == ("data", 1)
+    # the innermost user frame is this file's helper (the whyidle frame between is skipped)
+    assert user == f"{label_of(sampler)}:{line} _through_library_and_whyidle"
+    # the leaf is the innermost non-whyidle frame: the stdlib encoder
+    m = SITE_RE.match(leaf)
+    assert m and m.group("path") == os.path.join("json", "encoder.py")
+    assert "whyidle" not in leaf and "record/writer.py" not in user
+
+
+def test_sample_frame_without_user_code():
+    # a thread whose whole Python stack is stdlib (threading → time.sleep, a C function)
+    sampler = make_sampler()
+    th = threading.Thread(target=time.sleep, args=(0.3,), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 2.0
+    frame = None
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(th.ident)
+        if frame is not None and frame.f_code.co_name == "run":
+            break
+        time.sleep(0.005)
+    assert frame is not None and frame.f_code.co_name == "run"
+    sampler.sample(frame, "idle")
+    th.join()
+    (r,) = sampler.drain()
+    ((phase, user, leaf, count),) = r["sites"]
+    assert (phase, user, count) == ("idle", None, 1)
+    m = SITE_RE.match(leaf)
+    assert m and m.group("path") == "threading.py" and m.group("func") == "run"
+
+
+def test_sample_none_frame_counts_unknown():
+    sampler = make_sampler()
+    sampler.sample(None, "other")
+    (r,) = sampler.drain()
+    assert r["sites"] == [["other", None, None, 1]] and r["n"] == 1
+
+
+def test_overflow_key_when_max_sites_exceeded():
+    sampler = make_sampler(max_sites=2)
+    _sample_here(sampler, "data")
+    _sample_here(sampler, "forward")
+    _sample_here(sampler, "backward")  # a third distinct key → overflow
+    _sample_here(sampler, "backward")
+    _sample_here(sampler, "data")  # an existing key still counts normally
+    _sample_here(sampler, "optimizer")  # another phase → its own overflow key
+    (r,) = sampler.drain()
+    assert r["n"] == 6
+    # overflow samples have no user site (so hotspots never name "(overflow)" as user code)
+    by_key = {(p, "(overflow)" if leaf == "(overflow)" else "site"): c for p, u, leaf, c in r["sites"]}
+    assert by_key == {("data", "site"): 2, ("forward", "site"): 1, ("backward", "(overflow)"): 2,
+                      ("optimizer", "(overflow)"): 1}
+    assert ["backward", None, "(overflow)", 2] in r["sites"]
+    # after a drain the budget is fresh
+    _sample_here(sampler, "backward")
+    (r,) = sampler.drain()
+    assert r["sites"][0][2] != "(overflow)"
+
+
+def test_drain_empty_before_any_sample():
+    assert make_sampler().drain() == []
+
+
+def test_sampler_thread_samples_a_busy_thread():
+    """The daemon thread itself, briefly: it samples this thread and stops cleanly."""
+    sampler = StackSampler(threading.get_ident(), 200, lambda: "forward")
+    sampler.start()
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        sum(range(1000))
+    sampler.stop()
+    assert not sampler._thread.is_alive()
+    out = sampler.drain()
+    assert out and out[0]["n"] >= 5
+    assert all(p == "forward" for p, *_ in out[0]["sites"])
+    assert any(u and u.endswith(" test_sampler_thread_samples_a_busy_thread") for _p, u, _l, _c in out[0]["sites"])
+
+
+def test_hotspot_code_is_read_from_the_source_root(tmp_path):
+    (tmp_path / "data.py").write_text("\n" * 9 + "    image = Image.open(path)  # line 10\n")
+    (data,) = hotspots(RECORDS, {"data"}, source_root=str(tmp_path))
+    assert data["code"] == "image = Image.open(path)  # line 10"
