@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from whyidle.analysis.stacks import FLUSH_SLACK_NS, hotspots, sampled_seconds, split_site
+from whyidle.analysis.stacks import FLUSH_SLACK_NS, focus, hotspots, split_site
 from whyidle.instrument import stacks as stacks_mod
 from whyidle.instrument.stacks import MAX_SITES_PER_FLUSH, FrameClassifier, StackSampler
 from whyidle.record.writer import write_json_atomic
@@ -123,15 +123,6 @@ def test_hotspots_no_records():
     assert hotspots([{"k": "step", "t": 0}], {"other"}, total_s=1.0) == []
 
 
-def test_sampled_seconds():
-    assert sampled_seconds(RECORDS) == pytest.approx(115 / 100 + 50 / 50)
-    assert sampled_seconds(RECORDS, (0, int(0.5 * S))) == pytest.approx(1.15)
-    assert sampled_seconds(RECORDS, (5 * S, 6 * S)) == 0.0
-    assert sampled_seconds([{"k": "stacks", "t": 0, "n": 7, "sites": []}]) == pytest.approx(0.07)
-
-
-# -- FrameClassifier -----------------------------------------------------------------------------
-
 def test_classifier_kinds_and_labels(monkeypatch, tmp_path):
     monkeypatch.chdir(os.path.dirname(os.path.dirname(THIS_FILE)))
     c = FrameClassifier()
@@ -203,13 +194,19 @@ def test_sample_user_frame_site_format_and_drain(monkeypatch):
     out = sampler.drain()
     assert len(out) == 1
     r = out[0]
-    assert set(r) == {"k", "t", "hz", "n", "sites"}
-    assert r["k"] == "stacks" and r["hz"] == 50 and r["n"] == 3
+    assert set(r) == {"k", "t", "hz", "n", "mode", "sites"}
+    assert r["k"] == "stacks" and r["hz"] == 50 and r["n"] == 3 and r["mode"] is None  # never started
     assert isinstance(r["t"], int) and r["t"] >= t_before
-    # innermost frame is user code: user site and leaf site are the same line
-    assert sorted(r["sites"]) == sorted([["forward", site, site, 2],
-                                         ["backward", f"{label_of(sampler)}:{line2} _sample_here",
-                                          f"{label_of(sampler)}:{line2} _sample_here", 1]])
+    # innermost frame is user code: user site and leaf site are the same line; each sample
+    # without an explicit weight stands for one period (20 ms at 50 Hz); callers are the
+    # enclosing user frames (this test function, then pytest's frames are library code)
+    rows: dict = {}
+    for p, u, leaf, c, ms, _callers in r["sites"]:  # the same line called from two places: two keys
+        c0, ms0 = rows.get((p, u, leaf), (0, 0.0))
+        rows[(p, u, leaf)] = (c0 + c, ms0 + ms)
+    assert rows == {("forward", site, site): (2, 40.0), ("backward", site, site): (1, 20.0)}
+    callers = r["sites"][0][5]
+    assert callers and callers[0].endswith(" test_sample_user_frame_site_format_and_drain")
     assert line2 == line
     assert sampler.drain() == []  # counts reset
     json.dumps(r)  # a JSON-serializable record
@@ -220,7 +217,7 @@ def test_sample_skips_whyidle_frames_and_keeps_library_leaf(tmp_path):
     line = _through_library_and_whyidle(sampler, str(tmp_path / "m.json"))
     (r,) = sampler.drain()
     assert r["n"] == 1
-    ((phase, user, leaf, count),) = r["sites"]
+    ((phase, user, leaf, count, _ms, _callers),) = r["sites"]
     assert (phase, count) == ("data", 1)
     # the innermost user frame is this file's helper (the whyidle frame between is skipped)
     assert user == f"{label_of(sampler)}:{line} _through_library_and_whyidle"
@@ -246,8 +243,8 @@ def test_sample_frame_without_user_code():
     sampler.sample(frame, "idle")
     th.join()
     (r,) = sampler.drain()
-    ((phase, user, leaf, count),) = r["sites"]
-    assert (phase, user, count) == ("idle", None, 1)
+    ((phase, user, leaf, count, _ms, callers),) = r["sites"]
+    assert (phase, user, count, callers) == ("idle", None, 1, [])
     m = SITE_RE.match(leaf)
     assert m and m.group("path") == "threading.py" and m.group("func") == "run"
 
@@ -256,24 +253,22 @@ def test_sample_none_frame_counts_unknown():
     sampler = make_sampler()
     sampler.sample(None, "other")
     (r,) = sampler.drain()
-    assert r["sites"] == [["other", None, None, 1]] and r["n"] == 1
+    assert r["sites"] == [["other", None, None, 1, 10.0, []]] and r["n"] == 1
 
 
 def test_overflow_key_when_max_sites_exceeded():
     sampler = make_sampler(max_sites=2)
-    _sample_here(sampler, "data")
-    _sample_here(sampler, "forward")
-    _sample_here(sampler, "backward")  # a third distinct key → overflow
-    _sample_here(sampler, "backward")
-    _sample_here(sampler, "data")  # an existing key still counts normally
-    _sample_here(sampler, "optimizer")  # another phase → its own overflow key
+    # one call site, so keys differ only by phase: data, forward, then a third key → overflow;
+    # an existing key (data) still counts normally; another phase gets its own overflow key
+    for phase in ("data", "forward", "backward", "backward", "data", "optimizer"):
+        _sample_here(sampler, phase)
     (r,) = sampler.drain()
     assert r["n"] == 6
     # overflow samples have no user site (so hotspots never name "(overflow)" as user code)
-    by_key = {(p, "(overflow)" if leaf == "(overflow)" else "site"): c for p, u, leaf, c in r["sites"]}
+    by_key = {(p, "(overflow)" if leaf == "(overflow)" else "site"): c for p, u, leaf, c, _ms, _cl in r["sites"]}
     assert by_key == {("data", "site"): 2, ("forward", "site"): 1, ("backward", "(overflow)"): 2,
                       ("optimizer", "(overflow)"): 1}
-    assert ["backward", None, "(overflow)", 2] in r["sites"]
+    assert ["backward", None, "(overflow)", 2, 20.0, []] in r["sites"]
     # after a drain the budget is fresh
     _sample_here(sampler, "backward")
     (r,) = sampler.drain()
@@ -284,22 +279,68 @@ def test_drain_empty_before_any_sample():
     assert make_sampler().drain() == []
 
 
-def test_sampler_thread_samples_a_busy_thread():
-    """The daemon thread itself, briefly: it samples this thread and stops cleanly."""
-    sampler = StackSampler(threading.get_ident(), 200, lambda: "forward")
-    sampler.start()
-    deadline = time.monotonic() + 0.3
+def _busy(seconds):
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         sum(range(1000))
+
+
+def test_sampler_thread_samples_a_busy_thread():
+    """The fallback daemon thread (no native id given): it samples this thread and stops cleanly."""
+    sampler = StackSampler(threading.get_ident(), 200, lambda: "forward")
+    sampler.start()
+    assert sampler.mode == "thread"
+    _busy(0.3)
     sampler.stop()
     assert not sampler._thread.is_alive()
     out = sampler.drain()
-    assert out and out[0]["n"] >= 5
-    assert all(p == "forward" for p, *_ in out[0]["sites"])
-    assert any(u and u.endswith(" test_sampler_thread_samples_a_busy_thread") for _p, u, _l, _c in out[0]["sites"])
+    assert out and out[0]["n"] >= 5 and out[0]["mode"] == "thread"
+    assert all(site[0] == "forward" for site in out[0]["sites"])
+    assert any(site[1] and site[1].endswith(" _busy") for site in out[0]["sites"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread timer signals are Linux-only")
+def test_signal_sampler_weights_gil_holding_and_sleeping_time_correctly():
+    """The timer signal runs the sampler in this (main) thread: a GIL-holding busy loop and a
+    sleep each get the wall time they took, at their own lines, with no sampling thread."""
+    sampler = StackSampler(threading.get_ident(), 100, lambda: "other", native_id=threading.get_native_id())
+    sampler.start()
+    assert sampler.mode == "signal"
+    _busy(0.4)
+    time.sleep(0.4)
+    sampler.stop()
+    assert not sampler._thread.is_alive()
+    (r,) = sampler.drain()
+    assert r["mode"] == "signal"
+    busy = sum(site[4] for site in r["sites"] if site[1] and site[1].endswith(" _busy")) / 1000
+    slept = sum(site[4] for site in r["sites"] if site[1] and "test_signal_sampler" in site[1]) / 1000
+    assert 0.3 <= busy <= 0.5
+    assert 0.3 <= slept <= 0.5
+    assert 60 <= r["n"] <= 100  # ~100 Hz over 0.8 s
+    # the signal is ignored afterwards, never left at its default action (which would kill us)
+    import signal as _signal
+    assert _signal.getsignal(sampler._timer_signum) == _signal.SIG_IGN
 
 
 def test_hotspot_code_is_read_from_the_source_root(tmp_path):
     (tmp_path / "data.py").write_text("\n" * 9 + "    image = Image.open(path)  # line 10\n")
     (data,) = hotspots(RECORDS, {"data"}, source_root=str(tmp_path))
     assert data["code"] == "image = Image.open(path)  # line 10"
+
+
+def test_focus_is_the_deepest_function_holding_most_of_the_phase():
+    # 60 % of data time in _wordpiece ← encode ← __getitem__, 40 % in _clean ← encode ← __getitem__
+    recs = [{"k": "stacks", "t": 0, "hz": 100, "n": 100, "sites": [
+        ["data", "tok.py:20 _wordpiece", "tok.py:20 _wordpiece", 60, 600.0, ["tok.py:50 encode", "ds.py:9 __getitem__"]],
+        ["data", "tok.py:30 _clean", "tok.py:30 _clean", 40, 400.0, ["tok.py:48 encode", "ds.py:9 __getitem__"]],
+        ["other", "train.py:5 main", "train.py:5 main", 10, 100.0, []],
+    ]}]
+    f = focus(recs, "data", phase_seconds=2.0)
+    assert f["function"] == "tok.py _wordpiece"  # 60 % ≥ 50 %, and the deepest
+    assert f["share_of_phase"] == pytest.approx(0.6)
+    assert f["seconds"] == pytest.approx(1.2)  # scaled to the measured 2.0 s
+    f = focus(recs, "data", min_share=0.7)
+    assert f["function"] == "tok.py encode" and f["share_of_phase"] == pytest.approx(1.0)
+    assert f["site"] == "tok.py:50 encode"  # its most-sampled line
+    assert focus(recs, "backward") is None
+    assert focus(recs, "data", min_share=1.01) is None

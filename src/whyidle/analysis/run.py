@@ -40,7 +40,8 @@ def analyze(run: RunData) -> dict:
     when there are no steps); ``top_others``; ``gpu`` and ``device``; ``loader`` (configuration
     of the primary trainer's first DataLoader) and ``loader_iters`` (iterator creations and their
     seconds); ``devices`` (last device audit); ``hotspots`` (phase → list, see
-    :func:`whyidle.analysis.stacks.hotspots`); ``notices``; ``instrumented`` (pids that imported
+    :func:`whyidle.analysis.stacks.hotspots`); ``focus`` (phase → the user function holding
+    most of it inclusively, :func:`whyidle.analysis.stacks.focus`, or None); ``notices``; ``instrumented`` (pids that imported
     a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
     """
     procs = run.procs
@@ -75,9 +76,19 @@ def analyze(run: RunData) -> dict:
         host = host_analysis.host_metrics(run.host, None, set(trainers), primary, whyidle_pid)
 
     total_s = sum((s["t1"] - s["t0"]) / 1e9 for s in analyzed) if analyzed else None
+    phase_seconds = None
+    if step:
+        names = {"other": "other_host", "data": "data_wait", "forward": "forward", "backward": "backward",
+                 "optimizer": "optimizer", "eval": "eval"}
+        phase_seconds = {p: step["shares"][k] * total_s for p, k in names.items()}
     hotspots = {
-        phase: stack_analysis.hotspots(recs, {phase}, window, total_s, source_root=run.meta.get("cwd"))
+        phase: stack_analysis.hotspots(recs, {phase}, window, total_s, source_root=run.meta.get("cwd"),
+                                       phase_seconds=phase_seconds)
         for phase in ("other", "data", "forward", "backward", "optimizer")
+    }
+    focus = {
+        phase: stack_analysis.focus(recs, phase, window, (phase_seconds or {}).get(phase), run.meta.get("cwd"))
+        for phase in ("other", "data")
     }
     devices = [r for r in recs if r.get("k") == "devices"]
     notices = [r["msg"] for records in procs.values() for r in records if r.get("k") == "notice"]
@@ -109,6 +120,7 @@ def analyze(run: RunData) -> dict:
         "loader_iters": {"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
         "devices": devices[-1] if devices else None,
         "hotspots": hotspots,
+        "focus": focus,
         "notices": notices,
         "gpu_records_notices": [r for r in run.gpu if r.get("k") == "gpu_notice"],
         "other_trainers": other_trainers,

@@ -1,9 +1,12 @@
 """Stack samples → hotspots: which source lines hold a phase of the step (pure).
 
-Each ``stacks`` record counts ``[phase, user_site, leaf_site, count]`` at ``hz`` samples per
-second, so ``count / hz`` estimates seconds (sampling error about ``sqrt(count) / hz``). Hotspots
-are grouped by the user's function (file + function name): a Python loop spreads its samples over
-several lines of one function. Sites are ``"file:line function"`` strings.
+Each ``stacks`` record holds sites ``[phase, user_site, leaf_site, count, ms]``: ``count``
+samples standing for ``ms`` milliseconds of wall time (older records without ``ms``: ``count /
+hz`` seconds). When the measured seconds of each phase are known (from the step hooks), sampled
+time is rescaled to them per phase, so the split *within* a phase comes from the samples and the
+phase totals stay exact. Hotspots are grouped by the user's function (file + function name): a
+Python loop spreads its samples over several lines of one function. Sites are
+``"file:line function"`` strings.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def source_line(site: str, root: str | None) -> str | None:
 
 
 def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | None = None,
-             total_s: float | None = None, limit: int = 5, source_root: str | None = None) -> list[dict]:
+             total_s: float | None = None, limit: int = 5, source_root: str | None = None,
+             phase_seconds: dict[str, float] | None = None) -> list[dict]:
     """The functions where the training thread spent the given phases.
 
     Args:
@@ -55,6 +59,8 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
             the samples in ``phases``.
         limit: how many to return.
         source_root: directory relative user paths are read from to fill ``code``.
+        phase_seconds: measured seconds per phase in the window; sampled time of each phase is
+            scaled to it.
     Returns:
         Busiest first: ``{"function", "site", "code", "seconds", "share", "samples", "leaf",
         "library": bool}``; ``code`` is the source text of ``site`` (None if unreadable); ``site`` is the function's most-sampled line, ``leaf`` the most
@@ -62,26 +68,35 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
         the user's code was on the stack (the time is inside a library called from elsewhere).
     """
     groups: dict[tuple, dict] = {}
-    n_phase = 0.0
+    sampled: dict[str, float] = {}
+    entries = []
     for rec in records:
         if rec.get("k") != "stacks":
             continue
         if window is not None and not (window[0] <= rec["t"] <= window[1] + FLUSH_SLACK_NS):
             continue
         hz = rec.get("hz") or 100.0
-        for phase, user, leaf, count in rec["sites"]:
+        for site in rec["sites"]:
+            phase, user, leaf, count = site[:4]
             if phase not in phases:
                 continue
-            seconds = count / hz
-            n_phase += seconds
-            site = user or leaf or "(unknown)"
-            path, _line, func = split_site(site)
-            g = groups.setdefault((path, func, user is None), {"lines": {}, "leaves": {}, "seconds": 0.0, "samples": 0})
-            g["seconds"] += seconds
-            g["samples"] += count
-            g["lines"][site] = g["lines"].get(site, 0) + count
-            if leaf:
-                g["leaves"][leaf] = g["leaves"].get(leaf, 0) + count
+            seconds = site[4] / 1000.0 if len(site) > 4 else count / hz
+            sampled[phase] = sampled.get(phase, 0.0) + seconds
+            entries.append((phase, user, leaf, count, seconds))
+    scale = {p: (phase_seconds[p] / v if phase_seconds and phase_seconds.get(p) is not None and v > 0 else 1.0)
+             for p, v in sampled.items()}
+    n_phase = 0.0
+    for phase, user, leaf, count, seconds in entries:
+        seconds *= scale[phase]
+        n_phase += seconds
+        site = user or leaf or "(unknown)"
+        path, _line, func = split_site(site)
+        g = groups.setdefault((path, func, user is None), {"lines": {}, "leaves": {}, "seconds": 0.0, "samples": 0})
+        g["seconds"] += seconds
+        g["samples"] += count
+        g["lines"][site] = g["lines"].get(site, 0) + seconds
+        if leaf:
+            g["leaves"][leaf] = g["leaves"].get(leaf, 0) + seconds
     denom = total_s if total_s else n_phase
     out = []
     for (path, func, library), g in groups.items():
@@ -101,10 +116,55 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     return out
 
 
-def sampled_seconds(records: list[dict], window: tuple[int, int] | None = None) -> float:
-    """Seconds covered by stack samples (all phases) in ``window``."""
+def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None,
+          phase_seconds: float | None = None, source_root: str | None = None,
+          min_share: float = 0.5) -> dict | None:
+    """The most specific user function that holds most of a phase, counted inclusively.
+
+    Every user function on a sample's stack (the innermost and its recorded callers) gets the
+    sample's time once. The answer is the deepest function whose inclusive time is at least
+    ``min_share`` of the phase's sampled time: for a tokenizer called from ``__getitem__`` it is
+    the tokenizer's entry point rather than one of its many small helpers.
+
+    Returns ``{"function", "site", "code", "seconds", "share_of_phase"}`` (seconds scaled to
+    ``phase_seconds`` when given), or None without samples or when no function reaches
+    ``min_share``.
+    """
+    inclusive: dict[tuple, float] = {}
+    depth: dict[tuple, list] = {}
+    lines: dict[tuple, dict] = {}
     total = 0.0
     for rec in records:
-        if rec.get("k") == "stacks" and (window is None or window[0] <= rec["t"] <= window[1] + FLUSH_SLACK_NS):
-            total += rec["n"] / (rec.get("hz") or 100.0)
-    return total
+        if rec.get("k") != "stacks":
+            continue
+        if window is not None and not (window[0] <= rec["t"] <= window[1] + FLUSH_SLACK_NS):
+            continue
+        hz = rec.get("hz") or 100.0
+        for site in rec["sites"]:
+            if site[0] != phase:
+                continue
+            seconds = site[4] / 1000.0 if len(site) > 4 else site[3] / hz
+            total += seconds
+            chain = ([site[1]] if site[1] else []) + (list(site[5]) if len(site) > 5 else [])
+            seen = set()
+            for level, s in enumerate(chain):
+                path, _line, func = split_site(s)
+                key = (path, func)
+                if key in seen:
+                    continue
+                seen.add(key)
+                inclusive[key] = inclusive.get(key, 0.0) + seconds
+                depth.setdefault(key, []).append(level)
+                lines.setdefault(key, {})[s] = lines.setdefault(key, {}).get(s, 0.0) + seconds
+    if total <= 0:
+        return None
+    candidates = [k for k, v in inclusive.items() if v >= min_share * total]
+    if not candidates:
+        return None
+    # deepest = smallest typical distance from the innermost user frame
+    best = min(candidates, key=lambda k: (sorted(depth[k])[len(depth[k]) // 2], -inclusive[k]))
+    site = max(lines[best], key=lines[best].get)
+    scale = (phase_seconds / total) if phase_seconds else 1.0
+    return {"function": f"{os.path.basename(best[0])} {best[1]}".strip(), "site": site,
+            "code": source_line(site, source_root), "seconds": inclusive[best] * scale,
+            "share_of_phase": inclusive[best] / total}

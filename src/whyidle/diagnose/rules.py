@@ -133,7 +133,9 @@ def input_bound(facts: dict) -> dict | None:
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
     hot = [h for h in facts.get("hotspots", {}).get("data", []) if not h["library"]][:3]
-    hot_text = f" The loading time is mostly in `{hot[0]['function']}` ({hot[0]['site']})." if hot else ""
+    focus = (facts.get("focus") or {}).get("data")
+    hot_text = (f" {_pct(focus['share_of_phase'])} of the loading time is inside `{focus['function']}` "
+                f"({focus['site']})." if focus else "")
     reason = {
         "storage": f"the loader is off-CPU {_pct(off_cpu)} of the time, waiting on reads "
                    f"({(per_sample or 0) / 1024:.1f} KiB read per sample, iowait {_pct(iowait)})",
@@ -164,9 +166,9 @@ def input_bound(facts: dict) -> dict | None:
                     _loader_code(loader, workers)),
     }
     text, code = fixes[cause]
-    if hot and cause in ("loader_in_main_process", "cpu_preprocessing") and (busy or 0) >= T.LOADER_OFF_CPU:
-        text += (f" The per-sample work in `{hot[0]['function'].split()[-1]}` is CPU-heavy: precomputing or caching it "
-                 "removes it from every epoch.")
+    if focus and cause in ("loader_in_main_process", "cpu_preprocessing") and (busy or 0) >= T.LOADER_OFF_CPU:
+        text += (f" The per-sample work in `{focus['function'].split()[-1]}` is CPU-heavy: precomputing or caching "
+                 "its result once removes it from every epoch.")
     evidence = _round({
         "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
         "num_workers": nw, "suggested_num_workers": workers, "loader_cpu_busy_share": busy,
@@ -175,6 +177,7 @@ def input_bound(facts: dict) -> dict | None:
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
     })
     evidence["hotspots"] = hot
+    evidence["focus"] = focus
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence,
                    1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_DATALOADER, DOCS_TUNING])
@@ -199,8 +202,10 @@ def _is_logging(h: dict) -> bool:
 def host_bound(facts: dict) -> dict | None:
     """Host work outside data loading, forward, backward and optimizer holds the step.
 
-    ``other_host`` share ≥ ``HOST_SHARE_WARN``. ``est_speedup`` removes the time of the top
-    (at most three) user functions sampled in that phase, or the whole share without samples.
+    ``other_host`` share ≥ ``HOST_SHARE_WARN``. The work is named by the user function that holds
+    most of that time inclusively (``facts["focus"]["other"]``), else by the top sampled lines.
+    ``est_speedup`` removes that function's time (or the top three lines' time; the whole share
+    without samples).
     """
     step = facts.get("step")
     if not step:
@@ -210,30 +215,38 @@ def host_bound(facts: dict) -> dict | None:
         return None
     spots = facts.get("hotspots", {}).get("other", [])
     user = [h for h in spots if not h["library"]][:3] or spots[:3]
-    attributed = sum(h["share"] or 0 for h in user) if user else share
-    removable = min(share, attributed) if user else share
-    logging_work = any(_is_logging(h) for h in user[:1])
-    if user:
+    focus = (facts.get("focus") or {}).get("other")
+    if focus:
+        attributed = share * focus["share_of_phase"]
+        where = (f"`{focus['function']}` holds {_pct(focus['share_of_phase'])} of it "
+                 f"({_pct(attributed)} of step time, at {focus['site']})")
+    elif user:
+        attributed = sum(h["share"] or 0 for h in user)
         top = user[0]
         where = f"`{top['function']}` takes {_pct(top['share'])} of step time (at {top['site']}"
         where += f", inside {top['leaf']})" if top.get("leaf") and top["leaf"] != top["site"] else ")"
     else:
+        attributed = None
         where = "no stack samples were recorded to name the lines"
+    removable = share if attributed is None else min(share, attributed)
+    logging_work = any(_is_logging(h) for h in ([focus] if focus else []) + user[:1])
     summary = (f"Host work outside data loading and the model takes {_pct(share)} of each step "
                f"({_ms(share * step['step_time_s']['mean'])}); {where}.")
+    name = focus["function"].split()[-1] if focus else (user[0]["function"].split()[-1] if user else "this work")
     if logging_work:
-        text = ("Log, print and refresh progress every N steps instead of every step; keep running metrics "
-                "as tensors and read them (.item()/.cpu()) only when you log.")
-        code = ("if step % 50 == 0:          # was: every step\n"
-                "    log_metrics(...)\n"
+        text = (f"Call `{name}` every N steps instead of every step (log, print and refresh progress less often); "
+                "keep running metrics as tensors and read them (.item()/.cpu()) only when you log.")
+        code = (f"if step % 50 == 0:          # was: every step\n"
+                f"    {name}(...)\n"
                 "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
     else:
-        text = ("Move this work out of the per-step path or make it cheaper: vectorize Python loops over "
+        text = (f"Move `{name}` out of the per-step path or make it cheaper: vectorize Python loops over "
                 "tensor elements into whole-tensor ops (masks, torch.cdist, topk, amin/amax), avoid "
                 "per-element .item()/min()/max() in Python, or compile it with torch.compile.")
         code = None
-    evidence = _round({"other_host_share": share, "attributed_share": attributed if user else None,
+    evidence = _round({"other_host_share": share, "attributed_share": attributed,
                        "step_time_s_mean": step["step_time_s"]["mean"]})
+    evidence["focus"] = focus
     evidence["hotspots"] = user
     evidence["kind"] = "logging" if logging_work else "python_compute"
     # Severity follows what fixing the named work would gain, so it agrees with est_speedup.

@@ -156,6 +156,7 @@ class TorchInstrument:
         self.agent = agent
         self.torch = torch
         self.tid = threading.main_thread().ident
+        self.native_tid = threading.main_thread().native_id
         self.phase = "setup"
         self.t_phase = monotonic_ns()
         self.saved: list[str] = []
@@ -291,9 +292,12 @@ class TorchInstrument:
     def on_optimizer_pre(self, optimizer) -> None:
         if not self.by_optimizer:
             self.by_optimizer = True
-            self.tid = threading.get_ident()
-            if self.stacks is not None:
-                self.stacks.thread_id = self.tid
+            if threading.get_ident() != self.tid:  # training runs in another thread: follow it
+                self.tid = threading.get_ident()
+                self.native_tid = threading.get_native_id()
+                if self.stacks is not None:
+                    self.stacks.stop()
+                    self.stacks = None
             self._start_stacks()
         self.enter("optimizer")
 
@@ -341,7 +345,7 @@ class TorchInstrument:
             return
         from whyidle.instrument.stacks import StackSampler
 
-        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase)
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase, native_id=self.native_tid)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()
