@@ -200,8 +200,9 @@ class TorchInstrument:
 
     def enter(self, phase: str) -> None:
         now = monotonic_ns()
-        if self.t0 is None:
+        if self.t0 is None:  # the first training activity: start the step clock and the sampler
             self._begin_step(now)
+            self._start_stacks()
         self.acc[self.phase] += now - self.t_phase
         self.saved.append(self.phase)
         self.phase = phase
@@ -517,8 +518,8 @@ def install(agent, torch) -> TorchInstrument:
     ]
     optim_mod.register_optimizer_step_pre_hook(opt_pre)
     optim_mod.register_optimizer_step_post_hook(opt_post)
-    # Without an optimizer the loader still marks steps; sample stacks from the start then.
-    inst._start_stacks()
+    # Stack sampling starts with the first training activity (a batch, a forward, a step), so
+    # processes that only import torch (spawned DataLoader workers, tools) are never sampled.
     return inst
 
 
