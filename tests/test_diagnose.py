@@ -186,9 +186,9 @@ def test_input_bound_cpu_preprocessing():
     assert_contract(f)
     assert f["evidence"]["cause"] == "cpu_preprocessing"
     assert f["fix"]["code"] is None
-    assert [h["function"] for h in f["evidence"]["hotspots"]] == ["dataset.py __getitem__"]  # user code only
-    assert "`dataset.py __getitem__`" in f["summary"]
-    assert "__getitem__" in f["fix"]["text"]
+    # with workers the training thread only waits on their queue: its stack names no loading work
+    assert f["evidence"]["hotspots"] == [] and f["evidence"]["focus"] is None
+    assert "__getitem__" not in f["summary"]
 
 
 def test_saturated_workers_on_idle_machine_are_too_few():

@@ -114,23 +114,33 @@ class StepMeter:
     """
 
     def __init__(self):
-        self.t_start = None
-        self.last = None
+        self.t_start = self.last = None
+        self.cpu_start = self.cpu_last = None
         self.data_s = 0.0
+        self.data_cpu_s = 0.0
+        self.thread_cpu_last = 0.0
+        self.data_times: list[float] = []
         self.step_times: list[float] = []
         self.samples = 0
 
     def start(self) -> None:
         self.t_start = self.last = time.perf_counter()
+        self.cpu_start = self.cpu_last = time.process_time()
+        self.thread_cpu_last = time.thread_time()
 
     def got_batch(self) -> None:
-        self.data_s += time.perf_counter() - self.last
+        waited = time.perf_counter() - self.last
+        self.data_s += waited
+        self.data_times.append(waited)
+        self.data_cpu_s += time.thread_time() - self.thread_cpu_last
 
     def step_done(self, n_samples: int) -> None:
         now = time.perf_counter()
         self.step_times.append(now - self.last)
         self.samples += int(n_samples)
         self.last = now
+        self.cpu_last = time.process_time()
+        self.thread_cpu_last = time.thread_time()
 
     @property
     def steps(self) -> int:
@@ -146,6 +156,15 @@ class StepMeter:
             "data_wait_share": round(self.data_s / wall, 4) if wall > 0 else 0.0,
             "samples": self.samples,
         }
+        # CPU time of this process (all its threads, not its loader workers) over the loop's wall time
+        out["main_cpu_share"] = round((self.cpu_last - self.cpu_start) / wall, 4) if wall > 0 else 0.0
+        # main-thread CPU time while blocked in next(loader), over that wait: ~1 when the main process
+        # does the data work itself on the CPU, ~0 when it sleeps (I/O latency, waiting for workers)
+        out["data_cpu_share"] = round(self.data_cpu_s / self.data_s, 4) if self.data_s > 0 else 0.0
+        # the same data share without the first step (which includes starting the loader workers)
+        if len(self.step_times) > 1 and wall - self.step_times[0] > 0:
+            steady = (self.data_s - self.data_times[0]) / (wall - self.step_times[0])
+            out["data_wait_share_steady"] = round(steady, 4)
         out.update(extra)
         return out
 

@@ -56,6 +56,26 @@ def descendants(parents: dict[int, int], roots: set[int]) -> set[int]:
     return out - roots
 
 
+#: Command-line markers of multiprocessing's helper processes, which are descendants of the
+#: trainer but not DataLoader workers.
+_TRACKERS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
+_FORKSERVER = "multiprocessing.forkserver"
+
+
+def _mp_helpers(records: list[dict], parents: dict[int, int], trainers: set[int]) -> set[int]:
+    """pids of multiprocessing helpers: resource trackers, and forkservers (a forkserver is a
+    direct child of the trainer; the workers it forks are its children and share its command
+    line, so only the server itself is excluded)."""
+    helpers = set()
+    for rec in records:
+        if rec.get("k") != "host_proc":
+            continue
+        cmd = " ".join(rec.get("cmdline") or [])
+        if any(t in cmd for t in _TRACKERS) or (_FORKSERVER in cmd and parents.get(rec["pid"]) in trainers):
+            helpers.add(rec["pid"])
+    return helpers
+
+
 def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: set[int],
                  primary: int | None, whyidle_pid: int | None, samples_in_window: float | None = None,
                  loader_in_main: bool = True) -> dict | None:
@@ -75,7 +95,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         ``workers`` (count), ``workers_cores``, ``worker_busy_share`` (per worker, fraction of a
         core), ``tree_other_cores``, ``whyidle_cores``, ``other_procs_cores``,
         ``trainer_run_delay_share`` (fraction of wall time the trainer's main thread was runnable
-        but waiting for a CPU), ``tree_run_delay_cores`` (thread-seconds waiting per second),
+        but waiting for a CPU), ``workers_run_delay_share`` (the same, averaged over the workers), ``tree_run_delay_cores`` (thread-seconds waiting per second),
         ``invol_ctx_per_s``, ``disk_read_bytes_per_s``, ``loader_read_bytes_per_s`` and
         ``loader_read_bytes_per_sample`` (``read_chars``: bytes returned by read(), page-cache
         hits and pipes included), ``trainer_rss_max_bytes``, ``tree_rss_max_bytes``,
@@ -97,12 +117,15 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         for r in rec["procs"]:
             rows_b[r[PID]] = r
     alive = {r[PID] for r in b["procs"]}
+    # First parent seen: a process orphaned later is re-parented to whyidle (a subreaper), and
+    # a DataLoader worker whose trainer exited first must still count as that trainer's worker.
     parents: dict[int, int] = {}
     for rec in records:
-        if rec.get("k") == "host":
-            for r in rec["procs"]:
-                parents[r[PID]] = r[PPID]
-    workers = descendants(parents, set(trainers))
+        if rec.get("k") in ("host", "host_proc"):
+            for pid, ppid in ([(rec["pid"], rec["ppid"])] if rec["k"] == "host_proc"
+                              else [(r[PID], r[PPID]) for r in rec["procs"]]):
+                parents.setdefault(pid, ppid)
+    workers = descendants(parents, set(trainers)) - _mp_helpers(records, parents, set(trainers))
 
     def delta(pid: int, idx: int) -> float:
         """Counter growth of ``pid`` in the window; a process born inside it counts from 0."""
@@ -130,6 +153,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     whyidle_cores = cores_of({whyidle_pid}) if whyidle_pid in rows_b else 0.0
     live_workers = [p for p in worker_set if p in alive]
 
+    worker_delays = [delta(p, MAIN_RUN_DELAY) / 1e9 / dt for p in live_workers]
     main_delay = None
     if primary is not None and primary in rows_b and len(rows_b[primary]) > MAIN_RUN_DELAY \
             and rows_b[primary][MAIN_RUN_DELAY] is not None:
@@ -163,6 +187,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "whyidle_cores": whyidle_cores,
         "other_procs_cores": max(0.0, busy_cores - tree_cores - whyidle_cores),
         "trainer_run_delay_share": main_delay,
+        "workers_run_delay_share": (sum(worker_delays) / len(worker_delays)) if worker_delays else None,
         "tree_run_delay_cores": sum(delta(p, RUN_DELAY) for p in tree) / 1e9 / dt,
         "invol_ctx_per_s": sum(delta(p, CTX_INVOL) for p in tree) / dt,
         "disk_read_bytes_per_s": (disk_b - disk_a) / dt if disk_a is not None and disk_b is not None else None,

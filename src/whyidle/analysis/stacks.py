@@ -45,6 +45,21 @@ def source_line(site: str, root: str | None) -> str | None:
     return text[:200] or None
 
 
+def _sites(records: list[dict], phases: set[str], window: tuple[int, int] | None):
+    """Yields ``(phase, user_site, leaf_site, count, seconds, callers)`` of the sampled sites in
+    ``phases`` whose record was flushed inside ``window`` (plus :data:`FLUSH_SLACK_NS`)."""
+    for rec in records:
+        if rec.get("k") != "stacks":
+            continue
+        if window is not None and not (window[0] <= rec["t"] <= window[1] + FLUSH_SLACK_NS):
+            continue
+        hz = rec.get("hz") or 100.0
+        for site in rec["sites"]:
+            if site[0] in phases:
+                seconds = site[4] / 1000.0 if len(site) > 4 else site[3] / hz
+                yield site[0], site[1], site[2], site[3], seconds, (site[5] if len(site) > 5 else [])
+
+
 def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | None = None,
              total_s: float | None = None, limit: int = 5, source_root: str | None = None,
              phase_seconds: dict[str, float] | None = None) -> list[dict]:
@@ -63,30 +78,20 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
             scaled to it.
     Returns:
         Busiest first: ``{"function", "site", "code", "seconds", "share", "samples", "leaf",
-        "library": bool}``; ``code`` is the source text of ``site`` (None if unreadable); ``site`` is the function's most-sampled line, ``leaf`` the most
-        common innermost frame under it (e.g. a library call), ``library`` True when no frame of
+        "library": bool}``; ``code`` is the source text of ``site`` (None if unreadable);
+        ``site`` is the function's most-sampled line, ``leaf`` the most common innermost frame
+        under it (e.g. a library call), ``library`` True when no frame of
         the user's code was on the stack (the time is inside a library called from elsewhere).
     """
     groups: dict[tuple, dict] = {}
     sampled: dict[str, float] = {}
-    entries = []
-    for rec in records:
-        if rec.get("k") != "stacks":
-            continue
-        if window is not None and not (window[0] <= rec["t"] <= window[1] + FLUSH_SLACK_NS):
-            continue
-        hz = rec.get("hz") or 100.0
-        for site in rec["sites"]:
-            phase, user, leaf, count = site[:4]
-            if phase not in phases:
-                continue
-            seconds = site[4] / 1000.0 if len(site) > 4 else count / hz
-            sampled[phase] = sampled.get(phase, 0.0) + seconds
-            entries.append((phase, user, leaf, count, seconds))
+    entries = list(_sites(records, phases, window))
+    for phase, *_rest, seconds, _callers in entries:
+        sampled[phase] = sampled.get(phase, 0.0) + seconds
     scale = {p: (phase_seconds[p] / v if phase_seconds and phase_seconds.get(p) is not None and v > 0 else 1.0)
              for p, v in sampled.items()}
     n_phase = 0.0
-    for phase, user, leaf, count, seconds in entries:
+    for phase, user, leaf, count, seconds, _callers in entries:
         seconds *= scale[phase]
         n_phase += seconds
         site = user or leaf or "(unknown)"
@@ -134,28 +139,19 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     depth: dict[tuple, list] = {}
     lines: dict[tuple, dict] = {}
     total = 0.0
-    for rec in records:
-        if rec.get("k") != "stacks":
-            continue
-        if window is not None and not (window[0] <= rec["t"] <= window[1] + FLUSH_SLACK_NS):
-            continue
-        hz = rec.get("hz") or 100.0
-        for site in rec["sites"]:
-            if site[0] != phase:
+    for _phase, user, _leaf, _count, seconds, callers in _sites(records, {phase}, window):
+        total += seconds
+        seen = set()
+        for level, s in enumerate(([user] if user else []) + list(callers)):
+            path, _line, func = split_site(s)
+            key = (path, func)
+            if key in seen:
                 continue
-            seconds = site[4] / 1000.0 if len(site) > 4 else site[3] / hz
-            total += seconds
-            chain = ([site[1]] if site[1] else []) + (list(site[5]) if len(site) > 5 else [])
-            seen = set()
-            for level, s in enumerate(chain):
-                path, _line, func = split_site(s)
-                key = (path, func)
-                if key in seen:
-                    continue
-                seen.add(key)
-                inclusive[key] = inclusive.get(key, 0.0) + seconds
-                depth.setdefault(key, []).append(level)
-                lines.setdefault(key, {})[s] = lines.setdefault(key, {}).get(s, 0.0) + seconds
+            seen.add(key)
+            inclusive[key] = inclusive.get(key, 0.0) + seconds
+            depth.setdefault(key, []).append(level)
+            by_line = lines.setdefault(key, {})
+            by_line[s] = by_line.get(s, 0.0) + seconds
     if total <= 0:
         return None
     candidates = [k for k, v in inclusive.items() if v >= min_share * total]

@@ -38,6 +38,29 @@ def _insufficient(facts: dict) -> dict | None:
     return None
 
 
+def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
+    """When the loader workers themselves wait for cores, data wait is a symptom of contention.
+
+    Removing the contention would speed up both the training thread and the workers, so the
+    ``cpu_contention`` estimate becomes 1/((1 − run-queue share)(1 − data-wait share)) and the
+    ``input_bound`` finding says where its time comes from.
+    """
+    contention = next((f for f in findings if f["id"] == "cpu_contention"), None)
+    inp = next((f for f in findings if f["id"] == "input_bound"), None)
+    delay = ((facts.get("host") or {}).get("workers_run_delay_share"))
+    if contention is None or inp is None or delay is None or delay < T.RUN_DELAY_WARN:
+        return
+    share = inp["evidence"]["data_wait_share"]
+    contention["est_speedup"] = round(contention["est_speedup"] / (1.0 - min(share, 0.95)), 3)
+    contention["evidence"]["workers_run_delay_share"] = round(delay, 4)
+    contention["evidence"]["data_wait_share"] = share
+    contention["summary"] = contention["summary"][:-1] + (
+        f"; the loader workers wait for a core {delay:.0%} of the time too, which is why the step waits "
+        f"for data {share:.0%} of the time.")
+    inp["evidence"]["workers_run_delay_share"] = round(delay, 4)
+    inp["summary"] += f" The workers wait for a free core {delay:.0%} of the time (see cpu_contention)."
+
+
 def diagnose(facts: dict) -> tuple[str, list[dict]]:
     """Returns ``(verdict, findings)``, findings most important first (severity, then est_speedup).
 
@@ -56,6 +79,7 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
             f = rule(facts)
             if f:
                 findings.append(f)
+    _link_contention_to_input(facts, findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
     config = rules.input_pipeline_config(facts, causes)
     if config:

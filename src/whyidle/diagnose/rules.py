@@ -99,9 +99,12 @@ def suggested_workers(facts: dict) -> int:
 def input_bound(facts: dict) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
-    Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``storage`` (the loader is mostly off-CPU while reading files, or
-    iowait is high); ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing``
-    (workers CPU-bound and all cores busy: more workers cannot help); ``too_few_workers``.
+    Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``storage``
+    (the loader is mostly off-CPU while reading files, or iowait is high);
+    ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing`` (workers CPU-bound and
+    all cores busy: more workers cannot help); ``too_few_workers``. Source lines of the loading
+    work are named only with ``num_workers=0``: with workers the training thread just waits on
+    their queue (the workers' own stacks are not sampled).
     """
     step = facts.get("step")
     if not step:
@@ -132,8 +135,9 @@ def input_bound(facts: dict) -> dict | None:
     workers = suggested_workers(facts)
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
-    hot = [h for h in facts.get("hotspots", {}).get("data", []) if not h["library"]][:3]
-    focus = (facts.get("focus") or {}).get("data")
+    hot = [h for h in facts.get("hotspots", {}).get("data", []) if not h["library"]][:3] if not nw else []
+    # With workers the training thread only waits on their queue: its stack shows the loop line.
+    focus = (facts.get("focus") or {}).get("data") if not nw else None
     hot_text = (f" {_pct(focus['share_of_phase'])} of the loading time is inside `{focus['function']}` "
                 f"({focus['site']})." if focus else "")
     reason = {
@@ -319,7 +323,7 @@ def cpu_contention(facts: dict) -> dict | None:
         code = None
     else:
         cause = "oversubscription"
-        reason = (f"{trainers} training process{'es' if trainers > 1 else ''} × {threads} threads"
+        reason = (f"{trainers} training process{'es' if trainers > 1 else ''} × {threads} thread{'s' if threads != 1 else ''}"
                   f"{f' + {workers} loader workers' if workers else ''} compete for {cores} cores "
                   f"({host.get('tree_threads')} threads in the job, {host.get('invol_ctx_per_s', 0):.0f} forced "
                   f"context switches/s)")
