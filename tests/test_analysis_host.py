@@ -270,3 +270,30 @@ def test_worker_that_exits_inside_the_window_still_counts_as_a_worker():
     assert m["trainer_cores"] == pytest.approx(1.0)
     assert m["workers_cores"] == pytest.approx((1.0 + 0.8) / 2)
     assert m["other_procs_cores"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_reparented_worker_keeps_its_first_parent_and_helpers_are_not_workers():
+    """A forkserver DataLoader setup: trainer → forkserver → 2 workers, plus a resource tracker.
+    At the last tick the trainer has exited and the survivors show whyidle (a subreaper) as
+    parent; roles still follow the first parent seen, and the helpers are not workers."""
+    fs, tracker, w1, w2 = 110, 111, 120, 121
+    procs_meta = [
+        {"k": "host_proc", "t": 0, "pid": fs, "ppid": TRAINER, "name": "python",
+         "cmdline": ["python", "-c", "from multiprocessing.forkserver import main; main(10, 11)"]},
+        {"k": "host_proc", "t": 0, "pid": tracker, "ppid": TRAINER, "name": "python",
+         "cmdline": ["python", "-c", "from multiprocessing.resource_tracker import main;main(6)"]},
+        {"k": "host_proc", "t": 0, "pid": w1, "ppid": fs, "name": "pt_data_worker",
+         "cmdline": ["python", "-c", "from multiprocessing.forkserver import main; main(10, 11)"]},
+    ]
+    a = tick(10, [0.0, 0.0], 0.0, [row(TRAINER, LAUNCHER, 1.0, main_delay=0), row(fs, TRAINER, 0.5),
+                                   row(tracker, TRAINER, 0.1), row(w1, fs, 1.0, main_delay=0),
+                                   row(w2, fs, 1.0, main_delay=0)])
+    b = tick(12, [2.0, 2.0], 0.0, [row(fs, WHYIDLE, 0.5), row(tracker, WHYIDLE, 0.3),
+                                   row(w1, WHYIDLE, 2.0, main_delay=400_000_000),
+                                   row(w2, WHYIDLE, 2.6, main_delay=0)])
+    m = host_metrics([STATIC, *procs_meta, a, b], None, {TRAINER}, TRAINER, WHYIDLE)
+    assert m["workers"] == 2
+    assert m["workers_cores"] == pytest.approx((1.0 + 1.6) / 2)
+    assert m["worker_busy_share"] == pytest.approx(1.3 / 2)
+    assert m["workers_run_delay_share"] == pytest.approx((0.4 / 2 + 0.0) / 2)
+    assert m["tree_other_cores"] == pytest.approx(0.2 / 2)  # the tracker; the forkserver used nothing

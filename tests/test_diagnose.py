@@ -722,3 +722,25 @@ def test_analyze_then_diagnose_synthetic_run():
     assert ib["evidence"]["suggested_num_workers"] == 1
     for f in findings:
         assert_contract(f)
+
+
+def test_contended_workers_make_data_wait_a_symptom_of_contention():
+    # the training thread waits for a core 30 % of the time, the workers 40 %: removing the
+    # contention would also remove the data wait (50 %), so contention leads with 1/(0.7·0.5)
+    host = make_host(cores=2, cpu_busy=1.0, workers=2, worker_busy=0.5, run_delay=0.3)
+    host["workers_run_delay_share"] = 0.4
+    facts = make_facts(make_step(data=0.5, fwd=0.2, bwd=0.2, opt=0.05), host, make_loader(nw=2))
+    verdict, findings = diagnose(facts)
+    assert verdict == "cpu_contention"
+    c = findings[0]
+    assert c["id"] == "cpu_contention"
+    assert c["est_speedup"] == pytest.approx(1 / 0.7 / 0.5, rel=1e-3)
+    assert c["evidence"]["workers_run_delay_share"] == 0.4
+    assert "loader workers wait for a core 40%" in c["summary"]
+    inp = next(f for f in findings if f["id"] == "input_bound")
+    assert "see cpu_contention" in inp["summary"]
+    # uncontended workers: each finding keeps its own estimate
+    host["workers_run_delay_share"] = 0.02
+    verdict, findings = diagnose(facts)
+    assert verdict == "input_bound"
+    assert next(f for f in findings if f["id"] == "cpu_contention")["est_speedup"] == pytest.approx(1 / 0.7, rel=1e-3)
