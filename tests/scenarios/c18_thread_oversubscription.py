@@ -134,6 +134,7 @@ def run_rank(args):
 
 def launch(args):
     env = dict(os.environ, OMP_NUM_THREADS="8" if args.variant == "faulty" else "1")
+    deadline = time.monotonic() + args.rank_timeout
     with tempfile.TemporaryDirectory(prefix="c18_barrier_") as barrier_dir:
         procs = []
         for rank in range(WORLD):
@@ -147,7 +148,14 @@ def launch(args):
                 "--barrier-dir", barrier_dir,
             ]  # fmt: skip
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-        outputs = [p.communicate()[0] for p in procs]
+        outputs = []
+        for p in procs:
+            try:
+                outputs.append(p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                outputs.append(p.communicate()[0])
 
     results, failed = [], False
     for rank, (p, out) in enumerate(zip(procs, outputs)):
@@ -185,6 +193,7 @@ def main():
     p = make_parser(__doc__, steps=60)
     p.add_argument("--rank", type=int, default=None, help="internal: run as this rank")
     p.add_argument("--barrier-dir", default=None, help="internal: directory of the start barrier")
+    p.add_argument("--rank-timeout", type=float, default=300.0, help="kill the ranks after this many seconds")
     args = p.parse_args()
     if args.rank is None:
         return launch(args)
