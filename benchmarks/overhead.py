@@ -7,8 +7,9 @@ run reports its own median step time from ``time.perf_counter``. Prints the rati
 
 Memory: a loop of tiny steps runs ``--memory-steps`` steps (default 100,000) plain and under
 whyidle; each reports its RSS growth between step 1,000 and the end; the benchmark polls the
-whyidle process's RSS. Prints the trainer's extra growth under whyidle (goal < 20 MB) and
-whyidle's own peak RSS (goal < 150 MB).
+whyidle process's RSS. Prints the trainer's extra growth under whyidle (goal < 20 MB),
+whyidle's own peak RSS (goal < 150 MB), and the step-time ratio of those sub-millisecond steps
+(the worst case for a fixed per-step cost).
 
     python benchmarks/overhead.py [--rounds 3] [--steps 600] [--memory-steps 100000]
 """
@@ -108,6 +109,8 @@ def main() -> None:
             print(f"memory     {args.memory_steps:,} steps: trainer RSS growth plain {base['rss_growth_bytes'] / 2**20:.1f} MB, "
                   f"under whyidle {mem['rss_growth_bytes'] / 2**20:.1f} MB (extra {extra / 2**20:.1f} MB); "
                   f"whyidle process peak RSS {peak / 2**20:.1f} MB")
+            print(f"tiny steps plain {base['median_s'] * 1e3:.3f} ms   under whyidle {mem['median_s'] * 1e3:.3f} ms   "
+                  f"ratio {mem['median_s'] / base['median_s']:.3f}   (one run each: the worst case for per-step cost)")
 
 
 if __name__ == "__main__":

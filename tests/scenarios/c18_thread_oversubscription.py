@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import functools
 import json
 import multiprocessing as mp
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -132,11 +133,39 @@ def run_rank(args):
     return 0
 
 
+def kill_groups(procs, sig=signal.SIGKILL):
+    """Signal every rank's process group: the rank, its loader workers, its forkserver and its
+    resource tracker (a SIGKILLed rank would otherwise leave those behind)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def groups_alive(procs):
+    alive = False
+    for p in procs:
+        try:
+            os.killpg(p.pid, 0)
+            alive = True
+        except (ProcessLookupError, PermissionError):
+            pass
+    return alive
+
+
 def launch(args):
     env = dict(os.environ, OMP_NUM_THREADS="8" if args.variant == "faulty" else "1")
     deadline = time.monotonic() + args.rank_timeout
+    procs = []
+
+    def on_signal(signum, frame):
+        kill_groups(procs)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with tempfile.TemporaryDirectory(prefix="c18_barrier_") as barrier_dir:
-        procs = []
         for rank in range(WORLD):
             cmd = [
                 sys.executable,
@@ -147,15 +176,24 @@ def launch(args):
                 "--rank", str(rank),
                 "--barrier-dir", barrier_dir,
             ]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+            # each rank leads its own process group, so a timeout or a signal can end it with
+            # everything it started
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True))
         outputs = []
-        for p in procs:
-            try:
-                outputs.append(p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                outputs.append(p.communicate()[0])
+        try:
+            for p in procs:
+                outputs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            print(f"ranks still running after {args.rank_timeout:g} s: killed", file=sys.stderr)
+            kill_groups(procs)
+            for p in procs:
+                p.wait()
+            return 1
+        # ranks exited: give their helpers a moment to go, then make sure nothing is left behind
+        grace = time.monotonic() + 5.0
+        while groups_alive(procs) and time.monotonic() < grace:
+            time.sleep(0.05)
+        kill_groups(procs)
 
     results, failed = [], False
     for rank, (p, out) in enumerate(zip(procs, outputs)):
