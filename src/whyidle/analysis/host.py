@@ -201,11 +201,16 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     }
 
 
+#: Processes below this many cores are not worth naming as competitors.
+MIN_TOP_CORES = 0.05
+
+
 def top_other_processes(records: list[dict], window: tuple[int, int] | None, limit: int = 3) -> list[dict]:
     """The busiest processes outside the observed tree in ``window``.
 
     Returns a list of ``{"pid", "command", "cores"}`` (cores = CPU-seconds per second over the
-    scans that overlap the window), busiest first.
+    scans that overlap the window), busiest first, leaving out those under
+    :data:`MIN_TOP_CORES`.
     """
     scans = [r for r in records if r.get("k") == "host_top"]
     if window is not None:
@@ -220,4 +225,5 @@ def top_other_processes(records: list[dict], window: tuple[int, int] | None, lim
             entry = totals.setdefault(pid, [cmd, 0.0])
             entry[1] += cpu
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:limit]
-    return [{"pid": pid, "command": cmd, "cores": cpu / span} for pid, (cmd, cpu) in ranked if span > 0]
+    return [{"pid": pid, "command": cmd, "cores": cpu / span} for pid, (cmd, cpu) in ranked
+            if span > 0 and cpu / span >= MIN_TOP_CORES]

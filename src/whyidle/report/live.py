@@ -119,13 +119,14 @@ class LiveStatus:
         parts = [f"{elapsed:5.0f}s", f"{steps} steps"]
         parts.append(f"{rate:.1f} steps/s" if rate else "– steps/s")
         parts.append(f"data wait {wait:.0%}" if wait is not None else "data wait –")
-        parts.append(self._cpu())
+        parts.append(self._cpu_text)
         parts.append(self._gpu())
         return "[whyidle] " + " · ".join(parts)
 
     def tick(self) -> None:
         """Refreshes the status (pinned line) or prints a plain line when one is due."""
         try:
+            self._cpu()  # follow every host tick, printed or not
             if self.tty:
                 self._draw_pinned(self.line())
             elif time.monotonic() - self._last_plain >= PLAIN_PERIOD_S:

@@ -52,6 +52,20 @@ def _psi_some_total_us(resource: str) -> int | None:
     return None
 
 
+def short_command(cmdline: list[str], name: str | None = None, limit: int = 80) -> str:
+    """A readable command for a report: paths shortened to their last part, at most ``limit``
+    characters (``python burn.py 2 60`` rather than a 300-character interpreter line)."""
+    if not cmdline:
+        return name or "?"
+    words = []
+    for arg in cmdline[:6]:
+        if os.sep in arg and not arg.startswith("-") and " " not in arg:
+            arg = os.path.basename(arg.rstrip(os.sep)) or arg
+        words.append(arg if len(arg) <= 40 else arg[:37] + "...")
+    text = " ".join(words)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class HostPoller:
     """Samples the host and the process tree under ``tree_root_pid`` (see the Poller protocol).
 
@@ -164,8 +178,7 @@ class HostPoller:
             if ct is None:
                 continue
             current[p.pid] = ct.user + ct.system
-            cmd = p.info.get("cmdline") or []
-            names[p.pid] = " ".join(cmd[:4]) if cmd else (p.info.get("name") or "?")
+            names[p.pid] = short_command(p.info.get("cmdline") or [], p.info.get("name"))
         previous, t_prev = self._top_prev, self._top_t
         self._top_prev, self._top_t = current, now_ns
         if t_prev is None:

@@ -1,0 +1,44 @@
+"""The host sampler against this real machine (psutil and /proc), and its command shortening."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from whyidle.analysis.host import host_metrics
+from whyidle.sampling.host import HostPoller, short_command
+
+
+def test_short_command():
+    assert short_command(["/usr/bin/python3", "/home/u/jobs/burn.py", "2", "60"]) == "python3 burn.py 2 60"
+    long = short_command(["/venv/bin/python", "-c", "x" * 500])
+    assert long.startswith("python -c ") and len(long) <= 80
+    assert short_command([], "kworker/0:1") == "kworker/0:1"
+
+
+def test_poller_samples_the_tree_and_the_machine():
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1.5: pass"])
+    try:
+        poller = HostPoller(os.getpid(), period_s=0.2)
+        now = time.monotonic_ns()
+        (static,) = poller.start(now)
+        assert static["k"] == "host_static" and static["cpu_count"] == os.cpu_count()
+        records = [static]
+        for _ in range(5):
+            time.sleep(0.2)
+            records += poller.poll(time.monotonic_ns())
+    finally:
+        child.wait()
+    ticks = [r for r in records if r["k"] == "host"]
+    assert len(ticks) == 5
+    pids = {row[0] for row in ticks[-1]["procs"]}
+    assert {os.getpid(), child.pid} <= pids
+    assert all(len(row) == 11 for t in ticks for row in t["procs"])
+    seen = {r["pid"] for r in records if r["k"] == "host_proc"}
+    assert child.pid in seen
+    m = host_metrics(records, None, {child.pid}, child.pid, os.getpid())
+    assert 0.5 <= m["trainer_cores"] <= 1.1  # the child spins one core
+    assert m["cores"] == os.cpu_count()
+    assert m["trainer_run_delay_share"] is not None
