@@ -5,7 +5,7 @@ used with ``contention.py``: the test starts ``burn.py`` *outside* the observed 
 burners are not in the observed process tree, only on the same cores.
 
 The parent waits for its burners; SIGTERM/SIGINT to the parent stops them all. Each burner also
-exits on its own when SECONDS have passed or when its parent has gone (checked every ~50 ms), so
+exits on its own when SECONDS have passed or when its parent has gone (checked every ~1-2 ms), so
 a killed parent never leaves spinners behind for long.
 """
 

@@ -138,7 +138,9 @@ def main():
                         break
                 epoch += 1
         log_file.close()
-    meter.print_result(scenario="c11_progress_logging", variant=args.variant, refresh_every=refresh_every, batch_size=32)
+    meter.print_result(
+        scenario="c11_progress_logging", variant=args.variant, refresh_every=refresh_every, batch_size=32
+    )
 
 
 if __name__ == "__main__":

@@ -22,18 +22,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# name -> (script, [(label, extra args)])
+# name -> (script, [(label, extra args)]); "@burn": run with ``burn.py 2`` alongside
+TWO = [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]
 SCENARIOS = {
-    "c01_too_few_workers": ("c01_too_few_workers.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "c07_tokenize_on_the_fly": ("c07_tokenize_on_the_fly.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "c11_progress_logging": ("c11_progress_logging.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "c12_python_loop_loss": ("c12_python_loop_loss.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "c18_thread_oversubscription": ("c18_thread_oversubscription.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "main_loader_cpu": ("main_loader_cpu.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "slow_storage": ("slow_storage.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
+    "c01_too_few_workers": ("c01_too_few_workers.py", TWO),
+    "c07_tokenize_on_the_fly": ("c07_tokenize_on_the_fly.py", TWO),
+    "c11_progress_logging": ("c11_progress_logging.py", TWO),
+    "c12_python_loop_loss": ("c12_python_loop_loss.py", TWO),
+    "c18_thread_oversubscription": ("c18_thread_oversubscription.py", TWO),
+    "main_loader_cpu": ("main_loader_cpu.py", TWO),
+    "slow_storage": ("slow_storage.py", TWO),
     "compute_heavy": ("compute_heavy.py", [("healthy", [])]),
-    "logging_loop": ("logging_loop.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
-    "batch1": ("batch1.py", [("faulty", ["--variant", "faulty"]), ("fixed", ["--variant", "fixed"])]),
+    "logging_loop": ("logging_loop.py", TWO),
+    "batch1": ("batch1.py", TWO),
     "contention": ("contention.py", [("faulty", ["@burn"]), ("fixed", [])]),
 }
 
@@ -101,15 +102,18 @@ def main():
             rs = runs[(name, label)]
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
             print(
-                f"{name:28s} {label:7s} {med('samples_per_s'):>10.1f} samples/s  p50 {med('step_time_p50_s') * 1000:7.2f} ms  "
+                f"{name:28s} {label:7s} {med('samples_per_s'):>10.1f} samples/s  "
+                f"p50 {med('step_time_p50_s') * 1000:7.2f} ms  "
                 f"data {med('data_wait_share'):.2f}  loop {med('wall_s'):.2f} s  process {med('process_s'):.1f} s "
                 f"(max {max(r['process_s'] for r in rs):.1f})"
             )
         if len(variants) == 2:
             f, x = runs[(name, "faulty")], runs[(name, "fixed")]
             ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(f, x)]
-            print(f"{name:28s} ratio fixed/faulty: median {statistics.median(ratios):.2f}x  min {min(ratios):.2f}x  "
-                  f"all {[round(r, 2) for r in ratios]}")
+            print(
+                f"{name:28s} ratio fixed/faulty: median {statistics.median(ratios):.2f}x  "
+                f"min {min(ratios):.2f}x  all {[round(r, 2) for r in ratios]}"
+            )
 
 
 if __name__ == "__main__":
