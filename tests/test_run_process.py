@@ -242,3 +242,21 @@ def test_report_bad_input(tmp_path, setup, text):
     assert text in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_json_path_fails_before_the_child_starts(tmp_path):
+    marker = tmp_path / "started"
+    proc = run_whyidle(["run", "--json", str(tmp_path / "missing" / "r.json"), "--out", str(tmp_path / "r"),
+                        "--", "touch", str(marker)])
+    assert proc.returncode == 2
+    assert "--json" in proc.stderr and "no such directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_report_json_to_a_missing_directory_is_one_line(tmp_path):
+    script = write_script(tmp_path / "t.py", steps=10)
+    proc, _report, run_dir = observe(tmp_path, [sys.executable, script])
+    rep = run_whyidle(["report", run_dir, "--json", str(tmp_path / "nope" / "x.json")])
+    assert rep.returncode == 2
+    assert len(rep.stderr.strip().splitlines()) == 1 and "no such directory" in rep.stderr

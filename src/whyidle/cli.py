@@ -70,9 +70,14 @@ def report(run_dir, json_path) -> None:
     from whyidle.report import terminal
     from whyidle.run.session import finish_report
 
+    from whyidle.run.launcher import LaunchError
+    from whyidle.run.session import check_writable_file
+
     try:
+        if json_path not in (None, "-"):
+            check_writable_file(json_path)
         rep = finish_report(run_dir, json_path if json_path not in (None, "-") else None)
-    except RunDirError as exc:
+    except (RunDirError, LaunchError) as exc:
         _fail(str(exc), 2)
     except OSError as exc:
         _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)

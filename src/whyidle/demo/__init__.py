@@ -85,7 +85,7 @@ def run_demo(out_dir: str = "whyidle-runs", data_dir: str | None = None, steps: 
     except LaunchError as exc:
         console.print(f"whyidle: {exc}")
         return exc.exit_code
-    if status.exit_code != 0:
+    if status.exit_code != 0 or before is None:
         console.print(f"whyidle: the demo training run failed ({status}).")
         return 1
     finding = next((f for f in before["findings"] if f["id"] == "input_bound"), None)
@@ -102,7 +102,7 @@ def run_demo(out_dir: str = "whyidle-runs", data_dir: str | None = None, steps: 
                   f"prefetch_factor=4{', pin_memory=True' if on_cuda else ''}:")
     after, status, after_dir = observe(base + fix, RunOptions(out=os.path.join(out_dir, f"{stamp}-demo-after"),
                                                                name="demo-after", show_report=False), stream=stream)
-    if status.exit_code != 0:
+    if status.exit_code != 0 or after is None:
         console.print(f"whyidle: the fixed training run failed ({status}).")
         return 1
     terminal.render_brief(after, file=stream)

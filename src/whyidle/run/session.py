@@ -16,7 +16,7 @@ import sys
 import time
 
 import whyidle
-from whyidle.record.writer import write_json_atomic
+from whyidle.record.writer import JsonlWriter, write_json_atomic
 from whyidle.run import launcher
 from whyidle.run.launcher import ChildExit, LaunchError
 
@@ -87,6 +87,20 @@ def prepare_run_dir(cmd: list[str], opts: RunOptions) -> str:
     return path
 
 
+def check_writable_file(path: str) -> None:
+    """Checks before the command starts that ``path`` can be written (``--json``).
+
+    Errors: LaunchError (exit 2) naming the problem.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise LaunchError(f"--json {path}: is a directory", 2)
+    if not os.path.isdir(folder):
+        raise LaunchError(f"--json {path}: no such directory {folder}", 2)
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise LaunchError(f"--json {path}: not writable", 2)
+
+
 def _anchor() -> dict:
     return {"monotonic_ns": time.monotonic_ns(), "time_ns": time.time_ns()}
 
@@ -105,6 +119,8 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     if not cmd:
         raise LaunchError("no command given", 2)
     launcher.resolve_command(cmd)
+    if opts.json_path:
+        check_writable_file(opts.json_path)
     run_dir = prepare_run_dir(cmd, opts)
     name = _safe(opts.name or default_name(cmd))
     boot = launcher.prepare_bootstrap(run_dir)
@@ -124,8 +140,9 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         pollers.append(gpu)
     sampler = SamplerLoop(run_dir, pollers)
     if gpu is None:
-        with open(os.path.join(run_dir, "gpu.jsonl"), "w", encoding="utf-8") as f:
-            f.write('{"k":"gpu_notice","t":%d,"msg":"%s"}\n' % (time.monotonic_ns(), (gpu_reason or "no GPU").replace('"', "'")))
+        notes = JsonlWriter(os.path.join(run_dir, "gpu.jsonl"))
+        notes.add({"k": "gpu_notice", "t": time.monotonic_ns(), "msg": gpu_reason or "no GPU"})
+        notes.close()
     sampler.start()
 
     env = launcher.child_env(run_dir, boot, opts.stack_hz)
@@ -164,7 +181,11 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     meta["anchors"].append(_anchor())
     write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
 
-    report = finish_report(run_dir, opts.json_path)
+    try:
+        report = finish_report(run_dir, opts.json_path)
+    except Exception as exc:  # never lose the command's exit status to a reporting problem
+        stream.write(f"whyidle: could not build the report ({exc}); the recorded data is in {run_dir}\n")
+        return None, status, run_dir
     if not opts.quiet and opts.show_report:
         from whyidle.report import terminal
 
