@@ -744,3 +744,15 @@ def test_contended_workers_make_data_wait_a_symptom_of_contention():
     verdict, findings = diagnose(facts)
     assert verdict == "input_bound"
     assert next(f for f in findings if f["id"] == "cpu_contention")["est_speedup"] == pytest.approx(1 / 0.7, rel=1e-3)
+
+
+def test_placement_findings_are_the_verdict_even_against_bigger_estimates():
+    # a huge data wait, but the model's parameters sit on the CPU next to a visible GPU
+    devices = {"k": "devices", "params": {"cpu": 1000}, "inputs": ["cpu"], "batch": ["cpu"],
+               "cuda_initialized": False, "threads": 8}
+    facts = make_facts(make_step(data=0.8, fwd=0.1, bwd=0.05, opt=0.05, data_cpu_share=0.9), make_host(),
+                       make_loader(nw=0), devices=devices, gpus=1)
+    verdict, findings = diagnose(facts)
+    assert verdict == "wrong_device"
+    assert findings[0]["id"] == "wrong_device"
+    assert next(f for f in findings if f["id"] == "input_bound")["est_speedup"] == pytest.approx(5.0)

@@ -4,7 +4,8 @@
 warning/critical finding with the highest ``est_speedup`` of at least
 ``thresholds.VERDICT_MIN_SPEEDUP``; ``"device_bound"`` when none limits the device. With too few steps
 to judge the verdict is ``"unknown"``, unless the GPU cannot be used at all (``wrong_device``,
-``gpu_not_visible``), which needs no steps.
+``gpu_not_visible``), which needs no steps. Those two are the verdict whenever present: the
+GPU doing no work at all answers the question before any other bottleneck does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from whyidle.diagnose import rules
 from whyidle.diagnose import thresholds as T
 
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+#: Findings that mean the GPU cannot or does not do the work; they are the verdict when present.
+PLACEMENT = ("gpu_not_visible", "wrong_device")
 
 
 def _insufficient(facts: dict) -> dict | None:
@@ -86,10 +89,11 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
         findings.append(config)
     findings.sort(key=lambda f: (_SEVERITY_RANK[f["severity"]], -(f["est_speedup"] or 0)))
     limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
-    if limiting and short is None:
+    placement = [f for f in findings if f["id"] in PLACEMENT]
+    if placement:  # the GPU does no work at all: that answers "why is my GPU idle" before anything else
+        verdict = placement[0]["id"]
+    elif limiting and short is None:
         verdict = max(limiting, key=lambda f: f["est_speedup"])["id"]
-    elif any(f["id"] in ("wrong_device", "gpu_not_visible") for f in findings):
-        verdict = next(f["id"] for f in findings if f["id"] in ("wrong_device", "gpu_not_visible"))
     elif short is not None:
         verdict = "unknown"
     else:
