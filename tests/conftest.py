@@ -8,10 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO), "shared")
 SCENARIOS = os.path.join(REPO, "tests", "scenarios")
 
 #: A tiny PyTorch training loop used by the process-level tests. ``{steps}``, ``{pre}`` and
@@ -72,12 +69,3 @@ def observe(tmp_path, cmd, *options, timeout=180, name="run", **kwargs):
 
 def finding(report: dict, fid: str) -> dict | None:
     return next((f for f in report["findings"] if f["id"] == fid), None)
-
-
-@pytest.fixture
-def shared_cases():
-    """Path of ../shared/cases.md; skips the test when the shared folder is absent."""
-    path = os.path.join(SHARED, "cases.md")
-    if not os.path.exists(path):
-        pytest.skip("../shared/cases.md is not available")
-    return path

@@ -297,3 +297,26 @@ def test_reparented_worker_keeps_its_first_parent_and_helpers_are_not_workers():
     assert m["worker_busy_share"] == pytest.approx(1.3 / 2)
     assert m["workers_run_delay_share"] == pytest.approx((0.4 / 2 + 0.0) / 2)
     assert m["tree_other_cores"] == pytest.approx(0.2 / 2)  # the tracker; the forkserver used nothing
+
+
+def test_cpu_of_a_worker_that_exits_between_ticks_is_recovered_from_children_time():
+    """Worker 101 used 1.0 s until its last tick and 1.5 s in all (0.5 s after it). When the
+    trainer reaps it, the trainer's children time grows by the whole 1.5 s: the missing 0.5 s
+    goes to the workers, not to "other processes"."""
+    row12 = lambda *a, children=0.0, **k: row(*a, **k) + [children]  # noqa: E731
+    a = tick(10, [0.0, 0.0, 0.0, 0.0], 0.0, [row12(TRAINER, LAUNCHER, 1.0, main_delay=0),
+                                             row12(WORKER, TRAINER, 0.2, main_delay=0)])
+    mid = tick(11, [0.0, 0.0, 0.0, 0.0], 0.0, [row12(TRAINER, LAUNCHER, 1.5, main_delay=0),
+                                               row12(WORKER, TRAINER, 1.0, main_delay=0)])
+    b = tick(12, [1.0, 1.0, 0.5, 0.0], 0.0, [row12(TRAINER, LAUNCHER, 2.0, main_delay=0, children=1.5)])
+    top = {"k": "host_top", "t": int(12 * S), "t0": int(10 * S), "t1": int(12 * S), "total_cpu_s": 0.1, "procs": []}
+    m = host_metrics([STATIC, a, mid, b, top], None, {TRAINER}, TRAINER, WHYIDLE, num_workers=1)
+    assert m["workers_cores"] == pytest.approx((0.8 + 0.5) / 2)  # seen 0.2 → 1.0, then the 0.5 s tail
+    assert m["worker_busy_share"] == pytest.approx(0.65)  # per configured worker
+    assert m["other_procs_cores"] == pytest.approx(0.05)  # measured by the scan, not busy − tree
+
+
+def test_other_processes_fall_back_to_busy_minus_tree_without_scans():
+    m = host_metrics(two_ticks(), None, {TRAINER}, TRAINER, WHYIDLE)
+    # 3 cores busy (6 CPU-s over 2 s) minus the tree's and whyidle's CPU
+    assert m["other_procs_cores"] == pytest.approx(3.0 - (0.1 + 2.0 + 1.0 + 0.4) / 2 - 0.1)

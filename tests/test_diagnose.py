@@ -208,10 +208,12 @@ def test_input_bound_thresholds():
     f = rules.input_bound(make_facts(make_step(data=0.25, data_cpu_share=0.9), make_host(), loader))
     assert f["severity"] == "critical"
     assert f["est_speedup"] == pytest.approx(1.333)
-    # a data wait of the whole step is capped at 0.95 → 20×
+    # a data wait of the whole step: removing it is capped at 0.95 → 20×; what workers give is
+    # bounded by the 7 cores beside the training process: 100 ms → max(1, 99/7) ms
     f = rules.input_bound(make_facts(make_step(data=0.99, fwd=0.0, bwd=0.0, opt=0.0, data_cpu_share=0.9),
                                      make_host(), loader))
-    assert f["est_speedup"] == pytest.approx(20.0)
+    assert f["evidence"]["est_speedup_if_removed"] == pytest.approx(20.0)
+    assert f["est_speedup"] == pytest.approx(0.1 / (0.099 / 7), rel=1e-3)
     assert rules.input_bound(make_facts(None, make_host(), loader)) is None
 
 
@@ -532,7 +534,7 @@ def test_config_smells():
     assert f["evidence"]["smells"][0].startswith("num_workers=0")
     assert f["evidence"]["smells"][1].startswith("pin_memory=False")
     assert f["evidence"]["loader"]["num_workers"] == 0
-    assert "num_workers=2" in f["fix"]["code"]  # max(2, 0)
+    assert "num_workers=1" in f["fix"]["code"]  # one worker to start with when not input-bound
 
 
 def test_config_num_workers_smell_needs_some_data_wait():
@@ -716,7 +718,10 @@ def test_analyze_then_diagnose_synthetic_run():
     assert verdict == "input_bound"
     ib = findings[0]
     assert ib["evidence"]["cause"] == "loader_in_main_process"
-    assert ib["est_speedup"] == pytest.approx(2.5)  # 1 / (1 − 0.6)
+    # one worker (1 core known) takes the 60 ms of loading off the 100 ms step: max(40, 60) ms
+    assert ib["est_speedup"] == pytest.approx(100 / 60, rel=1e-3)
+    assert ib["evidence"]["est_speedup_if_removed"] == pytest.approx(2.5)  # 1 / (1 − 0.6)
+    assert "about 1.67× is what more workers can give" in ib["fix"]["text"]
     assert ib["evidence"]["loader_cpu_busy_share"] == pytest.approx(0.95)
     # ⌈0.06 / 0.04 × 1.25⌉ = ⌈1.875⌉ = 2, host unknown → 1 core → CPU-bound cap max(1, 0) = 1
     assert ib["evidence"]["suggested_num_workers"] == 1
@@ -756,3 +761,35 @@ def test_placement_findings_are_the_verdict_even_against_bigger_estimates():
     assert verdict == "wrong_device"
     assert findings[0]["id"] == "wrong_device"
     assert next(f for f in findings if f["id"] == "input_bound")["est_speedup"] == pytest.approx(5.0)
+
+
+def test_tiny_in_memory_fetch_gets_no_worker_advice():
+    # 0.2 ms of loading per 1 ms step: a worker's IPC costs more than that
+    facts = make_facts(make_step(data=0.2, fwd=0.3, bwd=0.3, opt=0.1, mean=0.001, data_cpu_share=0.95),
+                       make_host(cores=2), make_loader(nw=0))
+    f = rules.input_bound(facts)
+    assert f["evidence"]["suggested_num_workers"] == 0
+    assert f["fix"]["code"] is None and "workers would slow this loop down" in f["fix"]["text"]
+    assert f["severity"] == "warning"
+
+
+def test_saturated_machine_with_cpu_bound_workers_is_cpu_preprocessing():
+    # workers busy 50 % and waiting for a core 40 %: CPU-bound; the machine is full
+    host = make_host(cores=2, cpu_busy=0.97, workers=2, worker_busy=0.5)
+    host["workers_run_delay_share"] = 0.4
+    f = rules.input_bound(make_facts(make_step(data=0.5, fwd=0.2, bwd=0.2, opt=0.05), host, make_loader(nw=2)))
+    assert f["evidence"]["cause"] == "cpu_preprocessing"
+    assert f["est_speedup"] == pytest.approx(2.0)  # only cheaper samples help: if removed, 1/(1 − 0.5)
+    assert f["fix"]["code"] is None
+
+
+def test_loader_snippet_keeps_the_users_settings():
+    loader = dict(make_loader(nw=0, batch=64), sampler="SequentialSampler", collate_fn="pad_batch",
+                  drop_last=True, iterable=True)
+    code = rules._loader_code(loader, 4)
+    assert "shuffle" not in code  # no RandomSampler; an IterableDataset cannot shuffle
+    assert "collate_fn=pad_batch" in code and "drop_last=True" in code and "batch_size=64" in code
+    assert "get_worker_info" in code  # sharding note for an IterableDataset
+    loader.update(sampler="RandomSampler", collate_fn="default_collate", iterable=False, drop_last=False)
+    code = rules._loader_code(loader, 2)
+    assert "shuffle=True" in code and "collate_fn" not in code and "get_worker_info" not in code

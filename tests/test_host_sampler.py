@@ -35,7 +35,7 @@ def test_poller_samples_the_tree_and_the_machine():
     assert len(ticks) == 5
     pids = {row[0] for row in ticks[-1]["procs"]}
     assert {os.getpid(), child.pid} <= pids
-    assert all(len(row) == 11 for t in ticks for row in t["procs"])
+    assert all(len(row) == 12 for t in ticks for row in t["procs"])
     seen = {r["pid"] for r in records if r["k"] == "host_proc"}
     assert child.pid in seen
     m = host_metrics(records, None, {child.pid}, child.pid, os.getpid())

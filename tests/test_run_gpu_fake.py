@@ -52,3 +52,14 @@ def test_run_with_a_gpu_and_a_cpu_only_torch_build(tmp_path, monkeypatch):
     assert finding(report, "wrong_device") is None  # said once, by the more basic finding
     with open(os.path.join(run_dir, "gpu.jsonl")) as fh:
         assert '"k":"gpu_util"' in fh.read()
+
+
+def test_observe_leaves_the_callers_signal_handlers_as_they_were(tmp_path):
+    """observe() is used in-process (the demo runs it twice): a handler left behind would be
+    inherited by later commands (an ignored SIGINT survives exec) and break their Ctrl-C."""
+    import signal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    _report, status, _dir = observe([sys.executable, "-c", "pass"], RunOptions(out=str(tmp_path / "r"), quiet=True))
+    assert status.exit_code == 0
+    assert {s: signal.getsignal(s) for s in before} == before

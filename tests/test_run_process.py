@@ -260,3 +260,32 @@ def test_report_json_to_a_missing_directory_is_one_line(tmp_path):
     rep = run_whyidle(["report", run_dir, "--json", str(tmp_path / "nope" / "x.json")])
     assert rep.returncode == 2
     assert len(rep.stderr.strip().splitlines()) == 1 and "no such directory" in rep.stderr
+
+
+def test_sigint_reaches_python_behind_a_shell_script(tmp_path):
+    script = write_script(tmp_path / "t.py", steps=10**9, in_step="time.sleep(0.01)")
+    sh = tmp_path / "train.sh"
+    sh.write_text(f"#!/bin/sh\n{sys.executable} {script}\necho after-python\n")
+    sh.chmod(sh.stat().st_mode | stat.S_IEXEC)
+    run_dir = str(tmp_path / "r")
+    proc = subprocess.Popen(whyidle_cmd("run", "--out", run_dir, "--", str(sh)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_steps(run_dir, 20)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err  # python itself got the SIGINT, as under a terminal
+    assert proc.returncode != 0
+    with open(os.path.join(run_dir, "report.json")) as f:
+        report = json.load(f)
+    assert report["run"]["interrupted"] is True and _steps(report) >= 20
+
+
+def test_json_dash_prints_the_report_after_the_command(tmp_path):
+    script = write_script(tmp_path / "t.py", steps=12)
+    proc = run_whyidle(["run", "-q", "--out", str(tmp_path / "r"), "--json", "-", "--", sys.executable, script],
+                       cwd=str(tmp_path))
+    assert proc.returncode == 0
+    first, rest = proc.stdout.split("\n", 1)
+    assert first == "trained 12"  # the command's output first, untouched
+    assert json.loads(rest)["schema"] == "whyidle.report/1"
+    assert not (tmp_path / "-").exists()

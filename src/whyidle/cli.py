@@ -29,7 +29,8 @@ def main() -> None:
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--out", "out", metavar="DIR", help="Run directory (default: ./whyidle-runs/<UTC time>-<name>/).")
 @click.option("--name", help="Run name used in the default run directory.")
-@click.option("--json", "json_path", metavar="FILE", help="Also write the report (whyidle.report/1) to FILE.")
+@click.option("--json", "json_path", metavar="FILE",
+              help="Also write the report (whyidle.report/1) to FILE ('-' = stdout, after the command ends).")
 @click.option("--interval", type=click.FloatRange(0.05, 60.0), default=0.25, show_default=True,
               help="Seconds between host samples.")
 @click.option("--stack-hz", type=click.FloatRange(0.0, 500.0), default=100.0, show_default=True,

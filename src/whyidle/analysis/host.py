@@ -14,7 +14,7 @@ Units: ``*_cores`` are CPU-seconds per second (1.0 = one core fully busy); ``*_s
 from __future__ import annotations
 
 # Indexes into a ``procs`` row of a host record (docs/run-format.md).
-PID, PPID, CPU_S, RSS, THREADS, CTX_VOL, CTX_INVOL, READ_BYTES, READ_CHARS, RUN_DELAY, MAIN_RUN_DELAY = range(11)
+PID, PPID, CPU_S, RSS, THREADS, CTX_VOL, CTX_INVOL, READ_BYTES, READ_CHARS, RUN_DELAY, MAIN_RUN_DELAY, CHILDREN_CPU = range(12)
 
 
 def _bracket(records: list[dict], window: tuple[int, int] | None) -> tuple[dict, dict] | None:
@@ -78,7 +78,7 @@ def _mp_helpers(records: list[dict], parents: dict[int, int], trainers: set[int]
 
 def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: set[int],
                  primary: int | None, whyidle_pid: int | None, samples_in_window: float | None = None,
-                 loader_in_main: bool = True) -> dict | None:
+                 loader_in_main: bool = True, num_workers: int | None = None) -> dict | None:
     """CPU, scheduler, I/O and memory metrics over ``window`` (monotonic ns) or the whole run.
 
     Args:
@@ -89,11 +89,14 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         samples_in_window: samples trained in the window, for bytes read per sample.
         loader_in_main: True when the primary loader runs in the trainer (``num_workers=0``);
             the loader processes for I/O per sample are then the trainer, else its workers.
+        num_workers: the DataLoader's ``num_workers``; ``worker_busy_share`` divides by it
+            (workers re-spawned every epoch would otherwise count several times).
     Returns:
         None when fewer than two host ticks exist; otherwise a dict with ``cores``,
         ``cpu_busy_share``, ``percpu_busy_share`` (list), ``iowait_share``, ``trainer_cores``,
-        ``workers`` (count), ``workers_cores``, ``worker_busy_share`` (per worker, fraction of a
-        core), ``tree_other_cores``, ``whyidle_cores``, ``other_procs_cores``,
+        ``workers`` (count alive at the window's end), ``workers_cores``, ``worker_busy_share`` (per
+        worker, fraction of a core), ``tree_other_cores``, ``whyidle_cores``,
+        ``other_procs_cores`` (measured by the scans of other processes when there are any),
         ``trainer_run_delay_share`` (fraction of wall time the trainer's main thread was runnable
         but waiting for a CPU), ``workers_run_delay_share`` (the same, averaged over the workers), ``tree_run_delay_cores`` (thread-seconds waiting per second),
         ``invol_ctx_per_s``, ``disk_read_bytes_per_s``, ``loader_read_bytes_per_s`` and
@@ -125,7 +128,8 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
             for pid, ppid in ([(rec["pid"], rec["ppid"])] if rec["k"] == "host_proc"
                               else [(r[PID], r[PPID]) for r in rec["procs"]]):
                 parents.setdefault(pid, ppid)
-    workers = descendants(parents, set(trainers)) - _mp_helpers(records, parents, set(trainers))
+    helpers = _mp_helpers(records, parents, set(trainers))
+    workers = descendants(parents, set(trainers)) - helpers
 
     def delta(pid: int, idx: int) -> float:
         """Counter growth of ``pid`` in the window; a process born inside it counts from 0."""
@@ -136,20 +140,32 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         base = ra[idx] if ra is not None and len(ra) > idx and ra[idx] is not None else 0
         return max(0.0, rb[idx] - base)
 
-    def cores_of(pids) -> float:
-        return sum(delta(p, CPU_S) for p in pids) / dt
-
     in_window = set(rows_b)
     tree = in_window - ({whyidle_pid} if whyidle_pid else set())
     trainer_set = set(trainers) & tree
     worker_set = workers & tree
     tree_other = tree - trainer_set - worker_set
 
+    # CPU a child used after its last tick is lost from its own rows but reaches its parent's
+    # children time once reaped (short-lived DataLoader workers, subprocesses).
+    tail = {"workers": 0.0, "other": 0.0}
+    for parent in tree:
+        reaped = delta(parent, CHILDREN_CPU)
+        if reaped <= 0:
+            continue
+        kids = [c for c in in_window - alive if parents.get(c) == parent]
+        missing = max(0.0, reaped - sum(rows_b[c][CPU_S] for c in kids))
+        role = "workers" if parent in trainer_set | worker_set | helpers else "other"
+        tail[role] += missing
+
+    def cores_of(pids) -> float:
+        return sum(delta(p, CPU_S) for p in pids) / dt
+
     busy_a, busy_b = a.get("percpu_busy_s") or [], b.get("percpu_busy_s") or []
     percpu = [max(0.0, (y - x) / dt) for x, y in zip(busy_a, busy_b)]
     busy_cores = sum(percpu)
     iowait = (b["cpu"].get("iowait", 0.0) - a["cpu"].get("iowait", 0.0)) / dt / cores
-    tree_cores = cores_of(tree)
+    tree_cores = cores_of(tree) + (tail["workers"] + tail["other"]) / dt
     whyidle_cores = cores_of({whyidle_pid}) if whyidle_pid in rows_b else 0.0
     live_workers = [p for p in worker_set if p in alive]
 
@@ -172,7 +188,9 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
                    for r in rec["procs"] if r[PID] in trainer_set]
     rss_tree = [sum(r[RSS] for r in rec["procs"] if r[PID] in tree) for rec in records
                 if rec.get("k") == "host" and (window is None or a["t"] <= rec["t"] <= b["t"])]
-    workers_cores = cores_of(worker_set)
+    workers_cores = cores_of(worker_set) + tail["workers"] / dt
+    measured_other = _other_cores(records, a["t"], b["t"])
+    per_worker = num_workers or len(live_workers)
     return {
         "window_s": dt,
         "cores": cores,
@@ -182,10 +200,11 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "trainer_cores": cores_of(trainer_set),
         "workers": len(live_workers),
         "workers_cores": workers_cores,
-        "worker_busy_share": (workers_cores / len(live_workers)) if live_workers else None,
-        "tree_other_cores": cores_of(tree_other),
+        "worker_busy_share": (workers_cores / per_worker) if per_worker and (live_workers or workers_cores) else None,
+        "tree_other_cores": cores_of(tree_other) + tail["other"] / dt,
         "whyidle_cores": whyidle_cores,
-        "other_procs_cores": max(0.0, busy_cores - tree_cores - whyidle_cores),
+        "other_procs_cores": measured_other if measured_other is not None
+        else max(0.0, busy_cores - tree_cores - whyidle_cores),
         "trainer_run_delay_share": main_delay,
         "workers_run_delay_share": (sum(worker_delays) / len(worker_delays)) if worker_delays else None,
         "tree_run_delay_cores": sum(delta(p, RUN_DELAY) for p in tree) / 1e9 / dt,
@@ -199,6 +218,15 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "psi_cpu_share": psi("psi_cpu_us"),
         "psi_io_share": psi("psi_io_us"),
     }
+
+
+def _other_cores(records: list[dict], t0: int, t1: int) -> float | None:
+    """CPU-seconds per second used outside the tree, from the scans overlapping [t0, t1]
+    (``host_top.total_cpu_s``); None without such scans (the caller then subtracts the tree's
+    CPU from the machine's, which over-counts processes of the tree that exit between ticks)."""
+    scans = [r for r in records if r.get("k") == "host_top" and "total_cpu_s" in r and r["t1"] > t0 and r["t0"] < t1]
+    span = sum(r["t1"] - r["t0"] for r in scans) / 1e9
+    return sum(r["total_cpu_s"] for r in scans) / span if span > 0 else None
 
 
 #: Processes below this many cores are not worth naming as competitors.

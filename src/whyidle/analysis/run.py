@@ -39,7 +39,8 @@ def analyze(run: RunData) -> dict:
     steps, or None); ``host`` (:func:`host_metrics` over the analyzed window, or over the whole run
     when there are no steps); ``top_others``; ``gpu`` and ``device``; ``loader`` (configuration
     of the primary trainer's first DataLoader) and ``loader_iters`` (iterator creations and their
-    seconds); ``devices`` (last device audit); ``hotspots`` (phase → list, see
+    seconds); ``devices`` (last device audit); ``graph_nodes`` (median autograd graph nodes per
+    backward, counted at a few early steps, or None); ``hotspots`` (phase → list, see
     :func:`whyidle.analysis.stacks.hotspots`); ``focus`` (phase → the user function holding
     most of it inclusively, :func:`whyidle.analysis.stacks.focus`, or None); ``notices``; ``instrumented`` (pids that imported
     a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
@@ -71,7 +72,8 @@ def analyze(run: RunData) -> dict:
     loader_in_main = not loader or not loader.get("num_workers")
     whyidle_pid = run.meta.get("whyidle_pid")
     host = host_analysis.host_metrics(run.host, window, set(trainers), primary, whyidle_pid,
-                                      samples_in_window=samples, loader_in_main=loader_in_main)
+                                      samples_in_window=samples, loader_in_main=loader_in_main,
+                                      num_workers=(loader or {}).get("num_workers") or None)
     if host is None and window is not None:  # run shorter than two host ticks inside the steps
         host = host_analysis.host_metrics(run.host, None, set(trainers), primary, whyidle_pid)
 
@@ -88,9 +90,10 @@ def analyze(run: RunData) -> dict:
     }
     focus = {
         phase: stack_analysis.focus(recs, phase, window, (phase_seconds or {}).get(phase), run.meta.get("cwd"))
-        for phase in ("other", "data")
+        for phase in ("other", "data", "forward")
     }
     devices = [r for r in recs if r.get("k") == "devices"]
+    graphs = sorted(r["nodes"] for r in recs if r.get("k") == "graph")
     notices = [r["msg"] for records in procs.values() for r in records if r.get("k") == "notice"]
     other_trainers = []
     for pid in trainers[1:]:
@@ -119,6 +122,7 @@ def analyze(run: RunData) -> dict:
         "loader": loader,
         "loader_iters": {"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
         "devices": devices[-1] if devices else None,
+        "graph_nodes": graphs[len(graphs) // 2] if graphs else None,
         "hotspots": hotspots,
         "focus": focus,
         "notices": notices,

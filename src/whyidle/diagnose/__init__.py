@@ -61,7 +61,11 @@ def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
         f"; the loader workers wait for a core {delay:.0%} of the time too, which is why the step waits "
         f"for data {share:.0%} of the time.")
     inp["evidence"]["workers_run_delay_share"] = round(delay, 4)
+    inp["evidence"]["suggested_num_workers"] = inp["evidence"]["num_workers"]
     inp["summary"] += f" The workers wait for a free core {delay:.0%} of the time (see cpu_contention)."
+    inp["fix"]["text"] = ("The workers already wait for cores: fix the CPU contention first (see cpu_contention); "
+                          "more workers would only compete for the same cores.")
+    inp["fix"]["code"] = None
 
 
 def diagnose(facts: dict) -> tuple[str, list[dict]]:
@@ -78,10 +82,14 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
         if f:
             findings.append(f)
     if short is None:
-        for rule in (rules.input_bound, rules.host_bound, rules.small_batch):
+        for rule in (rules.input_bound, rules.small_batch):
             f = rule(facts)
             if f:
                 findings.append(f)
+        # Python work outside the model, or per-operation overhead inside it: one host_bound
+        host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts)) if f]
+        if host:
+            findings.append(max(host, key=lambda f: f["est_speedup"] or 0))
     _link_contention_to_input(facts, findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
     config = rules.input_pipeline_config(facts, causes)

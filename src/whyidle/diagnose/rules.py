@@ -61,25 +61,46 @@ def _round(d: dict) -> dict:
 
 
 def _loader_code(loader: dict | None, workers: int, prefetch: int = 4) -> str:
-    batch = (loader or {}).get("batch_size") or 32
-    return (
-        f"loader = DataLoader(dataset, batch_size={batch}, shuffle=True,\n"
-        f"                    num_workers={workers},           # was {(loader or {}).get('num_workers', 0)}\n"
-        f"                    persistent_workers=True,  # keep workers alive between epochs\n"
-        f"                    prefetch_factor={prefetch},         # batches queued per worker\n"
-        f"                    pin_memory=torch.cuda.is_available())"
-    )
+    """A DataLoader call with the user's own settings (batch size, shuffling, collate_fn) and the
+    recommended worker options. An IterableDataset gets no ``shuffle`` and a note on sharding."""
+    loader = loader or {}
+    args = [f"batch_size={loader.get('batch_size') or 32}"]
+    if loader.get("sampler") == "RandomSampler":
+        args.append("shuffle=True")
+    if loader.get("collate_fn") and loader["collate_fn"] != "default_collate":
+        args.append(f"collate_fn={loader['collate_fn']}")
+    if loader.get("drop_last"):
+        args.append("drop_last=True")
+    lines = [f"loader = DataLoader(dataset, {', '.join(args)},",
+             f"                    num_workers={workers},             # was {loader.get('num_workers') or 0}"]
+    if workers > 0:
+        lines += ["                    persistent_workers=True,  # keep workers alive between epochs",
+                  f"                    prefetch_factor={prefetch},         # batches queued per worker"]
+    lines.append("                    pin_memory=torch.cuda.is_available())")
+    code = "\n".join(lines)
+    if loader.get("iterable") and workers > 0:
+        code = ("# IterableDataset: every worker runs __iter__; give each a shard, e.g. in __iter__:\n"
+                "#   info = torch.utils.data.get_worker_info()\n"
+                "#   items = items[info.id::info.num_workers] if info else items\n") + code
+    return code
 
 
-def suggested_workers(facts: dict) -> int:
-    """Workers needed so batches are ready before compute finishes.
+def loader_model(facts: dict) -> dict:
+    """What more DataLoader workers would do, from the measured step (times in seconds, per batch).
 
-    ⌈fetch time per batch / compute time per step × headroom⌉ (cases.md C01). Fetch time per
-    batch is the data wait itself with ``num_workers=0``, and ``num_workers`` × step time with
-    workers (each worker delivers one batch per ``num_workers`` steps when the loop waits on
-    them). For CPU-bound loaders it is capped at the cores left beside the training process
-    (more workers than cores only adds contention); loaders that mostly wait on I/O may use up
-    to 4 workers per core. Always at least one more than today.
+    - ``fetch_s``: loader work per batch in one process: the data wait itself with
+      ``num_workers=0``; ``num_workers`` × step time with workers (each worker delivers one batch
+      per ``num_workers`` steps while the loop waits on them).
+    - ``compute_s``: the rest of the step. ``need``: ⌈fetch / compute × headroom⌉ workers
+      (cases.md C01).
+    - ``cpu_bound``: the loader is on a CPU (or waiting for one) at least half its time; then
+      workers beyond the cores left beside the training process only contend, so the suggestion
+      is capped there, and only as many run at once as there are cores for them (today's workers
+      plus the idle cores); loaders that wait on I/O may use up to 4 workers per core.
+    - ``workers``: the suggestion, always one more than today unless fetching is cheaper than a
+      worker's IPC (``WORKER_MIN_FETCH_S``), where it stays at today's value.
+    - ``step_s`` / ``predicted_step_s``: step per batch now and with ``workers``
+      (max(compute, fetch / workers running at once)); ``est_speedup`` their ratio.
     """
     step = facts["step"]
     host = facts.get("host") or {}
@@ -87,24 +108,49 @@ def suggested_workers(facts: dict) -> int:
     nw = loader.get("num_workers") or 0
     cores = host.get("cores") or 1
     per_batch = 1 / max(1.0, step.get("batches_per_step") or 1)
-    fetch = step["data_wait_s_per_step"] if nw == 0 else nw * step["step_time_s"]["mean"]
-    fetch *= per_batch
+    now = step["step_time_s"]["mean"] * per_batch
+    fetch = (step["data_wait_s_per_step"] if nw == 0 else nw * step["step_time_s"]["mean"]) * per_batch
     compute = max(step["compute_s_per_step"] * per_batch, 1e-6)
-    need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
     busy = step.get("data_cpu_share") if nw == 0 else host.get("worker_busy_share")
-    cap = max(1, cores - 1) if (busy or 0) >= T.LOADER_OFF_CPU else max(4, 4 * cores)
-    return int(min(max(min(need, cap), nw + 1), T.MAX_SUGGESTED_WORKERS))
+    demand = (busy or 0.0) + (host.get("workers_run_delay_share") or 0.0 if nw else 0.0)
+    cpu_bound = demand >= T.LOADER_OFF_CPU
+    spare = max(1, cores - 1)
+    need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
+    cap = spare if cpu_bound else max(4, 4 * cores)
+    tiny = fetch < T.WORKER_MIN_FETCH_S
+    workers = nw if tiny else int(min(max(min(need, cap), nw + 1), T.MAX_SUGGESTED_WORKERS))
+    idle = cores * (1.0 - min(1.0, host.get("cpu_busy_share") or 0.0))
+    if not cpu_bound:
+        running = workers
+    elif nw == 0:
+        running = min(workers, spare)
+    else:
+        running = min(workers, max(1.0, nw + idle))
+    predicted = min(now, max(compute, fetch / running)) if running else now
+    return {"fetch_s": fetch, "compute_s": compute, "need": need, "cpu_bound": cpu_bound, "tiny_fetch": tiny,
+            "workers": workers, "step_s": now, "predicted_step_s": predicted, "est_speedup": now / predicted,
+            "demand": demand}
+
+
+def suggested_workers(facts: dict) -> int:
+    """The ``num_workers`` to recommend (see :func:`loader_model`)."""
+    return loader_model(facts)["workers"]
 
 
 def input_bound(facts: dict) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
     Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``storage``
-    (the loader is mostly off-CPU while reading files, or iowait is high);
-    ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing`` (workers CPU-bound and
-    all cores busy: more workers cannot help); ``too_few_workers``. Source lines of the loading
-    work are named only with ``num_workers=0``: with workers the training thread just waits on
-    their queue (the workers' own stacks are not sampled).
+    (the loader is mostly off-CPU, not even waiting for a core, while reading files; or iowait
+    is high); ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing`` (workers
+    want a core all the time and the machine is out of cores: more workers cannot help);
+    ``too_few_workers``. Source lines of the loading work are named only with
+    ``num_workers=0``: with workers the training thread just waits on their queue (the workers'
+    own stacks are not sampled).
+
+    ``est_speedup`` is what the recommended fix should give (:func:`loader_model`: more workers,
+    limited by the cores there are); ``evidence.est_speedup_if_removed`` is 1/(1 − share), the
+    gain if the wait disappeared entirely (for ``cpu_preprocessing`` that is the estimate).
     """
     step = facts.get("step")
     if not step:
@@ -117,22 +163,24 @@ def input_bound(facts: dict) -> dict | None:
     nw = loader.get("num_workers")
     cores = host.get("cores") or 1
     busy = step.get("data_cpu_share") if not nw else host.get("worker_busy_share")
-    off_cpu = None if busy is None else max(0.0, 1.0 - busy)
+    waiting_for_cpu = (host.get("workers_run_delay_share") or 0.0) if nw else 0.0
+    off_cpu = None if busy is None else max(0.0, 1.0 - busy - waiting_for_cpu)
     per_sample = host.get("loader_read_bytes_per_sample")
     iowait = host.get("iowait_share") or 0.0
     cpu_busy = host.get("cpu_busy_share")
     reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
+    model = loader_model(facts) if loader else None
     if not loader:
         cause = "unknown"
     elif (off_cpu is not None and off_cpu >= T.LOADER_OFF_CPU and reads) or (busy is None and iowait >= T.IOWAIT_STORAGE):
         cause = "storage"
     elif not nw:
         cause = "loader_in_main_process"
-    elif busy is not None and busy >= T.WORKER_SATURATED and (cpu_busy or 0) >= T.CPU_SATURATED:
+    elif model["cpu_bound"] and (cpu_busy or 0) >= T.CPU_SATURATED:
         cause = "cpu_preprocessing"
     else:
         cause = "too_few_workers"
-    workers = suggested_workers(facts)
+    workers = model["workers"] if model else 2
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
     hot = [h for h in facts.get("hotspots", {}).get("data", []) if not h["library"]][:3] if not nw else []
@@ -152,15 +200,20 @@ def input_bound(facts: dict) -> dict | None:
     }[cause]
     summary = (f"The training loop waits for the next batch {_pct(share)} of each step "
                f"({_ms(wait)} of {_ms(mean)}): {reason}.{hot_text}")
+    removed = 1.0 / (1.0 - min(share, 0.95))
+    est = removed if cause in ("cpu_preprocessing", "unknown") else model["est_speedup"]
+    limit = ""
+    if model and model["cpu_bound"] and cause != "cpu_preprocessing" and model["need"] > workers:
+        limit = (f" This machine has {cores} cores, so about {est:.2f}× is what more workers can give; "
+                 "the rest needs cheaper per-sample work.")
     fixes = {
         "storage": (f"Reads wait on storage. Overlap more of them with num_workers={workers}; copy the dataset "
                     "to local disk or RAM (/dev/shm), or pack small files into large shards (tar/WebDataset, "
                     "LMDB) so each read fetches many samples.", _loader_code(loader, workers)),
         "loader_in_main_process": (f"Prepare batches in {workers} worker process{'es' if workers != 1 else ''} "
-                                   "so loading overlaps the "
-                                   "training step, keep them alive across epochs and queue batches ahead.",
-                                   _loader_code(loader, workers)),
-        "too_few_workers": (f"Raise num_workers from {nw} to {workers} and queue more batches per worker.",
+                                   "so loading overlaps the training step, keep them alive across epochs and "
+                                   "queue batches ahead." + limit, _loader_code(loader, workers)),
+        "too_few_workers": (f"Raise num_workers from {nw} to {workers} and queue more batches per worker." + limit,
                             _loader_code(loader, workers)),
         "cpu_preprocessing": ("All cores are already busy preparing samples, so more workers will not help: "
                               "make each sample cheaper. Cache the result of expensive deterministic work once "
@@ -170,6 +223,13 @@ def input_bound(facts: dict) -> dict | None:
                     _loader_code(loader, workers)),
     }
     text, code = fixes[cause]
+    if model and model["tiny_fetch"] and cause in ("loader_in_main_process", "too_few_workers"):
+        est = removed
+        text = (f"Each batch takes only {_ms(model['fetch_s'])} to load, less than a worker process costs per batch "
+                "(pickling, a pipe, shared memory), so workers would slow this loop down. The step itself is tiny: "
+                "use bigger batches, or index in-memory tensors directly (x[idx] with a shuffled index) instead of "
+                "a per-sample Dataset.")
+        code = None
     if focus and cause in ("loader_in_main_process", "cpu_preprocessing") and (busy or 0) >= T.LOADER_OFF_CPU:
         text += (f" The per-sample work in `{focus['function'].split()[-1]}` is CPU-heavy: precomputing or caching "
                  "its result once removes it from every epoch.")
@@ -179,12 +239,16 @@ def input_bound(facts: dict) -> dict | None:
         "loader_read_bytes_per_sample": per_sample, "iowait_share": iowait, "cpu_busy_share": cpu_busy,
         "cores": cores, "pin_memory": loader.get("pin_memory"),
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
+        "fetch_s_per_batch": model["fetch_s"] if model else None,
+        "est_speedup_if_removed": removed,
     })
     evidence["hotspots"] = hot
     evidence["focus"] = focus
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
+    if model and model["tiny_fetch"]:
+        severity = "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence,
-                   1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_DATALOADER, DOCS_TUNING])
+                   est, text, code, [DOCS_DATALOADER, DOCS_TUNING])
 
 
 def _words(name: str) -> set[str]:
@@ -237,14 +301,22 @@ def host_bound(facts: dict) -> dict | None:
     summary = (f"Host work outside data loading and the model takes {_pct(share)} of each step "
                f"({_ms(share * step['step_time_s']['mean'])}); {where}.")
     name = focus["function"].split()[-1] if focus else (user[0]["function"].split()[-1] if user else "this work")
+    if name == "<module>":  # top-level script code: name the line, not "<module>"
+        line = (focus or user[0]).get("code") or (focus or user[0])["site"]
+        name = f"the code at {(focus or user[0])['site'].split()[0]}"
+        call = line
+    else:
+        call = f"{name}(...)"
     if logging_work:
-        text = (f"Call `{name}` every N steps instead of every step (log, print and refresh progress less often); "
-                "keep running metrics as tensors and read them (.item()/.cpu()) only when you log.")
+        text = (f"Run {name if name.startswith('the code') else f'`{name}`'} every N steps instead of every step "
+                "(log, print and refresh progress less often); keep running metrics as tensors and read them "
+                "(.item()/.cpu()) only when you log.")
         code = (f"if step % 50 == 0:          # was: every step\n"
-                f"    {name}(...)\n"
+                f"    {call}\n"
                 "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
     else:
-        text = (f"Move `{name}` out of the per-step path or make it cheaper: vectorize Python loops over "
+        text = (f"Move {name if name.startswith('the code') else f'`{name}`'} out of the per-step path or make it "
+                "cheaper: vectorize Python loops over "
                 "tensor elements into whole-tensor ops (masks, torch.cdist, topk, amin/amax), avoid "
                 "per-element .item()/min()/max() in Python, or compile it with torch.compile.")
         code = None
@@ -262,6 +334,48 @@ def host_bound(facts: dict) -> dict | None:
         severity = "info"
     return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
                    evidence, 1.0 / (1.0 - min(removable, 0.95)), text, code, [DOCS_TUNING])
+
+
+def many_small_ops(facts: dict) -> dict | None:
+    """Forward and backward are made of thousands of tiny operations: per-op overhead (Python,
+    the dispatcher, autograd; kernel launches on a GPU) rather than arithmetic fills them.
+
+    Signal: ≥ ``MANY_OPS_PER_STEP`` autograd graph nodes per step whose mean forward+backward
+    time is ≤ ``SMALL_OP_S``. The overhead share of the step is (forward + backward share) ×
+    min(1, ``DISPATCH_S_PER_NODE`` / mean time per node); ``est_speedup`` assumes vectorizing
+    removes 90 % of it. Reported as ``host_bound`` with ``evidence.kind = "many_small_ops"``.
+    """
+    step = facts.get("step")
+    nodes = facts.get("graph_nodes")
+    if not step or not nodes:
+        return None
+    sh = step["shares"]
+    compute_share = sh["forward"] + sh["backward"]
+    per_batch = step["step_time_s"]["mean"] / max(1.0, step.get("batches_per_step") or 1)  # one backward each
+    per_node = compute_share * per_batch / nodes
+    if nodes < T.MANY_OPS_PER_STEP or per_node > T.SMALL_OP_S:
+        return None
+    overhead = compute_share * min(1.0, T.DISPATCH_S_PER_NODE / per_node)
+    if overhead < T.HOST_SHARE_WARN:
+        return None
+    focus = (facts.get("focus") or {}).get("forward")
+    where = f"; `{focus['function']}` holds {_pct(focus['share_of_phase'])} of the forward ({focus['site']})" if focus else ""
+    summary = (f"Each batch runs about {nodes:,} operations (autograd graph nodes), {per_node * 1e6:.1f} µs each in "
+               f"forward and backward, close to the ~{T.DISPATCH_S_PER_NODE * 1e6:.0f} µs a PyTorch operation costs "
+               f"in overhead alone: about {_pct(overhead)} of the step is per-operation overhead (on a GPU: "
+               f"kernel launches){where}.")
+    name = focus["function"].split()[-1] if focus else "the model"
+    text = (f"Issue fewer, larger operations in `{name}`: vectorize Python loops over time steps or elements into "
+            "batched tensor ops, use fused modules (nn.LSTM/nn.GRU instead of a loop over cells), or compile it "
+            "(torch.compile; CUDA graphs on a GPU). A bigger batch also spreads the per-operation cost.")
+    evidence = _round({"graph_nodes": nodes, "s_per_node": per_node, "overhead_share": overhead,
+                       "compute_share": compute_share})
+    evidence["focus"] = focus
+    evidence["kind"] = "many_small_ops"
+    evidence["hotspots"] = []
+    severity = "critical" if overhead >= T.HOST_SHARE_CRITICAL else "warning"
+    return finding("host_bound", severity, "Host-bound: thousands of tiny operations per step", summary, evidence,
+                   1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, "model = torch.compile(model)", [DOCS_TUNING])
 
 
 def small_batch(facts: dict) -> dict | None:
@@ -323,15 +437,24 @@ def cpu_contention(facts: dict) -> dict | None:
         code = None
     else:
         cause = "oversubscription"
+        per = max(1, cores // trainers)
         reason = (f"{trainers} training process{'es' if trainers > 1 else ''} × {threads} thread{'s' if threads != 1 else ''}"
                   f"{f' + {workers} loader workers' if workers else ''} compete for {cores} cores "
                   f"({host.get('tree_threads')} threads in the job, {host.get('invol_ctx_per_s', 0):.0f} forced "
                   f"context switches/s)")
-        per = max(1, cores // trainers)
-        text = (f"Give each process at most cores ÷ processes threads ({per} here) and one thread per DataLoader "
-                "worker; set OMP_NUM_THREADS before start-up so OpenMP pools are sized right.")
-        code = (f"torch.set_num_threads({per})   # or OMP_NUM_THREADS={per}\n"
-                "loader = DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1))")
+        if (threads or 1) > per:
+            text = (f"Give each process at most cores ÷ processes threads ({per} here) and one thread per DataLoader "
+                    "worker; set OMP_NUM_THREADS before start-up so OpenMP pools are sized right.")
+            code = (f"torch.set_num_threads({per})   # or OMP_NUM_THREADS={per} in the environment\n\n"
+                    "def one_thread(worker_id):      # a named function: it must pickle for spawned workers\n"
+                    "    torch.set_num_threads(1)\n\n"
+                    "loader = DataLoader(..., worker_init_fn=one_thread)")
+        else:
+            busy = trainers + workers
+            text = (f"Threads are already {threads} per process, but {busy} busy processes ({trainers} training, "
+                    f"{workers} loader workers) share {cores} cores: use fewer loader workers per process, fewer "
+                    "processes per machine, or a machine with more cores.")
+            code = None
     summary = f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}."
     evidence = _round({"cause": cause, "run_delay_share": delay, "cores": cores, "other_procs_cores": others,
                        "cpu_busy_share": host.get("cpu_busy_share"), "intra_op_threads": threads,
@@ -416,16 +539,19 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
     iters = facts.get("loader_iters") or {}
     if nw > 0 and not loader.get("persistent_workers") and iters.get("count", 0) >= 2:
         secs = iters.get("seconds") or [0.0]
-        smells.append(f"persistent_workers=False: {nw} workers are started again every epoch "
+        smells.append(f"persistent_workers=False: {nw} worker{'s are' if nw != 1 else ' is'} started again every epoch "
                       f"({iters['count']} times, {sum(secs) / len(secs) * 1000:.0f} ms each to create the iterator)")
     if not smells:
         return None
     summary = "DataLoader configuration: " + "; ".join(smells) + "."
+    # The code goes with input_bound when that is reported; here only the options that differ.
+    code = None if already else _loader_code(loader, max(nw, 1) if nw else 1)
     return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
                    {"smells": smells, "loader": {k: loader.get(k) for k in (
                        "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "dataset")}},
-                   None, "DataLoader(..., num_workers>0, persistent_workers=True, pin_memory=True on CUDA).",
-                   _loader_code(loader, max(2, nw)), [DOCS_DATALOADER])
+                   None, "Keep workers alive between epochs (persistent_workers=True) and pin host memory when "
+                   "training on CUDA (pin_memory=True); use workers when loading costs more than a few ms per batch.",
+                   code, [DOCS_DATALOADER])
 
 
 def device_bound(facts: dict) -> dict:

@@ -28,14 +28,16 @@ STORAGE_MIN_READ_BYTES_PER_SAMPLE = 512
 #: iowait share of all cores that points at local storage whatever the read counters say.
 IOWAIT_STORAGE = 0.10
 
-#: A DataLoader worker using ≥ 80 % of a core is CPU-bound (its remaining time is queue hand-off).
-WORKER_SATURATED = 0.8
 #: The machine is out of cores when ≥ 90 % of all cores are busy.
 CPU_SATURATED = 0.9
 #: Headroom on the number of workers computed as ⌈fetch time per batch / compute time⌉
 #: (cases.md C01), so the prefetch queue refills faster than it drains.
 WORKER_HEADROOM = 1.25
 MAX_SUGGESTED_WORKERS = 32
+#: Loading work per batch below which worker processes cost more than they save: a worker
+#: hands each batch over through a pipe and shared memory (~1 ms per batch on a small machine);
+#: measured here, a 0.2 ms in-memory fetch moved to one worker made the loop 1.6× slower.
+WORKER_MIN_FETCH_S = 0.002
 
 #: Share of wall time the training thread sat runnable on a run-queue waiting for a core
 #: (schedstat run_delay) that makes ``cpu_contention`` a warning / critical: 10 % is what
@@ -44,6 +46,20 @@ RUN_DELAY_WARN = 0.10
 RUN_DELAY_CRITICAL = 0.25
 #: Other processes using at least half a core are named as the cause of contention.
 OTHER_PROCS_MIN_CORES = 0.5
+
+#: Host cost of one PyTorch operation with autograd (forward dispatch + its backward node) when
+#: the op itself does almost nothing: 5 µs, measured on the 2-core CPU machine this was built on
+#: (tanh(h @ w) on 4×8 tensors, 2,000-node graphs). On a GPU each op is also a kernel launch of
+#: the same order (5–10 µs).
+DISPATCH_S_PER_NODE = 5e-6
+#: Autograd graph nodes per backward from which per-operation overhead is examined: small CNNs
+#: and MLPs have tens; Python loops over time steps or elements reach hundreds to thousands of
+#: tiny operations. Large models also have hundreds of nodes, but each does real work, which
+#: SMALL_OP_S tells apart.
+MANY_OPS_PER_STEP = 500
+#: Mean forward+backward time per graph node below which the operations are "tiny": within
+#: 10× of the dispatch cost, so overhead rather than arithmetic fills the step.
+SMALL_OP_S = 10 * DISPATCH_S_PER_NODE
 
 #: Batches of at most this many samples are checked for ``small_batch``: per-step fixed costs
 #: (optimizer, Python, kernel launches) are then rarely amortized.

@@ -257,7 +257,7 @@ class StackSampler:
             code = frame.f_code
             kind, label = classify(code.co_filename)
             if kind != 2:
-                site = f"{label}:{frame.f_lineno} {code.co_name}"
+                site = f"{label}:{frame.f_lineno or code.co_firstlineno} {code.co_name}"
                 if leaf is None:
                     leaf = site
                 if kind == 0:

@@ -41,6 +41,14 @@ ROOT_LEARNING_STEPS = 3
 #: walking all parameters every step would cost time on large models).
 DEVICE_AUDIT_STEPS = 3
 
+#: Autograd graph nodes counted at most per audited step (a transformer has a few thousand; the
+#: count only needs to tell "tens" from "thousands").
+MAX_GRAPH_NODES = 50_000
+
+#: Steps at whose first backward the autograd graph is counted: early enough for short runs,
+#: late enough that gradient accumulation or warm-up has settled into the loop's shape.
+GRAPH_COUNT_STEPS = (2, 5, 10)
+
 #: CUDA event pairs awaiting completion at most; beyond that, steps are not GPU-timed until the
 #: GPU catches up (bounds memory and event churn when the GPU lags far behind).
 MAX_PENDING_GPU_STEPS = 64
@@ -99,6 +107,23 @@ def _tensors_in(obj, limit: int = 16):
             stack.extend(item[:limit])
         elif isinstance(item, collections.abc.Mapping):
             stack.extend(list(item.values())[:limit])
+
+
+def count_graph_nodes(roots, limit: int = MAX_GRAPH_NODES) -> int:
+    """Autograd graph nodes reachable from ``roots`` (a tensor or a sequence of tensors), at most
+    ``limit``. One node per differentiable operation of the step: a measure of how many
+    operations (on a GPU: kernel launches) forward and backward issue."""
+    if hasattr(roots, "grad_fn"):
+        roots = (roots,)
+    stack = [t.grad_fn for t in roots if getattr(t, "grad_fn", None) is not None]
+    seen: set = set()
+    while stack and len(seen) < limit:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None and nxt not in seen)
+    return len(seen)
 
 
 class CudaStepTimer:
@@ -173,6 +198,7 @@ class TorchInstrument:
         self.primary_opt: int | None = None
         self.depth = 0
         self.roots: dict[int, object] = {}
+        self.graph_counted: set[int] = set()
         self.global_hooks: list = []
         self.root_hooks: list = []
         self.loaders: set[int] = set()
@@ -406,6 +432,13 @@ def _loader_config(loader, key: int, t: int) -> dict:
     except Exception:
         length = None
     ctx = getattr(loader, "multiprocessing_context", None)
+    collate = getattr(loader, "collate_fn", None)
+    try:
+        from torch.utils.data import IterableDataset
+
+        iterable = isinstance(getattr(loader, "dataset", None), IterableDataset)
+    except Exception:
+        iterable = None
     return {
         "k": "loader", "t": t, "id": key, "num_workers": attr("num_workers"),
         "pin_memory": attr("pin_memory"), "persistent_workers": attr("persistent_workers"),
@@ -413,6 +446,9 @@ def _loader_config(loader, key: int, t: int) -> dict:
         "dataset": type(getattr(loader, "dataset", None)).__name__, "dataset_len": length,
         "mp_context": ctx.get_start_method() if hasattr(ctx, "get_start_method") else ctx,
         "worker_init_fn": getattr(loader, "worker_init_fn", None) is not None,
+        "iterable": iterable, "sampler": type(getattr(loader, "sampler", None)).__name__,
+        "collate_fn": getattr(collate, "__name__", type(collate).__name__) if collate is not None else None,
+        "drop_last": attr("drop_last"),
     }
 
 
@@ -490,6 +526,13 @@ def install(agent, torch) -> TorchInstrument:
     def backward(*args, **kwargs):
         if inst.off or agent.disabled or get_ident() != inst.tid:
             return orig_backward(*args, **kwargs)
+        if inst.step in GRAPH_COUNT_STEPS and inst.step not in inst.graph_counted and args:
+            inst.graph_counted.add(inst.step)
+            try:  # a few backwards only: walking the graph costs ~1 µs per node
+                agent.record({"k": "graph", "t": monotonic_ns(), "step": inst.step,
+                              "nodes": count_graph_nodes(args[0])})
+            except Exception:
+                pass
         _safe(inst, inst.enter, "backward")
         try:
             return orig_backward(*args, **kwargs)

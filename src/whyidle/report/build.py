@@ -35,7 +35,7 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     elif meta.get("exit_code") not in (None, 0):
         notes.append(f"The command exited with code {meta['exit_code']}; this report covers the steps before it.")
     elif meta.get("interrupted"):
-        notes.append("The run was interrupted (Ctrl-C); this report covers the steps before it.")
+        notes.append("whyidle received SIGINT (Ctrl-C) during the run; the command handled it and exited normally.")
     elif meta and "ended_utc" not in meta:
         notes.append("The run did not finish cleanly (whyidle was stopped); the report uses what was recorded.")
     if info.get("warmup"):
@@ -70,6 +70,7 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "samples_per_s": step.get("samples_per_s"),
         "steps_per_s": step.get("steps_per_s"),
         "batch_size": step.get("batch_size"),
+        "batches_per_step": step.get("batches_per_step"),
         "step_time_s": {k: step["step_time_s"][k] for k in ("p50", "p90", "mean")} if step else None,
         "shares": step.get("shares"),
         "data_wait_s_per_step": step.get("data_wait_s_per_step"),
@@ -89,7 +90,7 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "verdict": verdict,
         "findings": findings,
         "metrics": metrics,
-        "loader": facts.get("loader"),
+        "loader": {k: v for k, v in facts["loader"].items() if k not in ("k", "t", "id")} if facts.get("loader") else None,
         "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
         "notes": notes_of(facts, problems or []),
     })

@@ -8,7 +8,6 @@ from typing import IO
 from rich.console import Console
 from rich.markup import escape
 from rich.padding import Padding
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -19,6 +18,11 @@ _VERDICT_TEXT = {
 }
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
            ("optimizer", "optimizer", "magenta"), ("eval", "eval", "cyan"), ("other_host", "other host", "yellow"))
+
+
+def _indent(renderable, n: int) -> Padding:
+    """Left margin without padding lines out to the terminal width (no trailing spaces)."""
+    return Padding(renderable, (0, 0, 0, n), expand=False)
 
 
 def _ms(x) -> str:
@@ -59,8 +63,8 @@ def render_brief(report: dict, file: IO[str] | None = None, width: int | None = 
     console = Console(file=file, width=width, highlight=False)
     console.print(_verdict_text(report))
     for f in report.get("findings") or []:
-        console.print(Padding(Text.assemble((f"[{f['severity']}] ", _SEVERITY_STYLE.get(f["severity"], "")),
-                                            f["summary"]), (0, 0, 0, 2)))
+        console.print(_indent(Text.assemble((f"[{f['severity']}] ", _SEVERITY_STYLE.get(f["severity"], "")),
+                                            f["summary"]), 2))
 
 
 def render(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
@@ -90,7 +94,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         console.print()
         console.print(f"[bold]steps[/] {m.get('steps')} ({m.get('steps_analyzed')} analyzed)   "
                       f"[bold]step time[/] p50 {_ms(st['p50'])} · p90 {_ms(st['p90'])}   "
-                      + (f"[bold]samples/s[/] {sps:,.1f}   [bold]batch[/] {m.get('batch_size'):g}" if sps else ""))
+                      + (f"[bold]samples/s[/] {sps:,.1f}   [bold]batch[/] {m.get('batch_size'):g}" if sps else "")
+                      + (f" × {m['batches_per_step']:g} per step" if (m.get("batches_per_step") or 1) > 1 else ""))
         console.print(_share_bar(m.get("shares") or {}))
     host = m.get("host")
     if host:
@@ -121,17 +126,18 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         if f.get("est_speedup"):
             head.append(f"  est. {f['est_speedup']:.2f}×", style="bold")
         console.print(head)
-        console.print(Padding(Text(f["summary"]), (0, 0, 0, 3)))
+        console.print(_indent(Text(f["summary"]), 3))
         for h in (f.get("evidence") or {}).get("hotspots") or []:
             share = f" {h['share']:.0%}" if h.get("share") is not None else ""
-            console.print(Padding(Text(f"·{share} {h['site']}" + (f"  → {h['leaf']}" if h.get("leaf") and h["leaf"] != h["site"] else ""),
-                                       style="dim"), (0, 0, 0, 5)))
+            line = f"·{share} {h['site']}" + (f"   {h['code']}" if h.get("code") else "")
+            if h.get("leaf") and h["leaf"] != h["site"]:
+                line += f"  → {h['leaf']}"
+            console.print(_indent(Text(line, style="dim"), 5))
         fix = f.get("fix") or {}
         if fix.get("text"):
-            console.print(Padding(Text.assemble(("Fix: ", "bold green"), fix["text"]), (0, 0, 0, 3)))
+            console.print(_indent(Text.assemble(("Fix: ", "bold green"), fix["text"]), 3))
         if fix.get("code"):
-            console.print(Syntax(fix["code"], "python", theme="ansi_dark", background_color="default",
-                                 padding=(0, 0, 0, 5)))
+            console.print(_indent(Text(fix["code"], style="cyan"), 5))
         console.print()
     notes = report.get("notes") or []
     if notes:

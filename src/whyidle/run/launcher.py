@@ -23,6 +23,8 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(whyidle.__file__))
 
 #: Signals passed on to the command. SIGINT and SIGQUIT are only passed on when they did not come
 #: from the terminal: a terminal sends them to the whole foreground process group, command included.
+#: When whyidle passes them on, it sends them to every process of the command's tree, as a
+#: terminal would (a shell script waiting for python does not pass SIGINT on by itself).
 FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 _TERMINAL_SIGNALS = ("SIGINT", "SIGQUIT")
 
@@ -169,12 +171,22 @@ class Child:
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT:
             self.interrupted = True
-        if signal.Signals(signum).name in _TERMINAL_SIGNALS and self._from_terminal():
+        interactive = signal.Signals(signum).name in _TERMINAL_SIGNALS
+        if interactive and self._from_terminal():
             return
-        try:
-            os.kill(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        targets = [self.proc.pid]
+        if interactive:
+            try:
+                import psutil
+
+                targets += [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+            except Exception:
+                pass
+        for pid in targets:
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _from_terminal(self) -> bool:
         if self._tty is None:
@@ -199,10 +211,10 @@ class Child:
         return ChildExit(rc, None, self.interrupted)
 
     def restore_signals(self) -> None:
-        """Puts back the previous handlers, except SIGINT, which stays ignored until exit so a
-        second Ctrl-C cannot cut the report short."""
+        """Puts back the handlers that were there before (call it after the report is written:
+        until then a second Ctrl-C only reaches the finished command, not the report)."""
         for sig, old in self._saved.items():
-            signal.signal(sig, signal.SIG_IGN if sig == signal.SIGINT else old)
+            signal.signal(sig, old)
         if self._tty is not None:
             os.close(self._tty)
             self._tty = None

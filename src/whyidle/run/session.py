@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import socket
 import sys
@@ -119,7 +120,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     if not cmd:
         raise LaunchError("no command given", 2)
     launcher.resolve_command(cmd)
-    if opts.json_path:
+    if opts.json_path and opts.json_path != "-":
         check_writable_file(opts.json_path)
     run_dir = prepare_run_dir(cmd, opts)
     name = _safe(opts.name or default_name(cmd))
@@ -169,7 +170,14 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         if live:
             live.close()
     status = child.exit_status()
-    child.restore_signals()
+    try:
+        return _finish(run_dir, meta, status, sampler, child, opts, stream, t_start)
+    finally:
+        child.restore_signals()
+
+
+def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start):
+    """After the command ended: stop sampling, finalize meta.json, build and show the report."""
     sampler.stop()
     launcher.reap_orphans(child.pid)
 
@@ -182,7 +190,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
 
     try:
-        report = finish_report(run_dir, opts.json_path)
+        report = finish_report(run_dir, opts.json_path if opts.json_path != "-" else None)
     except Exception as exc:  # never lose the command's exit status to a reporting problem
         stream.write(f"whyidle: could not build the report ({exc}); the recorded data is in {run_dir}\n")
         return None, status, run_dir
@@ -190,6 +198,9 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         from whyidle.report import terminal
 
         terminal.render(report, file=stream)
+    if opts.json_path == "-":  # after the command: its stdout is done by now
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        sys.stdout.flush()
     return report, status, run_dir
 
 

@@ -140,8 +140,9 @@ class HostPoller:
                 self._procs.pop(p.pid, None)
                 continue
             delay, main_delay = _schedstat_run_delay(p.pid)
+            children = getattr(ct, "children_user", 0.0) + getattr(ct, "children_system", 0.0)
             rows.append([p.pid, ppid, round(ct.user + ct.system, 4), rss, threads, ctx.voluntary,
-                         ctx.involuntary, rb, rc, delay, main_delay])
+                         ctx.involuntary, rb, rc, delay, main_delay, round(children, 4)])
         cpu = psutil.cpu_times()
         percpu = psutil.cpu_times(percpu=True)
         try:
@@ -168,7 +169,8 @@ class HostPoller:
         return out
 
     def _scan_top(self, exclude: set[int], now_ns: int) -> dict | None:
-        """Top CPU users outside the observed tree since the previous scan."""
+        """Top CPU users outside the observed tree since the previous scan, and the CPU seconds
+        all of them used (processes alive at both scans; kernel threads included)."""
         current: dict[int, float] = {}
         names: dict[int, str] = {}
         for p in psutil.process_iter(["name", "cpu_times", "cmdline"]):
@@ -186,6 +188,7 @@ class HostPoller:
         deltas = sorted(((cpu - previous[pid], pid) for pid, cpu in current.items()
                          if pid in previous and cpu > previous[pid]), reverse=True)
         return {"k": "host_top", "t": now_ns, "t0": t_prev, "t1": now_ns,
+                "total_cpu_s": round(sum(d for d, _pid in deltas), 3),
                 "procs": [[pid, names[pid], round(d, 3)] for d, pid in deltas[:TOP_PROCESSES]]}
 
     def close(self) -> None:
