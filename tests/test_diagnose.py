@@ -317,7 +317,7 @@ def test_host_bound_compute_hotspots_sum_top_three_user_functions():
     ]})
     f = rules.host_bound(facts)
     assert_contract(f)
-    assert f["severity"] == "warning"
+    assert f["severity"] == "info"  # the named functions explain 0.19 < HOST_SHARE_WARN (0.20)
     assert f["evidence"]["kind"] == "python_compute"
     assert f["fix"]["code"] is None
     assert "vectorize" in f["fix"]["text"]
@@ -354,8 +354,8 @@ def test_host_bound_only_library_hotspots():
 
 
 def test_host_bound_thresholds():
-    assert rules.host_bound(make_facts(make_step(fwd=0.5, bwd=0.3, opt=0.051, other=0.149), make_host())) is None
-    f = rules.host_bound(make_facts(make_step(fwd=0.5, bwd=0.3, opt=0.05, other=0.15), make_host()))
+    assert rules.host_bound(make_facts(make_step(fwd=0.5, bwd=0.3, opt=0.001, other=0.199), make_host())) is None
+    f = rules.host_bound(make_facts(make_step(fwd=0.5, bwd=0.3, opt=0.0, other=0.2), make_host()))
     assert f is not None and f["severity"] == "warning"
     f = rules.host_bound(make_facts(make_step(fwd=0.4, bwd=0.2, opt=0.1, other=0.3), make_host()))
     assert f["severity"] == "critical"

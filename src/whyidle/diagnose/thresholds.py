@@ -14,9 +14,10 @@ DATA_WAIT_CRITICAL = 0.25
 SMELL_MIN_DATA_WAIT = 0.05
 
 #: ``other_host`` share (Python, logging, loss code outside modules, copies) that makes
-#: ``host_bound`` a warning: a lean loop spends 5–10 % there (zero_grad, ``.to()``, a functional
-#: loss), so 15 % is clearly above that floor.
-HOST_SHARE_WARN = 0.15
+#: ``host_bound`` a warning: a lean loop spends 5–10 % there (zero_grad, ``.to()``), and a loss
+#: computed with functions outside an nn.Module adds real compute to it on a CPU (15–17 % for the
+#: vectorized triplet loss of tests/scenarios/c12), so 20 % is clearly above that floor.
+HOST_SHARE_WARN = 0.20
 HOST_SHARE_CRITICAL = 0.30
 
 #: The loader is "waiting, not computing" when at least half its time is off-CPU.
