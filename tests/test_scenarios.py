@@ -53,8 +53,10 @@ def test_main_process_loader_with_cpu_heavy_samples(tmp_path):
     assert 1.0 < f["est_speedup"] <= f["evidence"]["est_speedup_if_removed"]  # what 1 worker on 2 cores can give
     assert "num_workers=" in f["fix"]["code"]
 
+    # all the loading is CPU work on 2 cores: 2 workers take it off the training thread, but the
+    # fixed run stays partly input-bound (about 40 % data wait; tests/scenarios/README.md)
     fixed = scenario(tmp_path, "main_loader_cpu.py", "--variant", "fixed")
-    assert fixed["metrics"]["shares"]["data_wait"] < faulty["metrics"]["shares"]["data_wait"] / 2
+    assert fixed["metrics"]["shares"]["data_wait"] < 0.75 * faulty["metrics"]["shares"]["data_wait"]
     assert sps(fixed) >= 1.3 * sps(faulty)
 
 
