@@ -102,7 +102,7 @@ def test_batch_size_one_is_small_batch(tmp_path):
     assert f["est_speedup"] > 1.3
     fixed = scenario(tmp_path, "batch1.py", "--variant", "fixed")
     assert finding(fixed, "small_batch") is None
-    assert sps(fixed) >= 2 * sps(faulty)
+    assert sps(fixed) >= 1.8 * sps(faulty)  # measured 2.4–2.7×
 
 
 def test_busy_unrelated_processes_are_cpu_contention(tmp_path):
@@ -147,7 +147,7 @@ def test_c07_tokenization_in_the_data_path(tmp_path):
     assert f["evidence"]["focus"]["function"].split()[-1] in ("encode", "_token_ids", "_wordpiece", "__getitem__")
     fixed = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "fixed")
     assert "input_bound" not in ids(fixed)
-    assert sps(fixed) >= 2 * sps(faulty)
+    assert sps(fixed) >= 1.7 * sps(faulty)  # measured 2.42–2.56× (tests/scenarios/README.md)
 
 
 def test_c11_progress_bar_and_logging_every_step(tmp_path):
@@ -180,4 +180,4 @@ def test_c18_thread_oversubscription(tmp_path):
     assert f["evidence"]["intra_op_threads"] == 8 and f["evidence"]["processes"] == 2
     assert "set_num_threads" in f["fix"]["code"]
     fixed = scenario(tmp_path, "c18_thread_oversubscription.py", "--variant", "fixed")
-    assert sps(fixed) >= 1.5 * sps(faulty)
+    assert sps(fixed) >= 1.3 * sps(faulty)  # measured 2.8–3.0× idle, 1.6× on a loaded machine
