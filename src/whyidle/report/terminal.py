@@ -110,7 +110,7 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
     gpu = m.get("gpu")
     if gpu:
         util = gpu.get("util_mean")
-        console.print(f"[bold]GPU[/] util " + (f"{util:.0f}% (NVML, {gpu.get('util_source')})" if util is not None else "n/a")
+        console.print("[bold]GPU[/] util " + (f"{util:.0f}% (NVML, {gpu.get('util_source')})" if util is not None else "n/a")
                       + (f" · memory {gpu['memory_used_max_bytes'] / 2**30:.1f}/{gpu['memory_total_bytes'] / 2**30:.0f} GiB"
                          if gpu.get("memory_used_max_bytes") and gpu.get("memory_total_bytes") else ""))
     else:
