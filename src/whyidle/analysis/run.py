@@ -9,9 +9,11 @@ from __future__ import annotations
 import platform
 
 from whyidle.analysis import gpu as gpu_analysis
+from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
+from whyidle.analysis import transfers as transfer_analysis
 from whyidle.record.reader import RunData
 
 
@@ -42,7 +44,9 @@ def analyze(run: RunData) -> dict:
     seconds); ``devices`` (last device audit); ``graph_nodes`` (median autograd graph nodes per
     backward, counted at a few early steps, or None); ``hotspots`` (phase → list, see
     :func:`whyidle.analysis.stacks.hotspots`); ``focus`` (phase → the user function holding
-    most of it inclusively, :func:`whyidle.analysis.stacks.focus`, or None); ``notices``; ``instrumented`` (pids that imported
+    most of it inclusively, :func:`whyidle.analysis.stacks.focus`, or None); ``gpu_idle`` (GPU starvation from
+    the CUDA timeline, :func:`whyidle.analysis.gpu_idle.gpu_idle`, or None); ``transfers``
+    (:func:`whyidle.analysis.transfers.transfer_summary`); ``notices``; ``instrumented`` (pids that imported
     a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
     """
     procs = run.procs
@@ -117,6 +121,8 @@ def analyze(run: RunData) -> dict:
         "host": host,
         "top_others": host_analysis.top_other_processes(run.host, window),
         "gpu": gpu_analysis.gpu_metrics(run.gpu, window),
+        "gpu_idle": gpu_idle_analysis.gpu_idle(recs, window, analyzed, run.meta.get("cwd")) if analyzed else None,
+        "transfers": transfer_analysis.transfer_summary(recs),
         "gpu_static": _first(run.gpu, "gpu_static"),
         "device": device,
         "loader": loader,

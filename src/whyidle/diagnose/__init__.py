@@ -4,13 +4,14 @@
 warning/critical finding with the highest ``est_speedup`` of at least
 ``thresholds.VERDICT_MIN_SPEEDUP``; ``"device_bound"`` when none limits the device. With too few steps
 to judge the verdict is ``"unknown"``, unless the GPU cannot be used at all (``wrong_device``,
-``gpu_not_visible``), which needs no steps. Those two are the verdict whenever present: the
-GPU doing no work at all answers the question before any other bottleneck does.
+``gpu_not_visible``), which needs no steps. Those two are the verdict whenever critical (the model
+or its inputs, not just a few per-step tensors, are off the GPU): the GPU doing no work at all
+answers the question before any other bottleneck does.
 """
 
 from __future__ import annotations
 
-from whyidle.diagnose import rules
+from whyidle.diagnose import rules, rules_gpu, rules_work
 from whyidle.diagnose import thresholds as T
 
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -82,7 +83,8 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
         if f:
             findings.append(f)
     if short is None:
-        for rule in (rules.input_bound, rules.small_batch):
+        for rule in (rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
+                     rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload):
             f = rule(facts)
             if f:
                 findings.append(f)
@@ -97,7 +99,7 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
         findings.append(config)
     findings.sort(key=lambda f: (_SEVERITY_RANK[f["severity"]], -(f["est_speedup"] or 0)))
     limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
-    placement = [f for f in findings if f["id"] in PLACEMENT]
+    placement = [f for f in findings if f["id"] in PLACEMENT and f["severity"] == "critical"]
     if placement:  # the GPU does no work at all: that answers "why is my GPU idle" before anything else
         verdict = placement[0]["id"]
     elif limiting and short is None:

@@ -137,6 +137,17 @@ def suggested_workers(facts: dict) -> int:
     return loader_model(facts)["workers"]
 
 
+def gpu_idle_share(facts: dict, cause: str) -> float | None:
+    """Share of step time the GPU sat idle for ``cause`` (``data``, ``sync``, ``host``,
+    ``launch``), measured by the CUDA timeline (:mod:`whyidle.analysis.gpu_idle`); None on runs
+    without one. On a GPU this, not the host's time in a phase, is what removing the cause gains:
+    host time spent while the GPU still has queued work costs nothing."""
+    idle = facts.get("gpu_idle")
+    if not idle:
+        return None
+    return (idle.get("idle_share_by_cause") or {}).get(cause)
+
+
 def input_bound(facts: dict) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
@@ -155,7 +166,9 @@ def input_bound(facts: dict) -> dict | None:
     step = facts.get("step")
     if not step:
         return None
-    share = step["shares"]["data_wait"]
+    host_share = step["shares"]["data_wait"]
+    gpu_share = gpu_idle_share(facts, "data")
+    share = host_share if gpu_share is None else gpu_share  # on a GPU: the idle the GPU felt
     if share < T.DATA_WAIT_WARN:
         return None
     host = facts.get("host") or {}
@@ -198,10 +211,12 @@ def input_bound(facts: dict) -> dict | None:
                            f"(each {_pct(busy)} busy on CPU)",
         "unknown": "the cause could not be narrowed down",
     }[cause]
-    summary = (f"The training loop waits for the next batch {_pct(share)} of each step "
-               f"({_ms(wait)} of {_ms(mean)}): {reason}.{hot_text}")
+    summary = (f"The training loop waits for the next batch {_pct(host_share)} of each step "
+               f"({_ms(wait)} of {_ms(mean)})"
+               + (f", and the GPU sits idle {_pct(gpu_share)} of the time for it" if gpu_share is not None else "")
+               + f": {reason}.{hot_text}")
     removed = 1.0 / (1.0 - min(share, 0.95))
-    est = removed if cause in ("cpu_preprocessing", "unknown") else model["est_speedup"]
+    est = removed if cause in ("cpu_preprocessing", "unknown") else min(model["est_speedup"], removed)
     limit = ""
     if model and model["cpu_bound"] and cause != "cpu_preprocessing" and model["need"] > workers:
         limit = (f" This machine has {cores} cores, so about {est:.2f}× is what more workers can give; "
@@ -234,7 +249,8 @@ def input_bound(facts: dict) -> dict | None:
         text += (f" The per-sample work in `{focus['function'].split()[-1]}` is CPU-heavy: precomputing or caching "
                  "its result once removes it from every epoch.")
     evidence = _round({
-        "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
+        "cause": cause, "data_wait_share": host_share, "gpu_idle_share": gpu_share,
+        "data_wait_s_per_step": wait, "step_time_s_mean": mean,
         "num_workers": nw, "suggested_num_workers": workers, "loader_cpu_busy_share": busy,
         "loader_read_bytes_per_sample": per_sample, "iowait_share": iowait, "cpu_busy_share": cpu_busy,
         "cores": cores, "pin_memory": loader.get("pin_memory"),
@@ -279,6 +295,9 @@ def host_bound(facts: dict) -> dict | None:
     if not step:
         return None
     share = step["shares"]["other_host"]
+    gpu_share = gpu_idle_share(facts, "host")
+    if gpu_share is not None:  # host work while the GPU still has queued work costs nothing
+        share = min(share, gpu_share)
     if share < T.HOST_SHARE_WARN:
         return None
     spots = facts.get("hotspots", {}).get("other", [])
@@ -356,6 +375,9 @@ def many_small_ops(facts: dict) -> dict | None:
     if nodes < T.MANY_OPS_PER_STEP or per_node > T.SMALL_OP_S:
         return None
     overhead = compute_share * min(1.0, T.DISPATCH_S_PER_NODE / per_node)
+    launch = gpu_idle_share(facts, "launch")
+    if launch is not None:  # on a GPU: the idle the launches really left (measured)
+        overhead = launch
     if overhead < T.HOST_SHARE_WARN:
         return None
     focus = (facts.get("focus") or {}).get("forward")
@@ -384,7 +406,14 @@ def small_batch(facts: dict) -> dict | None:
     Model: step time = fixed + per-sample × batch, with forward, backward and data wait counted as
     per-sample work and optimizer plus other host time as fixed. That is conservative (forward and
     backward of tiny batches are themselves mostly per-op overhead), so the true gain is larger.
-    ``est_speedup`` is the samples/s ratio at ``SMALL_BATCH_TARGET``.
+    ``est_speedup`` is the samples/s ratio at the target batch size.
+
+    On a CUDA device whose peak memory use and capacity are known (``facts["gpu"]``
+    ``memory_used_max_bytes`` / ``memory_total_bytes``, capacity else from ``facts["device"]``),
+    the target is bounded by the memory headroom: batch × min(``SMALL_BATCH_TARGET`` / batch,
+    ``SMALL_BATCH_MEM_FILL`` × total / used), rounded down to a power of two (conservative:
+    weights, optimizer state and the CUDA context do not grow with the batch). When that is no
+    bigger than today's batch, the memory is full and ``SMALL_BATCH_TARGET`` stays the example.
     """
     step = facts.get("step")
     if not step or step.get("batch_size") is None:
@@ -394,19 +423,40 @@ def small_batch(facts: dict) -> dict | None:
         return None
     sh = step["shares"]
     fixed = sh["optimizer"] + sh["other_host"]
-    k = T.SMALL_BATCH_TARGET / max(batch, 1)
+    target = T.SMALL_BATCH_TARGET
+    gpu = facts.get("gpu") or {}
+    used = gpu.get("memory_used_max_bytes")
+    total = gpu.get("memory_total_bytes") or (facts.get("device") or {}).get("memory_total_bytes")
+    room = None  # GPU memory headroom: None off CUDA or when used/total is unknown
+    if (facts.get("device") or {}).get("kind") == "cuda" and used and total:
+        scale = min(T.SMALL_BATCH_TARGET / max(batch, 1), T.SMALL_BATCH_MEM_FILL * total / used)
+        fits = 2 ** math.floor(math.log2(max(1.0, max(batch, 1) * scale)))
+        room = {"memory_used_bytes": used, "memory_total_bytes": total, "memory_used_share": used / total,
+                "suggested_batch_size": fits if fits > batch else None}
+        if fits > batch:
+            target = fits
+    k = target / max(batch, 1)
     est = k / (fixed + (1.0 - fixed) * k)
+    memory = ""
+    if room is not None:
+        memory = (f"; the GPU used {used / 1e9:.1f} of {total / 1e9:.1f} GB"
+                  + (f", room for batches of {target}" if room["suggested_batch_size"] else ", little room to grow"))
     summary = (f"Batches of {batch:g} sample{'s' if batch != 1 else ''}: each {_ms(step['step_time_s']['mean'])} step "
                f"carries {_pct(fixed)} fixed per-step work (optimizer, Python) and per-operation overhead that a "
-               f"bigger batch would share; batches of {T.SMALL_BATCH_TARGET} would give about {est:.1f}× the samples/s "
-               f"(a conservative estimate).")
-    text = (f"Raise batch_size (e.g. to {T.SMALL_BATCH_TARGET}) and scale the learning rate with it (linear scaling "
+               f"bigger batch would share; batches of {target} would give about {est:.1f}× the samples/s "
+               f"(a conservative estimate){memory}.")
+    text = (f"Raise batch_size (e.g. to {target}) and scale the learning rate with it (linear scaling "
             "with warm-up). Gradient accumulation keeps a large effective batch but does not amortize per-step cost.")
+    if room is not None and not room["suggested_batch_size"]:
+        text += (" GPU memory is nearly full: free some first (mixed precision halves activation memory; "
+                 "activation checkpointing trades compute for memory).")
     evidence = _round({"batch_size": batch, "fixed_share": fixed, "step_time_s_mean": step["step_time_s"]["mean"],
-                       "samples_per_s": step.get("samples_per_s"), "target_batch_size": T.SMALL_BATCH_TARGET})
+                       "samples_per_s": step.get("samples_per_s"), "target_batch_size": target})
+    if room is not None:
+        evidence.update(_round(room))
     severity = "warning" if est >= 1.3 else "info"
     return finding("small_batch", severity, "Small batch: per-step overhead dominates", summary, evidence, est, text,
-                   f"loader = DataLoader(dataset, batch_size={T.SMALL_BATCH_TARGET}, ...)  # was {batch:g}",
+                   f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}",
                    [DOCS_TUNING])
 
 

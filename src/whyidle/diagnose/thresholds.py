@@ -74,3 +74,61 @@ SMALL_BATCH_TARGET = 32
 VERDICT_MIN_SPEEDUP = 1.10
 #: Fewer analyzed steps than this: say so rather than guess.
 MIN_STEPS = 5
+
+# -- work size: no_mixed_precision, small_workload, GPU-aware small_batch (rules_work.py) ----------
+
+#: Share of the model's parameters that must be float32 for ``no_mixed_precision``: autocast keeps
+#: float32 weights, so a model trained with it is still ~100 % float32; a model converted with
+#: ``.half()``/``.bfloat16()`` keeps at most a few float32 layers (norms), well under 90 %.
+MP_MIN_FP32_PARAM_SHARE = 0.9
+#: Forward + backward share of step time from which ``no_mixed_precision`` fires: mixed
+#: precision speeds only the GPU math, and at half the step even the smallest per-architecture
+#: factor (1.5×, analysis/capability.py) gives 1/(0.5 + 0.5/1.5) = 1.2×, above
+#: ``VERDICT_MIN_SPEEDUP``; below half, the data or host findings are the ones to fix first.
+MP_MIN_COMPUTE_SHARE = 0.5
+
+#: ``small_workload`` needs a GPU that nearly always has queued work: starved for less than 10 %
+#: of the step time, which is less than removing it could gain (1.11×, as ``DATA_WAIT_WARN``).
+SMALL_WORK_MAX_STARVED = 0.10
+#: GPM SM activity (fraction of SM-time with at least one warp resident) below which the GPU is
+#: under-used: the DCGM user guide (Profiling Metrics, SM Activity) says a value under 0.5 "likely
+#: indicates ineffective GPU usage" and that 0.8 or more is needed for effective use.
+SMALL_WORK_SM_ACTIVE_MAX = 0.5
+#: Without GPM: peak device memory used ÷ capacity below which the work per step is small (a
+#: quarter of the memory: a batch 4× as large would still fit even if all of it scaled).
+SMALL_WORK_MEM_MAX = 0.25
+#: ... together with a median step shorter than this (s): CIFAR-sized models (ResNet-18 at batch
+#: 128 runs ~10–20 ms per step on A100-class GPUs) count, ImageNet-sized ones (ResNet-50 at batch
+#: 256: ≥ 250 ms) do not. A judgement, not yet calibrated on measured runs.
+SMALL_WORK_STEP_MAX_S = 0.03
+
+#: Share of device memory a suggested bigger batch may fill in ``small_batch``: 20 % stays free
+#: for allocator fragmentation, cuDNN workspaces and evaluation. Scaling batch by
+#: total/used is conservative, since weights, optimizer state and the CUDA context do not grow.
+SMALL_BATCH_MEM_FILL = 0.8
+
+#: GPU idle exposed by synchronizations (share of step time) that makes ``sync_bound`` a warning:
+#: removing it gains at least 1/(1 − 0.05) ≈ 1.05×; cases.md C09 reports +5–7 % from deferring
+#: one of two ``.item()`` calls per step, so smaller shares are worth a finding, just not a shout.
+SYNC_IDLE_WARN = 0.05
+#: ... and critical: a quarter of the step, ≥ 1.33× (as ``DATA_WAIT_CRITICAL``).
+SYNC_IDLE_CRITICAL = 0.25
+#: Host time of copies from pageable memory (share of step time) from which ``pageable_transfers``
+#: is a warning (1.03×: a pinned, non_blocking copy removes it from the critical path entirely).
+PAGEABLE_HOST_WARN = 0.03
+#: Host time per step of tensors built on the CPU inside the step and copied to the GPU, as a share
+#: of step time, from which it is reported (warning) rather than listed as info.
+CPU_BUILT_WARN = 0.02
+
+# -- device state: throttling (rules_device.py) -----------------------------------------------------
+
+#: Share of the analyzed window in which a power or thermal reason held the GPU's clocks that makes
+#: ``throttling`` a warning: the same 10 % floor as ``DATA_WAIT_WARN``; below it are the brief
+#: power-cap touches of a GPU boosting near its limit, which cost little.
+THROTTLE_SHARE_WARN = 0.10
+#: Seconds of the window NVML's throttle-time counters must cover before their share counts: two
+#: 1 s slow ticks, so one boost transient between two reads cannot decide it.
+THROTTLE_MIN_OBSERVED_S = 2.0
+#: Clocks-event bitmask snapshots (one per 1 s slow tick) needed before their share counts: each
+#: snapshot is an instant, and with fewer than 5 one snapshot alone is above 20 %.
+THROTTLE_MIN_SNAPSHOTS = 5

@@ -95,6 +95,22 @@ class FrameClassifier:
         self._cache[filename] = result
         return result
 
+    def site_pair(self, frame) -> tuple[str | None, str | None]:
+        """``(innermost user site, innermost site)`` of a frame chain, whyidle's own frames and
+        ``warnings.py`` skipped; ``None`` where there is none."""
+        leaf = None
+        while frame is not None:
+            code = frame.f_code
+            kind, label = self.classify(code.co_filename)
+            if kind != 2 and not label.endswith("warnings.py"):
+                site = f"{label}:{frame.f_lineno or code.co_firstlineno} {code.co_name}"
+                if leaf is None:
+                    leaf = site
+                if kind == 0:
+                    return site, leaf
+            frame = frame.f_back
+        return None, leaf
+
 
 class _Sigevent(ctypes.Structure):
     # struct sigevent on Linux (64 bytes): sigev_value, sigev_signo, sigev_notify, then a union
@@ -181,15 +197,18 @@ class StackSampler:
         max_sites: see :data:`MAX_SITES_PER_FLUSH`.
         native_id: the training thread's kernel thread id (``threading.get_native_id()``), needed
             for the timer signal; None forces the thread fallback.
+        on_sample: ``on_sample(user_site, leaf_site, weight_s, phase)`` called after each sample
+            (in the sampled thread in signal mode; the GPU timeline records a probe there).
     """
 
     def __init__(self, thread_id: int, hz: float, phase_of, max_sites: int = MAX_SITES_PER_FLUSH,
-                 native_id: int | None = None) -> None:
+                 native_id: int | None = None, on_sample=None) -> None:
         self.thread_id = thread_id
         self.native_id = native_id
         self.hz = hz
         self.phase_of = phase_of
         self.max_sites = max_sites
+        self.on_sample = on_sample
         self.classifier = FrameClassifier()
         self.mode = None
         self._counts: dict[tuple, list] = {}  # key -> [count, weight_s]
@@ -275,6 +294,11 @@ class StackSampler:
         entry[0] += 1
         entry[1] += weight_s
         self._n += 1
+        if self.on_sample is not None:
+            try:
+                self.on_sample(users[0] if users else None, leaf, weight_s, phase)
+            except Exception:  # never raise into the sampled thread; probes stop
+                self.on_sample = None
 
     def drain(self) -> list[dict]:
         """Returns ``[stacks record]`` with the counts since the last drain (or ``[]``); each site

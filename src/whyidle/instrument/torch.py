@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import functools
+import math
 import os
 import sys
 import threading
@@ -49,9 +50,7 @@ MAX_GRAPH_NODES = 50_000
 #: late enough that gradient accumulation or warm-up has settled into the loop's shape.
 GRAPH_COUNT_STEPS = (2, 5, 10)
 
-#: CUDA event pairs awaiting completion at most; beyond that, steps are not GPU-timed until the
-#: GPU catches up (bounds memory and event churn when the GPU lags far behind).
-MAX_PENDING_GPU_STEPS = 64
+from whyidle.instrument.cuda import MAX_SYNCS_PER_STEP, MIN_MARKED_STEP_S, STRIDE_WINDOW
 
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
 
@@ -126,54 +125,6 @@ def count_graph_nodes(roots, limit: int = MAX_GRAPH_NODES) -> int:
     return len(seen)
 
 
-class CudaStepTimer:
-    """GPU-side time of each step from CUDA events, never synchronizing.
-
-    ``start()`` records an event on the current stream at step start, ``end(i)`` one at step end;
-    ``poll()`` returns ``gpu_step`` records for pairs whose end event ``query()`` reports done,
-    with ``elapsed_time`` in milliseconds (the GPU time between the two events: the step's work on
-    the GPU plus any GPU idle inside it). Events are recycled.
-
-    Args:
-        event_factory: callable returning an object with ``record()``, ``query()`` and
-            ``elapsed_time(other)`` (``torch.cuda.Event(enable_timing=True)``; tests pass a fake).
-    """
-
-    def __init__(self, event_factory) -> None:
-        self._new = event_factory
-        self._free: list = []
-        self._pending: collections.deque = collections.deque()
-        self._start = None
-
-    def _event(self):
-        return self._free.pop() if self._free else self._new()
-
-    def start(self) -> None:
-        if len(self._pending) >= MAX_PENDING_GPU_STEPS:
-            self._start = None
-            return
-        ev = self._event()
-        ev.record()
-        self._start = ev
-
-    def end(self, step: int) -> None:
-        if self._start is None:
-            return
-        ev = self._event()
-        ev.record()
-        self._pending.append((step, self._start, ev))
-        self._start = None
-
-    def poll(self) -> list[dict]:
-        out = []
-        pending = self._pending
-        while pending and pending[0][2].query():
-            step, e0, e1 = pending.popleft()
-            out.append({"k": "gpu_step", "t": monotonic_ns(), "i": step, "gpu_ms": float(e0.elapsed_time(e1))})
-            self._free.extend((e0, e1))
-        return out
-
-
 class TorchInstrument:
     """State of the PyTorch instrumentation in one process. Use :func:`install`."""
 
@@ -202,8 +153,15 @@ class TorchInstrument:
         self.global_hooks: list = []
         self.root_hooks: list = []
         self.loaders: set[int] = set()
-        self.audit = {"batch": set(), "inputs": set(), "pinned": None}
-        self.gpu_timer: CudaStepTimer | None = None
+        self.audit = _new_audit()
+        self.timeline = None  # CudaTimeline once the model is on CUDA
+        self.marking = False  # this step gets phase marks (see CudaTimeline stride)
+        self.stride = 1
+        self._stride_ref: tuple[int, int] | None = None
+        self.sync_watch = None
+        self.syncs_in_step = 0
+        self.transfers = None
+        self.classifier = None
         self.stacks = None
         self.off = False
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
@@ -221,24 +179,34 @@ class TorchInstrument:
         self.samples = 0
         self.samples_known = True
         self.boundary = False
-        if self.gpu_timer is not None:
-            self.gpu_timer.start()
+        self.syncs_in_step = 0
+        tl = self.timeline
+        if tl is not None:
+            was = self.marking
+            self.marking = self.step % self.stride == 0
+            if was or self.marking:
+                tl.mark("other", "step", self.step)
 
     def enter(self, phase: str) -> None:
         now = monotonic_ns()
-        if self.t0 is None:  # the first training activity: start the step clock and the sampler
+        if self.t0 is None:  # the first training activity: start the step clock and the samplers
             self._begin_step(now)
             self._start_stacks()
+            self._start_transfer_audit()
         self.acc[self.phase] += now - self.t_phase
         self.saved.append(self.phase)
         self.phase = phase
         self.t_phase = now
+        if self.marking:
+            self.timeline.mark(phase, "phase", self.step)
 
     def leave(self) -> None:
         now = monotonic_ns()
         self.acc[self.phase] += now - self.t_phase
         self.phase = self.saved.pop() if self.saved else "other"
         self.t_phase = now
+        if self.marking:
+            self.timeline.mark(self.phase, "phase", self.step)
 
     def end_step(self, by: str) -> None:
         now = monotonic_ns()
@@ -255,17 +223,25 @@ class TorchInstrument:
             "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
         }
         self.agent.record(rec)
-        if self.gpu_timer is not None:
-            self.gpu_timer.end(self.step)
-            for r in self.gpu_timer.poll():
-                self.agent.record(r)
+        if self.transfers is not None:
+            self._drain_transfers(now)
         self.step += 1
+        if self.timeline is not None and self.step % STRIDE_WINDOW == 0:
+            self._update_stride(now)
         self._begin_step(now)
 
     def fail(self, where: str, exc: BaseException) -> None:
         """Turns the instrumentation off and says so once; the user's program goes on."""
         self.off = True
         self.uninstall_hooks()
+        self.timeline = None
+        self.marking = False
+        for part in (self.sync_watch, self.transfers):
+            if part is not None:
+                try:
+                    part.uninstall() if part is self.sync_watch else part.stop()
+                except Exception:
+                    pass
         self.agent.notice(f"PyTorch instrumentation disabled after an error in {where}: {exc!r}")
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -307,6 +283,8 @@ class TorchInstrument:
             if self.step < DEVICE_AUDIT_STEPS:
                 for t in _tensors_in(args):
                     self.audit["inputs"].add(t.device.type)
+                if self.audit["autocast"] is not True:
+                    self.audit["autocast"] = _autocast_enabled(self.torch)
         self.depth += 1
 
     def on_forward_post(self) -> None:
@@ -344,6 +322,8 @@ class TorchInstrument:
     def _audit_batch(self, batch) -> None:
         cuda_ready = self.torch.cuda.is_initialized()
         for t in _tensors_in(batch):
+            if self.transfers is not None:
+                self.transfers.batch_ids.add(id(t))
             self.audit["batch"].add(t.device.type)
             if cuda_ready and t.device.type == "cpu":
                 pinned = bool(t.is_pinned())
@@ -351,20 +331,114 @@ class TorchInstrument:
 
     def _audit_step(self, optimizer) -> None:
         params: dict[str, int] = {}
+        dtypes: dict[str, int] = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 params[p.device.type] = params.get(p.device.type, 0) + p.numel()
+                name = str(p.dtype).replace("torch.", "")
+                dtypes[name] = dtypes.get(name, 0) + p.numel()
         cuda_ready = self.torch.cuda.is_initialized()
+        try:
+            tf32 = bool(self.torch.backends.cuda.matmul.allow_tf32)
+        except Exception:
+            tf32 = None
         self.agent.record({
             "k": "devices", "t": monotonic_ns(), "step": self.step, "params": params,
             "batch": sorted(self.audit["batch"]), "inputs": sorted(self.audit["inputs"]),
             "cuda_initialized": cuda_ready, "pinned": self.audit["pinned"],
-            "threads": self.torch.get_num_threads(),
+            "threads": self.torch.get_num_threads(), "param_dtypes": dtypes,
+            "autocast": self.audit["autocast"], "matmul_tf32": tf32,
         })
-        self.audit = {"batch": set(), "inputs": set(), "pinned": None}
-        if cuda_ready and "cuda" in params and self.gpu_timer is None:
-            cuda = self.torch.cuda
-            self.gpu_timer = CudaStepTimer(lambda: cuda.Event(enable_timing=True))
+        self.audit = _new_audit()
+        if cuda_ready and "cuda" in params and self.timeline is None:
+            self._start_gpu_timeline()
+
+    # -- GPU timeline, syncs, transfers ----------------------------------------------------------
+    def site_of(self, frame) -> tuple[str | None, str | None]:
+        """``(innermost user site, innermost site)`` of ``frame`` as ``"file:line function"``."""
+        if self.classifier is None:
+            from whyidle.instrument.stacks import FrameClassifier
+
+            self.classifier = FrameClassifier()
+        return self.classifier.site_pair(frame)
+
+    def _start_gpu_timeline(self) -> None:
+        """Starts the CUDA timeline and the sync watch (once the model is on CUDA)."""
+        from whyidle.instrument.cuda import CudaTimeline, SyncWatch
+
+        cuda = self.torch.cuda
+        capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
+        self.timeline = CudaTimeline(lambda: cuda.Event(enable_timing=True), capturing=capturing)
+        self.agent.collectors.append(self._poll_timeline)
+        try:
+            watch = SyncWatch(cuda.get_sync_debug_mode, cuda.set_sync_debug_mode, self.on_sync, self.on_sync_start)
+            if watch.install(self.torch):
+                self.sync_watch = watch
+                self.agent.on_exit.append(watch.uninstall)
+            else:
+                self.agent.notice("sync counting off: the program set torch.cuda.set_sync_debug_mode itself")
+        except Exception as exc:
+            self.agent.notice(f"sync counting disabled: {exc!r}")
+
+    def _poll_timeline(self) -> list[dict]:
+        tl = self.timeline
+        if tl is None:
+            return []
+        try:
+            return tl.poll()
+        except Exception as exc:
+            self.timeline = None
+            self.marking = False
+            self.agent.notice(f"GPU timeline disabled after an error: {exc!r}")
+            return []
+
+    def _update_stride(self, now: int) -> None:
+        ref = self._stride_ref
+        if ref is not None and self.step > ref[0]:
+            mean_s = (now - ref[1]) / 1e9 / (self.step - ref[0])
+            self.stride = max(1, min(STRIDE_WINDOW, math.ceil(MIN_MARKED_STEP_S / max(mean_s, 1e-9))))
+        self._stride_ref = (self.step, now)
+
+    def on_sync(self, frame, explicit: str | None) -> None:
+        """A host↔device sync returned (see :class:`whyidle.instrument.cuda.SyncWatch`)."""
+        if threading.get_ident() != self.tid or self.timeline is None or self.off:
+            return
+        self.syncs_in_step += 1
+        if self.syncs_in_step > MAX_SYNCS_PER_STEP and self.sync_watch is not None:
+            self.sync_watch.stop_debug_mode()
+            self.agent.notice(f"sync counting stopped: more than {MAX_SYNCS_PER_STEP} syncs in one step")
+            return
+        user, leaf = self.site_of(frame)
+        self.timeline.mark(self.phase, "sync", self.step, [user, leaf, explicit])
+
+    def on_sync_start(self, frame) -> None:
+        """An explicit sync (``torch.cuda.synchronize``, ``Event.synchronize``) is about to wait."""
+        if threading.get_ident() == self.tid and self.timeline is not None and not self.off:
+            self.timeline.mark(self.phase, "sync0", self.step)
+
+    def on_stack_sample(self, user: str | None, leaf: str | None, weight_s: float, phase: str) -> None:
+        """A stack sample of the training thread: record a probe mark carrying its source line."""
+        tl = self.timeline
+        if tl is not None and threading.get_ident() == self.tid and not self.off:
+            tl.mark(phase, "probe", self.step, [user, leaf, round(weight_s * 1000, 3)])
+
+    def _start_transfer_audit(self) -> None:
+        from whyidle.instrument.transfers import TransferAudit
+
+        try:
+            audit = TransferAudit(self.torch, self.tid, self.site_of, threading.get_ident, self._is_compiling)
+            audit.start()
+        except Exception as exc:
+            self.agent.notice(f"transfer audit disabled: {exc!r}")
+            return
+        self.transfers = audit
+        self.agent.on_exit.append(audit.stop)
+
+    def _drain_transfers(self, now: int) -> None:
+        self.agent.record(self.transfers.drain(self.step, now))
+        if self.step + 1 >= DEVICE_AUDIT_STEPS:
+            self.transfers.stop()
+            self.transfers = None
 
     # -- installation ----------------------------------------------------------------------------
     def _start_stacks(self) -> None:
@@ -372,7 +446,8 @@ class TorchInstrument:
             return
         from whyidle.instrument.stacks import StackSampler
 
-        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase, native_id=self.native_tid)
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase, native_id=self.native_tid,
+                                   on_sample=self.on_stack_sample)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()
@@ -395,6 +470,24 @@ class TorchInstrument:
                 pass
         self.global_hooks = []
         self.root_hooks = []
+
+
+def _new_audit() -> dict:
+    return {"batch": set(), "inputs": set(), "pinned": None, "autocast": None}
+
+
+def _autocast_enabled(torch) -> bool | None:
+    """Whether CUDA autocast is on (``torch.is_autocast_enabled("cuda")``, PyTorch ≥ 2.4; the
+    argument-less form before)."""
+    try:
+        return bool(torch.is_autocast_enabled("cuda"))
+    except TypeError:
+        try:
+            return bool(torch.is_autocast_enabled())
+        except Exception:
+            return None
+    except Exception:
+        return None
 
 
 def _forward_hooks(inst: TorchInstrument):

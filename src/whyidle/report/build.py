@@ -24,6 +24,40 @@ def _r(x):
     return x
 
 
+#: GPU starvation keys of ``metrics.gpu`` (DESIGN.md), from the CUDA timeline.
+IDLE_KEYS = ("busy_share", "idle_share", "starved_s", "idle_s_by_cause", "idle_share_by_cause", "idle_sites",
+             "syncs", "idle_per_step", "idle_method")
+
+
+def gpu_metrics_of(facts: dict) -> dict | None:
+    """``metrics.gpu``: NVML/GPM metrics plus the starvation measured by the CUDA timeline.
+
+    ``None`` when neither observed a GPU. The starvation keys (:data:`IDLE_KEYS`) are ``None``
+    when the timeline did not run (e.g. NVML sees a GPU the model never used).
+    """
+    gpu = dict(facts["gpu"]) if facts.get("gpu") else None
+    idle = facts.get("gpu_idle")
+    if idle is None:
+        if gpu is not None:
+            gpu.update(dict.fromkeys(IDLE_KEYS))
+        return gpu
+    if gpu is None:  # CUDA was used but NVML was not readable: its keys are null, not absent
+        gpu = dict.fromkeys(("util_mean", "util_source", "sm_active_mean", "mem_util_mean", "memory_used_max_bytes",
+                             "memory_total_bytes", "throttle_reasons"))
+    gpu.update({
+        "busy_share": 1.0 - idle["starved_share"],
+        "idle_share": idle["starved_share"],
+        "starved_s": idle["starved_s"],
+        "idle_s_by_cause": idle["idle_s_by_cause"],
+        "idle_share_by_cause": idle["idle_share_by_cause"],
+        "idle_sites": idle["idle_sites"],
+        "syncs": idle["syncs"],
+        "idle_per_step": idle["per_step"],
+        "idle_method": idle["method"],
+    })
+    return gpu
+
+
 def notes_of(facts: dict, problems: list[str]) -> list[str]:
     """Plain-language notes about what was (not) observed, for the end of the report."""
     meta = facts.get("meta") or {}
@@ -47,11 +81,14 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
         notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
                      f"pid {facts.get('primary')}.")
     gpu_notices = [r["msg"] for r in facts.get("gpu_records_notices") or []]
-    if facts.get("gpu") is None:
+    if facts.get("gpu") is None and facts.get("gpu_idle") is None:
         why = f" ({'; '.join(gpu_notices)})" if gpu_notices else ""
         notes.append(f"No NVIDIA GPU was observed{why}: GPU metrics are null.")
     else:
         notes += gpu_notices
+        if facts.get("gpu_idle") is None and facts.get("step"):
+            notes.append("GPU idle per cause was not measured: the model's parameters never reached CUDA "
+                         "(or the CUDA timeline was off), so only NVML's utilization is shown.")
     notes += facts.get("notices") or []
     return notes
 
@@ -77,7 +114,7 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "data_cpu_share": step.get("data_cpu_share"),
         "gpu_step_ms": step.get("gpu_ms"),
         "host": {k: host.get(k) for k in HOST_KEYS} if host else None,
-        "gpu": facts.get("gpu"),
+        "gpu": gpu_metrics_of(facts),
     }
     return _r({
         "schema": SCHEMA,

@@ -58,6 +58,37 @@ def _verdict_text(report: dict) -> Text:
     return Text.assemble(("Verdict: ", "bold"), (vtext, style), speed)
 
 
+def _render_gpu(console: Console, gpu: dict) -> None:
+    """GPU lines: NVML utilization beside GPM SM activity, memory, then the measured starvation
+    by cause, the source lines holding the GPU idle, and syncs per step."""
+    util = gpu.get("util_mean")
+    line = "[bold]GPU[/] util " + (f"{util:.0f}% (NVML, {gpu.get('util_source')})" if util is not None else "n/a")
+    if gpu.get("sm_active_mean") is not None:
+        line += f" · SM active {gpu['sm_active_mean']:.0%} (GPM)"
+        if gpu.get("tensor_active_mean") is not None:
+            line += f" · tensor cores {gpu['tensor_active_mean']:.0%}"
+    if gpu.get("memory_used_max_bytes") and gpu.get("memory_total_bytes"):
+        line += f" · memory {gpu['memory_used_max_bytes'] / 2**30:.1f}/{gpu['memory_total_bytes'] / 2**30:.0f} GiB"
+    console.print(line)
+    if gpu.get("idle_share") is None:
+        return
+    by = gpu.get("idle_share_by_cause") or {}
+    parts = [f"{cause} {by[cause]:.0%}" for cause in ("data", "sync", "host", "launch", "other")
+             if (by.get(cause) or 0) >= 0.005]
+    console.print(f"[bold]GPU starved[/] {gpu['idle_share']:.0%} of the step time ({gpu['starved_s']:.2f} s, "
+                  "measured with CUDA events)" + (": " + " · ".join(parts) if parts else ""))
+    for site in (gpu.get("idle_sites") or [])[:3]:
+        where = site.get("site") or site.get("leaf")
+        console.print(_indent(Text(f"· {site['share']:.0%} of the idle at {where} ({site['phase']})", style="dim"), 2))
+    syncs = gpu.get("syncs") or {}
+    if syncs.get("count"):
+        tops = ", ".join(f"{s.get('site') or s.get('leaf')}" + (f" ({s['op']})" if s.get("op") else "")
+                         + (f" {s['per_step']:.1f}/step" if s.get("per_step") is not None else "")
+                         for s in syncs["sites"][:3])
+        per = f"{syncs['per_step']:.1f} per step" if syncs.get("per_step") is not None else f"{syncs['count']}"
+        console.print(f"[bold]syncs[/] {per}, {syncs['idle_s']:.2f} s of GPU idle: {escape(tops)}")
+
+
 def render_brief(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
     """Prints the verdict and one line per finding (no fixes): for before/after views."""
     console = Console(file=file, width=width, highlight=False)
@@ -109,10 +140,7 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         console.print("[bold]CPU[/] " + " · ".join(parts))
     gpu = m.get("gpu")
     if gpu:
-        util = gpu.get("util_mean")
-        console.print("[bold]GPU[/] util " + (f"{util:.0f}% (NVML, {gpu.get('util_source')})" if util is not None else "n/a")
-                      + (f" · memory {gpu['memory_used_max_bytes'] / 2**30:.1f}/{gpu['memory_total_bytes'] / 2**30:.0f} GiB"
-                         if gpu.get("memory_used_max_bytes") and gpu.get("memory_total_bytes") else ""))
+        _render_gpu(console, gpu)
     else:
         console.print("[bold]GPU[/] none observed")
 
@@ -127,6 +155,15 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
             head.append(f"  est. {f['est_speedup']:.2f}×", style="bold")
         console.print(head)
         console.print(_indent(Text(f["summary"]), 3))
+        for site in (f.get("evidence") or {}).get("sites") or []:
+            line = f"· {site.get('site') or site.get('leaf')}"
+            if site.get("op"):
+                line += f" ({site['op']})"
+            if site.get("per_step") is not None:
+                line += f"  {site['per_step']:.1f}/step"
+            if site.get("share") is not None:
+                line += f"  idle {site['share']:.0%}"
+            console.print(_indent(Text(line, style="dim"), 5))
         for h in (f.get("evidence") or {}).get("hotspots") or []:
             share = f" {h['share']:.0%}" if h.get("share") is not None else ""
             line = f"·{share} {h['site']}" + (f"   {h['code']}" if h.get("code") else "")

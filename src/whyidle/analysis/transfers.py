@@ -1,0 +1,56 @@
+"""Host→device copies seen by the transfer audit (pure: ``transfers`` records → a summary).
+
+Each ``transfers`` record covers one audited step (``whyidle.instrument.transfers``); items are
+``[user_site, leaf_site, device_type, pinned, non_blocking, from_batch, count, bytes, host_ns]``.
+"""
+
+from __future__ import annotations
+
+#: Device types that are not an accelerator: copies to them are not host→device transfers.
+NOT_ACCELERATORS = ("cpu", "meta")
+
+
+def transfer_summary(records: list[dict]) -> dict | None:
+    """Per-step host→device copy figures over the audited steps, or None when none were audited.
+
+    Returns ``{steps, h2d_bytes_per_step, h2d_host_s_per_step, pageable_bytes_per_step,
+    pageable_host_s_per_step, pageable_batch: bool, non_blocking_pageable: bool, sites: [...],
+    cpu_built: [...]}``: ``pageable_*`` counts copies whose source was not pinned;
+    ``non_blocking_pageable`` tells that ``non_blocking=True`` was asked from pageable memory
+    (the copy is then not asynchronous); ``sites`` are the copying lines (most host time first)
+    with ``{site, leaf, bytes_per_step, host_s_per_step, pinned, non_blocking, from_batch,
+    per_step}``; ``cpu_built`` the subset not coming from the DataLoader batch: tensors built on
+    the CPU inside the step and copied every step. Bytes are bytes, times seconds.
+    """
+    recs = [r for r in records if r.get("k") == "transfers"]
+    if not recs:
+        return None
+    n = len({r.get("step") for r in recs})
+    sites: dict[tuple, dict] = {}
+    for r in recs:
+        for user, leaf, dev, pinned, non_blocking, from_batch, count, nbytes, host_ns in r.get("items") or []:
+            if dev in NOT_ACCELERATORS:
+                continue
+            key = (user or leaf, pinned, non_blocking, from_batch)
+            s = sites.setdefault(key, {"site": user, "leaf": leaf, "device": dev, "pinned": pinned,
+                                       "non_blocking": non_blocking, "from_batch": from_batch,
+                                       "count": 0, "bytes": 0, "host_ns": 0})
+            s["count"] += count
+            s["bytes"] += nbytes
+            s["host_ns"] += host_ns
+    rows = [{"site": s["site"], "leaf": s["leaf"], "device": s["device"], "pinned": s["pinned"],
+             "non_blocking": s["non_blocking"], "from_batch": s["from_batch"], "per_step": s["count"] / n,
+             "bytes_per_step": s["bytes"] / n, "host_s_per_step": s["host_ns"] / 1e9 / n}
+            for s in sorted(sites.values(), key=lambda s: -s["host_ns"])]
+    pageable = [s for s in rows if s["pinned"] is False]
+    return {
+        "steps": n,
+        "h2d_bytes_per_step": sum(s["bytes_per_step"] for s in rows),
+        "h2d_host_s_per_step": sum(s["host_s_per_step"] for s in rows),
+        "pageable_bytes_per_step": sum(s["bytes_per_step"] for s in pageable),
+        "pageable_host_s_per_step": sum(s["host_s_per_step"] for s in pageable),
+        "pageable_batch": any(s["from_batch"] for s in pageable),
+        "non_blocking_pageable": any(s["non_blocking"] for s in pageable),
+        "sites": rows,
+        "cpu_built": [s for s in rows if not s["from_batch"] and s["per_step"] >= 1.0],
+    }

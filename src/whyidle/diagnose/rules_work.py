@@ -1,0 +1,253 @@
+"""Diagnosis rules about how much work the GPU gets and how it does it (pure; no framework imports).
+
+* :func:`no_mixed_precision`: float32 math on a GPU whose tensor cores would run it faster.
+* :func:`small_workload`: the GPU always has queued work, yet the work is too small to fill it.
+
+Each takes the facts of :func:`whyidle.analysis.run.analyze` and returns a finding of the report
+contract (:func:`whyidle.diagnose.rules.finding`) or ``None``; thresholds are in
+:mod:`whyidle.diagnose.thresholds`, GPU capabilities in :mod:`whyidle.analysis.capability`.
+A missing or ``None`` fact counts as unknown, and an unknown fact keeps a rule silent.
+"""
+
+from __future__ import annotations
+
+from whyidle.analysis.capability import capability_of
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.rules import _ms, _pct, _round, finding
+
+DOCS_AMP = "https://pytorch.org/docs/stable/amp.html"
+DOCS_AMP_RECIPE = "https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html"
+DOCS_TF32 = "https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
+DOCS_KERAS_MP = "https://keras.io/api/mixed_precision/"
+DOCS_MPS = "https://docs.nvidia.com/deploy/mps/index.html"
+DOCS_MIG = "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html"
+
+_CODE_BF16 = """\
+for x, y in loader:
+    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):   # forward and loss in bfloat16
+        loss = loss_fn(model(x), y)
+    loss.backward()                                      # outside autocast; no GradScaler needed
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)"""
+
+_CODE_FP16 = """\
+scaler = torch.amp.GradScaler("cuda")                   # float16 needs loss scaling
+for x, y in loader:
+    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)"""
+
+_CODE_TF32 = """\
+# float32 matmuls left outside autocast: run them on TF32 tensor cores
+torch.backends.cuda.matmul.allow_tf32 = True   # or: torch.set_float32_matmul_precision("high")"""
+
+
+def _fp32_share(param_dtypes: dict) -> float | None:
+    """Fraction of parameters (by count) whose dtype is float32; ``None`` without parameters.
+    Dtype names may carry a ``torch.`` prefix."""
+    total = sum(n for n in param_dtypes.values() if isinstance(n, (int, float)))
+    if total <= 0:
+        return None
+    fp32 = sum(n for k, n in param_dtypes.items()
+               if str(k).removeprefix("torch.") in ("float32", "float") and isinstance(n, (int, float)))
+    return fp32 / total
+
+
+def _gpu_compute_share(facts: dict) -> tuple[float, float, float | None] | None:
+    """(forward + backward share of step time, the share mixed precision can speed up, GPU
+    starved share or None).
+
+    The share that can be sped up is forward + backward, capped by the time the GPU had queued
+    work (1 − ``gpu_idle.starved_share``) when that is known: faster kernels do nothing for time
+    in which the GPU waits for the host.
+    """
+    step = facts.get("step")
+    shares = (step or {}).get("shares") or {}
+    if shares.get("forward") is None or shares.get("backward") is None:
+        return None
+    compute = shares["forward"] + shares["backward"]
+    starved = (facts.get("gpu_idle") or {}).get("starved_share")
+    usable = compute if starved is None else min(compute, max(0.0, 1.0 - starved))
+    return compute, usable, starved
+
+
+def no_mixed_precision(facts: dict) -> dict | None:
+    """Float32 math on a GPU whose tensor cores would run it faster (mixed precision is off).
+
+    Reads ``facts["device"]`` (``kind``, ``name``, ``compute_capability``),
+    ``facts["devices"]`` (the last device audit: ``param_dtypes`` dtype name → parameter count,
+    ``autocast`` True/False/None, ``matmul_tf32`` True/False/None, ``params`` device → count),
+    ``facts["step"]["shares"]`` (``forward``, ``backward``), ``facts["step"]["step_time_s"]``,
+    ``facts["gpu_idle"]["starved_share"]`` (optional), ``facts["gpu"]["tensor_active_mean"]``
+    (optional, evidence only), ``facts["framework"]``.
+
+    Fires on a CUDA device whose compute capability is known, when ≥
+    ``MP_MIN_FP32_PARAM_SHARE`` of the parameters are float32, autocast was off (``False``, not
+    unknown) and forward + backward (capped by the GPU's non-starved share) is ≥
+    ``MP_MIN_COMPUTE_SHARE`` of the step. Silent when any of these facts is missing, or when
+    the parameters are not on the GPU (that is ``wrong_device``).
+
+    * Compute capability ≥ 7.0 (tensor cores): a warning. ``est_speedup`` = Amdahl's law,
+      1 / ((1 − c) + c / m), with c the share above and m the capability table's conservative
+      ``amp_speedup`` (``amp_speedup_over_tf32`` when TF32 matmuls are already on), so it stays
+      below m (at most 2×). The fix is autocast to bfloat16 on ≥ 8.0, float16 with a GradScaler
+      on 7.x, and TF32 for the float32 that remains when it is available and off.
+    * Compute capability < 7.0 (no tensor cores; also the TU116/TU117 parts of 7.5): an *info*
+      finding with ``est_speedup`` None that says mixed precision will not help much there. It
+      is a finding rather than an evidence line because the question "would AMP help?" comes up
+      exactly on these compute-bound runs, and no other finding would carry the answer; being
+      info, it never becomes the verdict.
+    """
+    device = facts.get("device") or {}
+    devices = facts.get("devices") or {}
+    if device.get("kind") != "cuda":
+        return None
+    cap = capability_of(device.get("compute_capability"), device.get("name"))
+    dtypes = devices.get("param_dtypes")
+    autocast = devices.get("autocast")
+    if cap is None or not isinstance(dtypes, dict) or autocast is None or autocast:
+        return None
+    params = devices.get("params")
+    if isinstance(params, dict) and params and "cuda" not in params:
+        return None
+    fp32 = _fp32_share(dtypes)
+    split = _gpu_compute_share(facts)
+    if fp32 is None or fp32 < T.MP_MIN_FP32_PARAM_SHARE or split is None:
+        return None
+    compute, usable, starved = split
+    if usable < T.MP_MIN_COMPUTE_SHARE:
+        return None
+    name = device.get("name") or "GPU"
+    cc = cap["cc"]
+    step_s = ((facts.get("step") or {}).get("step_time_s") or {}).get("mean")
+    tf32 = devices.get("matmul_tf32")
+    evidence = _round({
+        "compute_capability": cc, "architecture": cap["arch"], "tensor_cores": cap["tensor_cores"],
+        "fp32_param_share": fp32, "autocast": autocast, "matmul_tf32": tf32,
+        "compute_share": compute, "gpu_starved_share": starved, "speedable_share": usable,
+        "tensor_active_mean": (facts.get("gpu") or {}).get("tensor_active_mean"),
+    })
+    evidence["tensor_core_dtypes"] = list(cap["tensor_core_dtypes"])
+    evidence["param_dtypes"] = dtypes
+    evidence["note"] = cap["fp16_note"]
+    where = f"the {name} ({cap['arch']}, compute capability {cc})"
+    if not cap["tensor_cores"]:
+        summary = (f"Forward and backward take {_pct(compute)} of each {_ms(step_s)} step in float32 on {where}, "
+                   f"which has no tensor cores: mixed precision will not help much here.")
+        text = (f"Stay in float32 on this GPU: {cap['fp16_note']}. Faster training needs a GPU with tensor cores "
+                "(compute capability 7.0 or newer: V100, T4, RTX 20xx and later), a smaller model or less work "
+                "per sample.")
+        evidence["math_speedup"] = 1.0
+        return finding("no_mixed_precision", "info", "Mixed precision would not help on this GPU", summary,
+                       evidence, None, text, None, [DOCS_AMP])
+
+    bf16 = "bf16" in cap["tensor_core_dtypes"]
+    has_tf32 = "tf32" in cap["tensor_core_dtypes"]
+    factor = cap["amp_speedup_over_tf32"] if (has_tf32 and tf32) else cap["amp_speedup"]
+    est = 1.0 / ((1.0 - usable) + usable / factor)
+    dtype = "bfloat16" if bf16 else "float16"
+    evidence["math_speedup"] = factor
+    evidence["recommended_dtype"] = dtype
+    summary = (f"Forward and backward take {_pct(compute)} of each {_ms(step_s)} step in float32 with autocast off "
+               f"on {where}, where {dtype} on the tensor cores speeds forward and backward about {factor:g}×: "
+               f"mixed precision would give about {est:.2f}× per step (a conservative estimate).")
+    keras = facts.get("framework") in ("keras", "tensorflow")
+    if bf16:
+        text = ("Run forward and loss under torch.autocast(\"cuda\", dtype=torch.bfloat16): matmuls and "
+                "convolutions use the tensor cores, weights and optimizer stay float32, and bfloat16 has "
+                "float32's range, so no loss scaling is needed.")
+        code = _CODE_BF16
+    else:
+        text = ("This GPU's tensor cores take float16, not bfloat16: run forward and loss under "
+                "torch.autocast(\"cuda\", dtype=torch.float16) and scale the loss with torch.amp.GradScaler(\"cuda\") "
+                "so small gradients do not underflow.")
+        code = _CODE_FP16
+    docs = [DOCS_AMP, DOCS_AMP_RECIPE]
+    if has_tf32 and tf32 is False:
+        text += (" TF32 matmuls are off too: torch.backends.cuda.matmul.allow_tf32 = True (or "
+                 "torch.set_float32_matmul_precision(\"high\")) puts the float32 matmuls that remain on the "
+                 "tensor cores, a one-line change when autocast is not an option.")
+        code += "\n\n" + _CODE_TF32
+        docs.append(DOCS_TF32)
+    if keras:
+        policy = "mixed_bfloat16" if bf16 else "mixed_float16"
+        text = (f"Set the Keras mixed-precision policy \"{policy}\" before building the model: layers compute in "
+                f"{dtype} on the tensor cores and keep float32 weights"
+                + ("" if bf16 else "; model.fit scales the loss for float16 by itself") + ".")
+        code = f"keras.mixed_precision.set_global_policy(\"{policy}\")   # before the model is built"
+        docs = [DOCS_KERAS_MP]
+    severity = "warning" if est >= T.VERDICT_MIN_SPEEDUP else "info"
+    return finding("no_mixed_precision", severity, "No mixed precision: float32 math on tensor-core GPU",
+                   summary, evidence, est, text, code, docs)
+
+
+def small_workload(facts: dict) -> dict | None:
+    """The model is simply small for this GPU: it always has queued work but stays under-used.
+
+    Reads ``facts["device"]`` (``kind``, ``name``, ``compute_capability``),
+    ``facts["gpu_idle"]["starved_share"]``, ``facts["gpu"]`` (``sm_active_mean``,
+    ``sm_occupancy_mean``, ``tensor_active_mean``, ``util_mean``, ``memory_used_max_bytes``,
+    ``memory_total_bytes``), ``facts["step"]`` (``step_time_s.p50``, ``batch_size``).
+
+    Fires on a CUDA device when the GPU was starved (no queued work) for less than
+    ``SMALL_WORK_MAX_STARVED`` of the step time, and
+
+    * GPM SM activity is below ``SMALL_WORK_SM_ACTIVE_MAX`` (severity *warning*: more than half
+      of the GPU's SM-time is measured idle, a cost worth acting on), or
+    * without GPM (``sm_active_mean`` None): peak memory used is below ``SMALL_WORK_MEM_MAX`` of
+      capacity and the median step is shorter than ``SMALL_WORK_STEP_MAX_S`` (severity *info*:
+      an inference from proxies, not a measurement).
+
+    With GPM present and SM activity at or above the threshold it stays silent, whatever the
+    memory says. ``est_speedup`` is None: nothing in the pipeline limits the step, and what a
+    bigger batch or a shared GPU gives depends on the model.
+    """
+    device = facts.get("device") or {}
+    if device.get("kind") != "cuda":
+        return None
+    starved = (facts.get("gpu_idle") or {}).get("starved_share")
+    if starved is None or starved >= T.SMALL_WORK_MAX_STARVED:
+        return None
+    gpu = facts.get("gpu") or {}
+    step = facts.get("step") or {}
+    sm = gpu.get("sm_active_mean")
+    used = gpu.get("memory_used_max_bytes")
+    total = gpu.get("memory_total_bytes") or device.get("memory_total_bytes")
+    mem_share = used / total if used is not None and total else None
+    p50 = (step.get("step_time_s") or {}).get("p50")
+    name = device.get("name") or "GPU"
+    if sm is not None:
+        if sm >= T.SMALL_WORK_SM_ACTIVE_MAX:
+            return None
+        severity = "warning"
+        how = f"its SMs were busy only {_pct(sm)} of the time (GPM SM activity)"
+    elif mem_share is not None and p50 is not None and mem_share < T.SMALL_WORK_MEM_MAX \
+            and p50 < T.SMALL_WORK_STEP_MAX_S:
+        severity = "info"
+        how = (f"each step takes only {_ms(p50)} and uses {_pct(mem_share)} of its "
+               f"{total / 1e9:.0f} GB memory (no SM-activity counters here, so this is inferred)")
+    else:
+        return None
+    cap = capability_of(device.get("compute_capability"), device.get("name")) or {}
+    summary = (f"The {name} always had work queued (starved {_pct(starved)} of the step time) yet {how}: the "
+               f"model is small for this GPU, and nothing in the input pipeline or the loop holds it back.")
+    share_gpu = "several jobs on this GPU with MPS" + (" or MIG partitions" if cap.get("mig") else "")
+    text = (f"Nothing to fix in the pipeline. To get more out of the GPU: raise the batch size (and scale the "
+            f"learning rate), run {share_gpu} (e.g. a hyper-parameter sweep), or train on a smaller, cheaper GPU.")
+    code = ("nvidia-cuda-mps-control -d     # start the MPS daemon, then launch several training jobs on this GPU\n"
+            "echo quit | nvidia-cuda-mps-control   # stop it afterwards")
+    evidence = _round({
+        "gpu_starved_share": starved, "sm_active_mean": sm, "sm_occupancy_mean": gpu.get("sm_occupancy_mean"),
+        "tensor_active_mean": gpu.get("tensor_active_mean"), "util_mean": gpu.get("util_mean"),
+        "memory_used_max_bytes": used, "memory_total_bytes": total, "memory_used_share": mem_share,
+        "step_time_s_p50": p50, "batch_size": step.get("batch_size"), "mig_capable": cap.get("mig"),
+    })
+    evidence["basis"] = "sm_active" if sm is not None else "memory_and_step_time"
+    docs = [DOCS_MPS] + ([DOCS_MIG] if cap.get("mig") else [])
+    return finding("small_workload", severity, "Small workload: the model does not fill this GPU", summary,
+                   evidence, None, text, code, docs)
