@@ -46,7 +46,8 @@ def analyze(run: RunData) -> dict:
     :func:`whyidle.analysis.stacks.hotspots`); ``focus`` (phase → the user function holding
     most of it inclusively, :func:`whyidle.analysis.stacks.focus`, or None); ``gpu_idle`` (GPU starvation from
     the CUDA timeline, :func:`whyidle.analysis.gpu_idle.gpu_idle`, or None); ``transfers``
-    (:func:`whyidle.analysis.transfers.transfer_summary`); ``notices``; ``instrumented`` (pids that imported
+    (:func:`whyidle.analysis.transfers.transfer_summary`), ``reads`` and ``placement`` (same module);
+    ``notices``; ``instrumented`` (pids that imported
     a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
     """
     procs = run.procs
@@ -123,6 +124,8 @@ def analyze(run: RunData) -> dict:
         "gpu": gpu_analysis.gpu_metrics(run.gpu, window),
         "gpu_idle": gpu_idle_analysis.gpu_idle(recs, window, analyzed, run.meta.get("cwd")) if analyzed else None,
         "transfers": transfer_analysis.transfer_summary(recs),
+        "reads": transfer_analysis.read_summary(recs),
+        "placement": transfer_analysis.placement_summary(recs),
         "gpu_static": _first(run.gpu, "gpu_static"),
         "device": device,
         "loader": loader,

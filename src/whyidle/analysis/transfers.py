@@ -54,3 +54,43 @@ def transfer_summary(records: list[dict]) -> dict | None:
         "sites": rows,
         "cpu_built": [s for s in rows if not s["from_batch"] and s["per_step"] >= 1.0],
     }
+
+
+def read_summary(records: list[dict]) -> dict | None:
+    """Host reads of tensor values per audited step (``reads`` of ``transfers`` records).
+
+    Reads at one source line are counted once per call site and step even when one expression
+    reads twice (``x.cpu().numpy()``): the count of a site is the largest count of its
+    operations. Returns ``{steps, per_step, sites: [{site, leaf, ops, per_step}]}`` (most reads
+    first) or None without audited steps.
+    """
+    recs = [r for r in records if r.get("k") == "transfers"]
+    if not recs:
+        return None
+    n = len({r.get("step") for r in recs})
+    sites: dict[str, dict] = {}
+    for r in recs:
+        for user, leaf, op, count in r.get("reads") or []:
+            s = sites.setdefault(user or leaf, {"site": user, "leaf": leaf, "ops": {}})
+            s["ops"][op] = s["ops"].get(op, 0) + count
+    rows = [{"site": s["site"], "leaf": s["leaf"], "ops": sorted(s["ops"]), "per_step": max(s["ops"].values()) / n}
+            for s in sites.values()]
+    rows.sort(key=lambda s: -s["per_step"])
+    return {"steps": n, "per_step": sum(s["per_step"] for s in rows), "sites": rows}
+
+
+def placement_summary(records: list[dict]) -> dict:
+    """``module_to`` and ``cuda_query`` records of a trainer: ``{module_moves: [{cls, device, site}],
+    cuda_queries: [{result, site}], batch_moves: [{site, device}]}`` (batch moves from the transfer
+    audit: ``.to(device)`` of DataLoader batch tensors, any target)."""
+    moves = [{"cls": r.get("cls"), "device": r.get("device"), "site": r.get("site") or r.get("leaf")}
+             for r in records if r.get("k") == "module_to"]
+    queries = [{"result": r.get("result"), "site": r.get("site")} for r in records if r.get("k") == "cuda_query"]
+    batch: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("k") != "transfers":
+            continue
+        for user, leaf, dev, _pinned, _nb, from_batch, *_ in r.get("items") or []:
+            if from_batch:
+                batch.setdefault((user or leaf, dev), {"site": user or leaf, "device": dev})
+    return {"module_moves": moves, "cuda_queries": queries, "batch_moves": list(batch.values())}

@@ -78,7 +78,7 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
     short = _insufficient(facts)
     if short is not None:
         findings.append(short)
-    for rule in (rules.gpu_not_visible, rules.wrong_device, rules.cpu_contention):
+    for rule in (rules.gpu_not_visible, rules.wrong_device, rules_gpu.model_not_moved, rules.cpu_contention):
         f = rule(facts)
         if f:
             findings.append(f)

@@ -35,7 +35,9 @@ def sync_bound(facts: dict) -> dict | None:
     following work can no longer hide behind queued kernels. ``est_speedup`` = 1/(1 − that share).
     """
     idle = facts.get("gpu_idle")
-    if not idle or not idle.get("syncs") or not idle["syncs"]["count"]:
+    if idle is None:
+        return _host_reads(facts)
+    if not idle.get("syncs") or not idle["syncs"]["count"]:
         return None
     syncs = idle["syncs"]
     covered = idle["covered_s"]
@@ -68,6 +70,61 @@ def sync_bound(facts: dict) -> dict | None:
     severity = "critical" if share >= T.SYNC_IDLE_CRITICAL else "warning"
     return finding("sync_bound", severity, "Sync-bound: host↔device syncs stall the GPU", summary, evidence,
                    1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_SYNC])
+
+
+def _host_reads(facts: dict) -> dict | None:
+    """Without a CUDA timeline (CPU-only runs): the host reads of tensor values the transfer audit
+    counted, as an info ``sync_bound``: each would synchronize on a GPU (cases.md C09: "counts ~3
+    sync points per step and names the call sites"). ``est_speedup`` is None: on a CPU they cost
+    nothing extra."""
+    reads = facts.get("reads")
+    if not reads or reads["per_step"] < 1.0:
+        return None
+    sites = reads["sites"][:5]
+    for site in sites:
+        site["op"] = "+".join(site["ops"])
+    names = ", ".join(f"{s['site'] or s['leaf']} ({s['op']})" for s in sites[:3])
+    summary = (f"The step reads tensor values on the host {reads['per_step']:.1f} times ({names}). On this CPU-only "
+               "run that costs nothing extra; on a GPU each read is a host↔device sync that drains the queue.")
+    text = ("Before moving this loop to a GPU, take the reads out of the per-step path: accumulate on the device "
+            "and read every N steps.")
+    code = ("running_loss += loss.detach()\nif step % 50 == 0:\n    print(running_loss.item() / 50)\n"
+            "    running_loss.zero_()")
+    evidence = {"per_step": round(reads["per_step"], 3), "sites": sites, "measured": "host reads (no GPU)"}
+    return finding("sync_bound", "info", "Host reads of tensor values every step (syncs on a GPU)", summary,
+                   evidence, None, text, code, [DOCS_SYNC])
+
+
+def model_not_moved(facts: dict) -> dict | None:
+    """The loop moves its batches with ``.to(device)`` but the model is never moved and its
+    parameters are on the CPU (``wrong_device``, ``evidence.kind = "model_not_moved"``;
+    cases.md C23). On a machine without a usable GPU this is a warning about the script (on a GPU
+    the batches would go to the GPU and the model would stay behind); with a GPU the critical
+    :func:`whyidle.diagnose.rules.wrong_device` already reports the parameters on the CPU.
+    """
+    placement = facts.get("placement") or {}
+    devices = facts.get("devices") or {}
+    params = devices.get("params") or {}
+    if not placement.get("batch_moves") or not params or set(params) != {"cpu"}:
+        return None
+    if any(m["device"] != "cpu" for m in placement.get("module_moves") or []):
+        return None
+    if (facts.get("gpu_static") or {}).get("devices") or devices.get("cuda_initialized"):
+        return None  # a GPU is there: wrong_device (critical) says it with the measured placement
+    move = placement["batch_moves"][0]
+    queries = placement.get("cuda_queries") or []
+    asked = (f" The script asks torch.cuda.is_available() ({queries[0]['site']}: {queries[0]['result']} here), so it "
+             "is meant to run on a GPU." if queries else "")
+    summary = (f"Every batch is moved with .to(device) ({move['site']}, to {move['device']} here) but the model never "
+               f"is: its {params['cpu']:,} parameters stay on the CPU. On a GPU machine the batches would go to the GPU "
+               f"and the model would not, so the GPU would sit idle (or the step would fail).{asked}")
+    text = ("Move the model to the same device before building the optimizer (model = Model().to(device)), and give "
+            "tensors created inside the model or library device=.")
+    return finding("wrong_device", "warning", "Model never moved to the device its batches go to", summary,
+                   {"kind": "model_not_moved", "params": params, "batch_moves": placement["batch_moves"][:3],
+                    "module_moves": placement.get("module_moves") or [], "cuda_queries": queries[:3]},
+                   None, text, "model = Model().to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=...)",
+                   ["https://pytorch.org/docs/stable/notes/cuda.html"])
 
 
 def pageable_transfers(facts: dict) -> dict | None:

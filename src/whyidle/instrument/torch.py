@@ -635,6 +635,13 @@ def install(agent, torch) -> TorchInstrument:
 
     torch.autograd.backward = backward
 
+    try:
+        from whyidle.instrument.transfers import watch_placement
+
+        watch_placement(torch, agent.record, inst.site_of)
+    except Exception as exc:
+        agent.notice(f"placement audit disabled: {exc!r}")
+
     def opt_pre(optimizer, args, kwargs):
         if inst.off or agent.disabled or (inst.by_optimizer and get_ident() != inst.tid):
             return None
