@@ -257,16 +257,16 @@ def gpu_idle(records: list[dict], window: tuple[int, int] | None = None, steps: 
     cum = _Starved(h, iv["starved"], (w0, w1))
     # idle sites from probes
     sites: dict[str, dict] = {}
-    probe_s = 0.0
-    for idx, value in m["extra"].items():
-        if m["kind"][idx] != "probe" or not (w0 <= h[idx] <= w1):
-            continue
-        user, leaf, weight_ms = value[0], value[1], float(value[2] or 0.0)
-        t1 = float(h[idx])
-        idle = float(cum(np.array([t1]))[0] - cum(np.array([t1 - weight_ms * 1e6]))[0])
+    probes = [(idx, value) for idx, value in m["extra"].items()
+              if m["kind"][idx] == "probe" and w0 <= h[idx] <= w1]
+    ends = np.array([float(h[idx]) for idx, _ in probes])
+    weights = np.array([float(value[2] or 0.0) * 1e6 for _, value in probes])
+    probe_idle = cum(ends) - cum(ends - weights) if probes else np.zeros(0)
+    probe_s = float(probe_idle.sum())
+    for (idx, value), idle in zip(probes, probe_idle.tolist()):
         if idle <= 0:
             continue
-        probe_s += idle
+        user, leaf = value[0], value[1]
         key = user or leaf or "(unknown)"
         entry = sites.setdefault(key, {"site": user, "leaf": leaf, "phases": {}, "ns": 0.0})
         entry["ns"] += idle
