@@ -12,11 +12,20 @@ Definitions (sampling.md §1.1, §1.2):
 * Without any buffer sample in the window, the mean falls back to the ``util_pct`` snapshots of
   ``gpu_state`` taken inside it (each one is ``nvmlDeviceGetUtilizationRates`` over the last driver
   period before the poll), as a plain mean.
+* A GPM window (``gpm``, sampling.md §1.8) covers ``[t0, t1]``, the window's metric is its mean
+  over that time; a mean over the analysis window weights each GPM window by its overlap with it.
+* Throttle counters (``gpu_counters``, cumulative ns per clocks-event reason, sampling.md §1.5)
+  between two reads are spread evenly over the time between them, so the throttled time inside the
+  analysis window is the counter difference times the overlapping fraction of each interval. An
+  interval whose counter went down (driver reload) is unobserved; an increment is capped at the
+  interval's length.
 
 All times are monotonic nanoseconds (``docs/run-format.md``); windows are inclusive ``(t0, t1)``.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -41,6 +50,25 @@ THROTTLE_REASONS: dict[int, str] = {
     0x100: "DisplayClockSetting",
     0x200: "BoardLimit",
     0x400: "Reliability",
+}
+
+#: Reasons that mean the clocks were cut below what the work asked for: power or thermal limits
+#: (nvml.h comments of the ``nvmlClocksEventReason*`` bits). Not GpuIdle (no work), nor
+#: ApplicationsClocksSetting / DisplayClockSetting (a configured clock), nor SyncBoost (held to
+#: match the slowest GPU of a sync-boost group), nor BoardLimit / Reliability (rare, undocumented
+#: meaning for training).
+CLOCK_LIMITING_REASONS = frozenset(
+    {"SwPowerCap", "HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"})
+
+#: GPM record keys averaged over the window (fractions 0–1) → metric name.
+GPM_FRACTIONS: dict[str, str] = {
+    "sm_active": "sm_active_mean",
+    "sm_occupancy": "sm_occupancy_mean",
+    "tensor_active": "tensor_active_mean",
+    "dram_active": "dram_active_mean",
+    "gr_active": "gr_active_mean",
+    "fp16_active": "fp16_active_mean",
+    "fp32_active": "fp32_active_mean",
 }
 
 Window = tuple[int, int] | None
@@ -136,6 +164,73 @@ def _util(records: list[dict], states: list[dict], dev: int, kind: str,
     return None, 0, None
 
 
+def _overlap(a: int, b: int, window: Window) -> int:
+    """Nanoseconds of ``[a, b]`` inside the window (all of it without one)."""
+    if window is not None:
+        a, b = max(a, window[0]), min(b, window[1])
+    return max(0, b - a)
+
+
+def _gpm(records: list[dict], dev: int, window: Window) -> dict:
+    """Time-weighted GPM means of one device (``None`` where no window measured the metric) and
+    ``gpm_windows``, the number of GPM windows overlapping the analysis window."""
+    weights: dict[str, float] = {k: 0.0 for k in GPM_FRACTIONS}
+    sums: dict[str, float] = {k: 0.0 for k in GPM_FRACTIONS}
+    n = 0
+    for r in records:
+        if r.get("k") != "gpm" or r.get("dev") != dev:
+            continue
+        w = _overlap(r["t0"], r["t1"], window)
+        if w <= 0:
+            continue
+        n += 1
+        for key in GPM_FRACTIONS:
+            if r.get(key) is not None:
+                weights[key] += w
+                sums[key] += w * r[key]
+    out: dict = {name: (sums[key] / weights[key] if weights[key] > 0 else None)
+                 for key, name in GPM_FRACTIONS.items()}
+    out["gpm_windows"] = n
+    return out
+
+
+def _counter_throttle(records: list[dict], dev: int, window: Window) -> tuple[dict[str, float], float]:
+    """(reason → seconds throttled inside the window, seconds the counters observed of it).
+
+    Only reasons the counters reported; ``({}, 0.0)`` without counter reads covering the window.
+    The observed time is that of the best-covered reason (all are read in one call).
+    """
+    series: dict[str, list[tuple[int, int]]] = {}
+    for r in records:
+        if r.get("k") == "gpu_counters" and r.get("dev") == dev:
+            for name, ns in (r.get("throttle_ns") or {}).items():
+                if ns is not None:
+                    series.setdefault(name, []).append((r["t"], ns))
+    seconds: dict[str, float] = {}
+    observed = 0.0
+    for name, pts in series.items():
+        pts.sort()
+        throttled = covered = 0.0
+        for (ta, va), (tb, vb) in itertools.pairwise(pts):
+            dt, dv = tb - ta, vb - va
+            if dt <= 0 or dv < 0:  # same instant, or a counter reset: unobserved
+                continue
+            o = _overlap(ta, tb, window)
+            if o > 0:
+                throttled += min(dv, dt) * o / dt
+                covered += o
+        if covered > 0:
+            seconds[name] = throttled / 1e9
+            observed = max(observed, covered / 1e9)
+    return seconds, observed
+
+
+def _limits(records: list[dict], dev: int) -> dict:
+    """The newest ``gpu_limits`` record of a device, or ``{}``."""
+    found = [r for r in records if r.get("k") == "gpu_limits" and r.get("dev") == dev]
+    return found[-1] if found else {}
+
+
 def _device_metrics(records: list[dict], device: dict, window: Window) -> dict:
     dev = device.get("index")
     states = [r for r in records
@@ -149,9 +244,17 @@ def _device_metrics(records: list[dict], device: dict, window: Window) -> dict:
         hits = sum(1 for m in masks if name in throttle_reason_names(m))
         if hits:
             share[name] = hits / len(masks)
+    throttle_s, observed = _counter_throttle(records, dev, window)
+    for name, secs in throttle_s.items():  # counters see every ns; snapshots only poll instants
+        share.pop(name, None)
+        if secs > 0:
+            share[name] = min(1.0, secs / observed)
+    limited = [s.get("sm_clock_mhz") for s in states if s.get("clocks_event_reasons") is not None
+               and CLOCK_LIMITING_REASONS & set(throttle_reason_names(s["clocks_event_reasons"]))]
     total = device.get("memory_total_bytes")
     if total is None:
         total = next((s["mem_total_bytes"] for s in states if s.get("mem_total_bytes")), None)
+    limits = _limits(records, dev)
     return {
         "index": dev, "name": device.get("name"),
         "util_mean": util, "util_source": source, "util_samples": n,
@@ -159,9 +262,19 @@ def _device_metrics(records: list[dict], device: dict, window: Window) -> dict:
         "memory_used_max_bytes": max(used) if used else None,
         "memory_total_bytes": total,
         "sm_clock_mean_mhz": _mean([s.get("sm_clock_mhz") for s in states]),
+        "sm_clock_throttled_mean_mhz": _mean(limited),
+        "sm_clock_max_mhz": limits.get("sm_clock_max_mhz"),
         "power_mean_w": _mean([s.get("power_w") for s in states]),
+        "power_limit_w": limits.get("power_limit_w"),
+        "power_limit_default_w": limits.get("power_limit_default_w"),
+        "power_limit_max_w": limits.get("power_limit_max_w"),
         "throttle_reasons": sorted(share),
         "throttle_share": share,
+        "throttle_s": throttle_s or None,
+        "throttle_source": "counters" if throttle_s else ("snapshots" if masks else None),
+        "throttle_observed_s": observed if throttle_s else None,
+        "throttle_snapshots": len(masks),
+        **_gpm(records, dev, window),
     }
 
 
@@ -183,14 +296,32 @@ def gpu_metrics(records: list[dict], window: tuple[int, int] | None = None) -> d
         * ``mem_util_mean``: percent of time device memory was read or written (not capacity);
         * ``memory_used_max_bytes``, ``memory_total_bytes``: peak used and capacity of one device;
         * ``sm_clock_mean_mhz``, ``power_mean_w``: means of the per-poll snapshots;
+          ``sm_clock_throttled_mean_mhz``: mean SM clock of the snapshots whose bitmask held a
+          :data:`CLOCK_LIMITING_REASONS` reason; ``sm_clock_max_mhz`` (MHz), ``power_limit_w``,
+          ``power_limit_default_w``, ``power_limit_max_w`` (W): from ``gpu_limits``;
         * ``throttle_reasons``: sorted clocks-event reason names seen (GpuIdle excluded);
-          ``throttle_share``: name → fraction of snapshots with that reason;
+          ``throttle_share``: name → fraction of the window with that reason: from the counters
+          (throttled seconds / seconds the counters observed) where the driver has a counter for
+          it, else the fraction of ``gpu_state`` snapshots with its bit set; only reasons > 0;
+        * ``throttle_s``: reason → seconds of throttling inside the window from the cumulative
+          counters (``SwPowerCap``, ``SyncBoost``, ``SwThermalSlowdown``, ``HwThermalSlowdown``,
+          ``HwPowerBrakeSlowdown``; 0.0 is a measured zero), ``None`` without counters;
+          ``throttle_observed_s``: seconds of the window the counters covered (``None`` without);
+          ``throttle_snapshots``: bitmask snapshots in the window; ``throttle_source``:
+          ``"counters"``, ``"snapshots"``, ``"mixed"`` across devices, or ``None``;
+        * GPM (Hopper and newer), fractions 0–1 time-weighted by each GPM window's overlap with the
+          window: ``sm_active_mean`` (share of SMs busy, ≈ DCGM SM_ACTIVE), ``sm_occupancy_mean``
+          (active warps / maximum), ``tensor_active_mean`` (any tensor pipe), ``dram_active_mean``
+          (DRAM bandwidth / peak), ``gr_active_mean`` (time any kernel ran), ``fp16_active_mean``,
+          ``fp32_active_mean`` (non-tensor pipes); ``None`` when no GPM window measured them;
+          ``gpm_windows``: GPM windows overlapping the window;
         * ``devices``: the same per device, with ``index`` and ``name``.
 
         With several devices, the top level covers the devices the command could use (see
         :func:`selected_devices`): means of the per-device means, the largest peak memory and the
-        smallest capacity, the union of reasons (share: the largest), summed sample counts.
-        A value is ``None`` when nothing measured it.
+        smallest capacity, the union of reasons (share, ``throttle_s``, ``throttle_observed_s`` and
+        ``throttle_snapshots``: the largest), summed sample and window counts, the smallest limits.
+        A value is ``None`` when nothing measured it (never 0 as a stand-in).
     """
     static = _static(records)
     if static is None:
@@ -202,9 +333,22 @@ def gpu_metrics(records: list[dict], window: tuple[int, int] | None = None) -> d
     used = [d["memory_used_max_bytes"] for d in top if d["memory_used_max_bytes"] is not None]
     totals = [d["memory_total_bytes"] for d in top if d["memory_total_bytes"] is not None]
     share: dict[str, float] = {}
+    throttle_s: dict[str, float] = {}
     for d in top:
         for name, s in d["throttle_share"].items():
             share[name] = max(s, share.get(name, 0.0))
+        for name, secs in (d["throttle_s"] or {}).items():
+            throttle_s[name] = max(secs, throttle_s.get(name, 0.0))
+    throttle_sources = {d["throttle_source"] for d in top if d["throttle_source"]}
+
+    def smallest(key: str) -> float | None:
+        vals = [d[key] for d in top if d[key] is not None]
+        return min(vals) if vals else None
+
+    def largest(key: str) -> float | None:
+        vals = [d[key] for d in top if d[key] is not None]
+        return max(vals) if vals else None
+
     return {
         "util_mean": _mean([d["util_mean"] for d in top]),
         "util_source": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
@@ -213,9 +357,21 @@ def gpu_metrics(records: list[dict], window: tuple[int, int] | None = None) -> d
         "memory_used_max_bytes": max(used) if used else None,
         "memory_total_bytes": min(totals) if totals else None,
         "sm_clock_mean_mhz": _mean([d["sm_clock_mean_mhz"] for d in top]),
+        "sm_clock_throttled_mean_mhz": _mean([d["sm_clock_throttled_mean_mhz"] for d in top]),
+        "sm_clock_max_mhz": smallest("sm_clock_max_mhz"),
         "power_mean_w": _mean([d["power_mean_w"] for d in top]),
+        "power_limit_w": smallest("power_limit_w"),
+        "power_limit_default_w": smallest("power_limit_default_w"),
+        "power_limit_max_w": smallest("power_limit_max_w"),
         "throttle_reasons": sorted(share),
         "throttle_share": share,
+        "throttle_s": throttle_s or None,
+        "throttle_source": (throttle_sources.pop() if len(throttle_sources) == 1
+                            else ("mixed" if throttle_sources else None)),
+        "throttle_observed_s": largest("throttle_observed_s"),
+        "throttle_snapshots": max((d["throttle_snapshots"] for d in top), default=0),
+        **{name: _mean([d[name] for d in top]) for name in GPM_FRACTIONS.values()},
+        "gpm_windows": sum(d["gpm_windows"] for d in top),
         "device_indices": sorted(chosen),
         "devices": devices,
     }

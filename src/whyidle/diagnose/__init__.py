@@ -11,7 +11,7 @@ answers the question before any other bottleneck does.
 
 from __future__ import annotations
 
-from whyidle.diagnose import rules, rules_gpu, rules_work
+from whyidle.diagnose import rules, rules_device, rules_gpu, rules_work
 from whyidle.diagnose import thresholds as T
 
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -84,7 +84,8 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
             findings.append(f)
     if short is None:
         for rule in (rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
-                     rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload):
+                     rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload,
+                     rules_device.throttling):
             f = rule(facts)
             if f:
                 findings.append(f)

@@ -161,6 +161,7 @@ class TorchInstrument:
         self.sync_watch = None
         self.syncs_in_step = 0
         self.transfers = None
+        self.compiled = False  # torch.compile was called
         self.classifier = None
         self.stacks = None
         self.off = False
@@ -197,16 +198,18 @@ class TorchInstrument:
         self.saved.append(self.phase)
         self.phase = phase
         self.t_phase = now
-        if self.marking:
-            self.timeline.mark(phase, "phase", self.step)
+        tl = self.timeline
+        if self.marking and tl is not None:
+            tl.mark(phase, "phase", self.step)
 
     def leave(self) -> None:
         now = monotonic_ns()
         self.acc[self.phase] += now - self.t_phase
         self.phase = self.saved.pop() if self.saved else "other"
         self.t_phase = now
-        if self.marking:
-            self.timeline.mark(self.phase, "phase", self.step)
+        tl = self.timeline
+        if self.marking and tl is not None:
+            tl.mark(self.phase, "phase", self.step)
 
     def end_step(self, by: str) -> None:
         now = monotonic_ns()
@@ -409,12 +412,15 @@ class TorchInstrument:
             self.agent.notice(f"sync counting stopped: more than {MAX_SYNCS_PER_STEP} syncs in one step")
             return
         user, leaf = self.site_of(frame)
-        self.timeline.mark(self.phase, "sync", self.step, [user, leaf, explicit])
+        tl = self.timeline
+        if tl is not None:
+            tl.mark(self.phase, "sync", self.step, [user, leaf, explicit])
 
     def on_sync_start(self, frame) -> None:
         """An explicit sync (``torch.cuda.synchronize``, ``Event.synchronize``) is about to wait."""
-        if threading.get_ident() == self.tid and self.timeline is not None and not self.off:
-            self.timeline.mark(self.phase, "sync0", self.step)
+        tl = self.timeline
+        if threading.get_ident() == self.tid and tl is not None and not self.off:
+            tl.mark(self.phase, "sync0", self.step)
 
     def on_stack_sample(self, user: str | None, leaf: str | None, weight_s: float, phase: str) -> None:
         """A stack sample of the training thread: record a probe mark carrying its source line."""
@@ -423,6 +429,11 @@ class TorchInstrument:
             tl.mark(phase, "probe", self.step, [user, leaf, round(weight_s * 1000, 3)])
 
     def _start_transfer_audit(self) -> None:
+        if self.compiled:
+            # torch.compile is in use: its first steps trace the model, and wrapped Tensor methods
+            # could end up in guards and cost a recompilation once the audit removes them.
+            self.agent.notice("copy/read audit skipped: torch.compile is in use")
+            return
         from whyidle.instrument.transfers import TransferAudit
 
         try:
@@ -641,6 +652,16 @@ def install(agent, torch) -> TorchInstrument:
         watch_placement(torch, agent.record, inst.site_of)
     except Exception as exc:
         agent.notice(f"placement audit disabled: {exc!r}")
+
+    orig_compile = getattr(torch, "compile", None)
+    if orig_compile is not None:
+
+        @functools.wraps(orig_compile)
+        def compile(*args, **kwargs):
+            inst.compiled = True
+            return orig_compile(*args, **kwargs)
+
+        torch.compile = compile
 
     def opt_pre(optimizer, args, kwargs):
         if inst.off or agent.disabled or (inst.by_optimizer and get_ident() != inst.tid):

@@ -21,6 +21,7 @@ runs for a few steps only, so the cost of the wrappers (~2 µs per call) does no
 
 from __future__ import annotations
 
+import os
 import sys
 from time import monotonic_ns
 
@@ -54,6 +55,8 @@ class TransferAudit:
         self.reads: dict[tuple, int] = {}
         self._reading = False
         self.active = False
+        if hasattr(os, "register_at_fork"):  # a forked DataLoader worker inherits the wrappers: inert there
+            os.register_at_fork(after_in_child=self._forked)
         self._saved: list[tuple[str, object]] = []
 
     def start(self) -> None:
@@ -67,7 +70,7 @@ class TransferAudit:
         orig_to = tensor.to
 
         def to(self, *args, **kwargs):
-            if (not audit.active or audit.is_compiling() or self.device.type != "cpu"
+            if (audit.is_compiling() or not audit.active or self.device.type != "cpu"
                     or audit.get_ident() != audit.tid):
                 return orig_to(self, *args, **kwargs)
             try:
@@ -84,7 +87,7 @@ class TransferAudit:
         orig_cuda = tensor.cuda
 
         def cuda(self, device=None, non_blocking=False, **kwargs):
-            if (not audit.active or audit.is_compiling() or self.device.type != "cpu"
+            if (audit.is_compiling() or not audit.active or self.device.type != "cpu"
                     or audit.get_ident() != audit.tid):
                 return orig_cuda(self, device, non_blocking, **kwargs)
             t0 = monotonic_ns()
@@ -101,11 +104,14 @@ class TransferAudit:
             setattr(tensor, name, fn)
         self.active = True
 
+    def _forked(self) -> None:
+        self.active = False
+
     def _read_wrapper(self, orig, op: str):
         audit = self
 
         def read(self, *args, **kwargs):
-            if (not audit.active or audit._reading or audit.is_compiling()
+            if (audit.is_compiling() or not audit.active or audit._reading
                     or audit.get_ident() != audit.tid):
                 return orig(self, *args, **kwargs)
             audit._reading = True  # reads inside this one (printing a tensor) are not counted again
