@@ -121,6 +121,9 @@ def test_model_not_moved_on_a_cpu_box():
     # the model was moved: fine
     moved = recs + [{"k": "module_to", "cls": "Net", "device": "cuda", "site": "train.py:9 <module>"}]
     assert model_not_moved({**facts, "placement": placement_summary(moved)}) is None
+    # moved to the device its batches go to, here the CPU: fine
+    to_cpu = recs + [{"k": "module_to", "cls": "Net", "device": "cpu", "site": "train.py:9 <module>"}]
+    assert model_not_moved({**facts, "placement": placement_summary(to_cpu)}) is None
     # a GPU is there: the critical wrong_device speaks instead
     assert model_not_moved({**facts, "gpu_static": {"devices": [{"index": 0}]}}) is None
 

@@ -1,7 +1,8 @@
 """Small shared pieces of the scenario training scripts (plain PyTorch, no whyidle import).
 
 - the two reference models of /work/shared/cases.md: S-CNN and S-MLP;
-- ``make_parser``: the common command line (``--variant``, ``--steps``, ``--seed``, ``--tc``);
+- ``make_parser``: the common command line (``--variant`` (or ``--fixed``), ``--steps``, ``--seed``,
+  ``--tc``, and ``--device`` for the scripts that also run on a GPU);
 - ``measure_tc``: the start-up calibration (median of 5 warm-up steps = T_c);
 - ``StepMeter``: the classic "data_time / batch_time" meter of the PyTorch ImageNet example,
   which the training loops call as ``meter.got_batch()`` right after the ``for`` loop hands
@@ -66,12 +67,21 @@ class SMLP(nn.Module):
         return self.net(x)
 
 
-def make_parser(doc: str | None, steps: int, variants: bool = True, tc: bool = False):
-    """The command line every scenario shares."""
+def make_parser(doc: str | None, steps: int, variants: bool = True, tc: bool = False, device: bool = False):
+    """The command line every scenario shares.
+
+    ``--fixed`` is short for ``--variant fixed``. With ``device=True``, ``--device cpu|cuda``
+    (default: None, which :func:`pick_device` turns into cuda when available, else cpu).
+    """
     first = (doc or "").strip().splitlines()[0] if doc else None
     p = argparse.ArgumentParser(description=first)
     if variants:
         p.add_argument("--variant", choices=("faulty", "fixed"), default="faulty")
+        p.add_argument("--fixed", dest="variant", action="store_const", const="fixed",
+                       help="same as --variant fixed")
+    if device:
+        p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="device to train on (default: cuda when available, else cpu)")
     p.add_argument("--steps", type=int, default=steps, help="optimizer steps to run (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     if tc:
@@ -82,6 +92,20 @@ def make_parser(doc: str | None, steps: int, variants: bool = True, tc: bool = F
             help="compute time T_c in seconds; skips the start-up calibration (injected costs are multiples of it)",
         )
     return p
+
+
+def pick_device(arg: str | None) -> str:
+    """``--device`` or, when not given, ``"cuda"`` if PyTorch can use a GPU, else ``"cpu"``."""
+    if arg:
+        return arg
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sync_device(device: str) -> None:
+    """Waits for the device's queued work (CUDA), so loop timings include it. Call outside the
+    timed steps only (before ``meter.start()`` and before the final result)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def seed_everything(seed: int) -> None:

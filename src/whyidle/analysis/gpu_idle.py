@@ -64,6 +64,7 @@ SYNC_OPS = (
     (re.compile(r"\bprint\(|\blog|f['\"]"), "print/format"),
     (re.compile(r"\.nonzero\(|\bnonzero\(|\bwhere\(\s*[^,()]+\)"), "nonzero"),
     (re.compile(r"synchronize\("), "synchronize"),
+    (re.compile(r"\.to\(|\.cuda\(|\.copy_\("), "copy"),
     (re.compile(r"^\s*(if|elif|while|assert)\b"), "bool"),
 )
 

@@ -67,7 +67,13 @@ def read_summary(records: list[dict]) -> dict | None:
     recs = [r for r in records if r.get("k") == "transfers"]
     if not recs:
         return None
-    n = len({r.get("step") for r in recs})
+    steps = sorted({r.get("step") for r in recs}, key=lambda s: (s is None, s))
+    if len(steps) > 1:
+        # A step ends at optimizer.step(): reads made after it (where most loops log) fall in the
+        # next audited step, so the first audited step lacks them. Count from the second.
+        recs = [r for r in recs if r.get("step") != steps[0]]
+        steps = steps[1:]
+    n = len(steps)
     sites: dict[str, dict] = {}
     for r in recs:
         for user, leaf, op, count in r.get("reads") or []:

@@ -21,6 +21,7 @@ _SYNC_FIX = {
     "print/format": "format tensors only when you log, every N steps",
     "nonzero": "avoid data-dependent shapes in the step (masks with torch.where instead of boolean indexing)",
     "bool": "do not branch in Python on a GPU tensor's value every step (torch.where, or check every N steps)",
+    "copy": "copy batches from pinned memory (DataLoader pin_memory=True) with .to(device, non_blocking=True)",
     "synchronize": "remove the explicit synchronize from the step (CUDA events time GPU work without it)",
     "torch.cuda.synchronize": "remove the explicit synchronize from the step (CUDA events time GPU work without it)",
     "Event.synchronize": "query the event (event.query()) instead of waiting on it in the step",
@@ -107,8 +108,9 @@ def model_not_moved(facts: dict) -> dict | None:
     params = devices.get("params") or {}
     if not placement.get("batch_moves") or not params or set(params) != {"cpu"}:
         return None
-    if any(m["device"] != "cpu" for m in placement.get("module_moves") or []):
-        return None
+    batch_devices = {m["device"] for m in placement["batch_moves"]}
+    if any(m["device"] != "cpu" or m["device"] in batch_devices for m in placement.get("module_moves") or []):
+        return None  # the model is moved, to the device its batches go to (on a CPU-only box: the CPU)
     if (facts.get("gpu_static") or {}).get("devices") or devices.get("cuda_initialized"):
         return None  # a GPU is there: wrong_device (critical) says it with the measured placement
     move = placement["batch_moves"][0]

@@ -156,9 +156,10 @@ class SyncWatch:
 
     - PyTorch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``): PyTorch warns in
       ``memcpy_and_sync`` and ``stream_synchronize`` (c10/cuda/CUDAFunctions.h), i.e. every
-      device→host copy that blocks (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()`` after
-      ``.cpu()``, printing a tensor, ``if tensor:``, ``nonzero``, boolean-mask indexing,
-      ``torch.equal``) and ``Stream.synchronize()``. The warning reaches Python when the op returns,
+      blocking copy between host and device: device→host reads (``.item()``, ``.cpu()``,
+      ``.tolist()``, printing a tensor, ``if tensor:``, ``nonzero``, boolean-mask indexing,
+      ``torch.equal``) and host→device copies without ``non_blocking=True`` (``.to(device)``,
+      ``.cuda()``), plus ``Stream.synchronize()``. The warning reaches Python when the op returns,
       so the mark is recorded right after the sync: the GPU queue is empty there.
       ``warnings._showwarnmsg`` is wrapped so these warnings are consumed before any user
       ``showwarning`` or ``logging.captureWarnings``; an ``"always"`` filter for this one message
@@ -168,8 +169,9 @@ class SyncWatch:
       time between is the host's wait).
 
     Missed (documented, not counted): syncs inside the CUDA caching allocator (``cudaFree`` on
-    cache misses, ``torch.cuda.empty_cache()``), pageable host→device copies (synchronous in the
-    driver; see the transfer audit), NCCL collectives, and syncs in C++/CUDA extensions. Their
+    cache misses, ``torch.cuda.empty_cache()``), ``non_blocking=True`` copies from pageable memory
+    (the driver stages them synchronously; the transfer audit measures their host time), NCCL
+    collectives, and syncs in C++/CUDA extensions. Their
     cost still appears in the GPU idle time and its source lines (probes), without a count.
 
     When the user set a sync debug mode themselves, the watch stays off. A user filter turning
