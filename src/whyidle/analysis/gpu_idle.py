@@ -22,8 +22,11 @@ Definitions:
   intervals short. Reported as ``idle``/"GPU starved": the measured time the GPU waited, not
   NVML's utilization.
 * **Cause** of an interval's starved time: ``data`` in the data-wait phase; ``sync`` from a
-  synchronization until the host's next phase boundary, as long as the queue stays empty (the
-  idle a sync exposes: everything the host does after it can no longer hide behind queued work);
+  synchronization until the queue holds work again (the idle a sync exposes: everything the host
+  does after it — more reads, the optimizer's Python, the next forward's first launches — can no
+  longer hide behind queued work), across phase boundaries but not into a data wait. When the
+  queue does not refill before the end of the next step (a launch-bound loop, whose queue never
+  builds up, sync or not), the sync is charged only up to the host's next phase boundary;
   ``launch`` in forward, backward, optimizer and eval (the host issues work more slowly than the
   GPU runs it: launch-bound); ``host`` in the rest of the step (Python, logging, metrics); ``other``
   before the first step.
@@ -132,14 +135,29 @@ def _intervals(m: dict, lag: np.ndarray) -> dict:
     starved = np.minimum(starved, np.maximum(np.diff(g), 0.0))
     known = np.array([k != "gap" for k in kind[1:]], dtype=bool)
     starved[~known] = 0.0
+    n = len(h)
+    # next mark at which the queue holds work again, and the second step boundary ahead
+    next_refill = np.full(n, n, dtype=np.int64)
+    step_after_next = np.full(n, n, dtype=np.int64)
+    refill, steps_ahead = n, [n, n]
+    for i in range(n - 1, -1, -1):
+        next_refill[i] = refill
+        step_after_next[i] = steps_ahead[1]
+        if lag[i] > 0.0:
+            refill = i
+        if kind[i] == "step":
+            steps_ahead = [i, steps_ahead[0]]
     cause: list[str] = []
     charged: list[int] = []
     current = -1
+    extended = False
     for i in range(len(dh)):
         k = kind[i]
         if k == "sync":
             current = i
-        elif current >= 0 and not (k == "probe" and lag[i] == 0.0):
+            extended = next_refill[i] < step_after_next[i]
+        elif current >= 0 and (lag[i] > 0.0 or phase[i] == "data"
+                               or not (extended or (k == "probe" and lag[i] == 0.0))):
             current = -1
         ph = phase[i]
         if ph == "data":
