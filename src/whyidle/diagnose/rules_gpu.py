@@ -31,9 +31,10 @@ _SYNC_FIX = {
 def sync_bound(facts: dict) -> dict | None:
     """Host↔device synchronizations expose GPU idle (share of step time ≥ ``SYNC_IDLE_WARN``).
 
-    The idle a sync causes is the starved time from its return until the host's next phase
-    boundary (:mod:`whyidle.analysis.gpu_idle`): after a sync the queue is empty, so the host's
-    following work can no longer hide behind queued kernels. ``est_speedup`` = 1/(1 − that share).
+    The idle a sync causes is the starved time from its return until the queue holds work again
+    (:mod:`whyidle.analysis.gpu_idle` gives the exact rule): after a sync the queue is empty, so the
+    host's following work can no longer hide behind queued kernels. ``est_speedup`` = 1/(1 − that
+    share).
     """
     idle = facts.get("gpu_idle")
     if idle is None:
