@@ -18,8 +18,10 @@ code changes. What it hooks (all public PyTorch hooks except the two DataLoader 
 
 Phases are exclusive (a forward inside an optimizer closure counts as forward, not twice); the rest
 of the step is ``other`` host time. Only the training thread (the main thread, or the thread of
-the first optimizer step) is accounted. On CUDA, events recorded at step start and end are read
-later with ``query()``: never a synchronize. Every hook catches its own errors and turns the
+the first optimizer step) is accounted. Once the model is on CUDA, every phase boundary also
+records a mark on the CUDA timeline (:mod:`whyidle.instrument.cuda`: events read later with
+``query()``, never a synchronize) and syncs are counted; the first steps audit copies and host
+reads (:mod:`whyidle.instrument.transfers`). Every hook catches its own errors and turns the
 instrumentation off with one notice.
 """
 
@@ -33,6 +35,8 @@ import os
 import sys
 import threading
 from time import monotonic_ns, thread_time_ns
+
+from whyidle.instrument.cuda import MAX_SYNCS_PER_STEP, MIN_MARKED_STEP_S, STRIDE_WINDOW, CudaTimeline, SyncWatch
 
 #: Steps during which global forward hooks watch for top-level modules before being replaced by
 #: per-module hooks on those roots (global hooks force every submodule off PyTorch's fast path).
@@ -49,8 +53,6 @@ MAX_GRAPH_NODES = 50_000
 #: Steps at whose first backward the autograd graph is counted: early enough for short runs,
 #: late enough that gradient accumulation or warm-up has settled into the loop's shape.
 GRAPH_COUNT_STEPS = (2, 5, 10)
-
-from whyidle.instrument.cuda import MAX_SYNCS_PER_STEP, MIN_MARKED_STEP_S, STRIDE_WINDOW
 
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
 
@@ -239,12 +241,12 @@ class TorchInstrument:
         self.uninstall_hooks()
         self.timeline = None
         self.marking = False
-        for part in (self.sync_watch, self.transfers):
-            if part is not None:
-                try:
-                    part.uninstall() if part is self.sync_watch else part.stop()
-                except Exception:
-                    pass
+        for stop in (getattr(self.sync_watch, "uninstall", None), getattr(self.transfers, "stop", None)):
+            try:
+                if stop is not None:
+                    stop()
+            except Exception:
+                pass
         self.agent.notice(f"PyTorch instrumentation disabled after an error in {where}: {exc!r}")
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -367,8 +369,6 @@ class TorchInstrument:
 
     def _start_gpu_timeline(self) -> None:
         """Starts the CUDA timeline and the sync watch (once the model is on CUDA)."""
-        from whyidle.instrument.cuda import CudaTimeline, SyncWatch
-
         cuda = self.torch.cuda
         capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
         self.timeline = CudaTimeline(lambda: cuda.Event(enable_timing=True), capturing=capturing)
