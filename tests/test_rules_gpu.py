@@ -121,6 +121,9 @@ def test_model_not_moved_on_a_cpu_box():
     # the model was moved: fine
     moved = recs + [{"k": "module_to", "cls": "Net", "device": "cuda", "site": "train.py:9 <module>"}]
     assert model_not_moved({**facts, "placement": placement_summary(moved)}) is None
+    # no sign that the script means to use a GPU: info only
+    no_query = placement_summary(recs[:1])
+    assert model_not_moved({**facts, "placement": no_query})["severity"] == "info"
     # moved to the device its batches go to, here the CPU: fine
     to_cpu = recs + [{"k": "module_to", "cls": "Net", "device": "cpu", "site": "train.py:9 <module>"}]
     assert model_not_moved({**facts, "placement": placement_summary(to_cpu)}) is None

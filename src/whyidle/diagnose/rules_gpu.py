@@ -100,8 +100,9 @@ def _host_reads(facts: dict) -> dict | None:
 def model_not_moved(facts: dict) -> dict | None:
     """The loop moves its batches with ``.to(device)`` but the model is never moved and its
     parameters are on the CPU (``wrong_device``, ``evidence.kind = "model_not_moved"``;
-    cases.md C23). On a machine without a usable GPU this is a warning about the script (on a GPU
-    the batches would go to the GPU and the model would stay behind); with a GPU the critical
+    cases.md C23). On a machine without a usable GPU this is a warning about the script when it
+    asks ``torch.cuda.is_available()`` (it means to use a GPU when there is one: there the batches
+    would go to the GPU and the model would stay behind), info otherwise; with a GPU the critical
     :func:`whyidle.diagnose.rules.wrong_device` already reports the parameters on the CPU.
     """
     placement = facts.get("placement") or {}
@@ -123,7 +124,9 @@ def model_not_moved(facts: dict) -> dict | None:
                f"and the model would not, so the GPU would sit idle (or the step would fail).{asked}")
     text = ("Move the model to the same device before building the optimizer (model = Model().to(device)), and give "
             "tensors created inside the model or library device=.")
-    return finding("wrong_device", "warning", "Model never moved to the device its batches go to", summary,
+    # Without a CUDA query the script may target the CPU on purpose (device = "cpu"): say it, quietly.
+    severity = "warning" if queries else "info"
+    return finding("wrong_device", severity, "Model never moved to the device its batches go to", summary,
                    {"kind": "model_not_moved", "params": params, "batch_moves": placement["batch_moves"][:3],
                     "module_moves": placement.get("module_moves") or [], "cuda_queries": queries[:3]},
                    None, text, "model = Model().to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=...)",
