@@ -85,9 +85,11 @@ def _host_reads(facts: dict) -> dict | None:
     sites = reads["sites"][:5]
     for site in sites:
         site["op"] = "+".join(site["ops"])
-    names = ", ".join(f"{s['site'] or s['leaf']} ({s['op']})" for s in sites[:3])
-    summary = (f"The step reads tensor values on the host {reads['per_step']:.1f} times ({names}). On this CPU-only "
-               "run that costs nothing extra; on a GPU each read is a host↔device sync that drains the queue.")
+    first = sites[0]
+    lines = f"{len(reads['sites'])} lines" if len(reads["sites"]) > 1 else "1 line"
+    summary = (f"The step reads tensor values on the host {reads['per_step']:.1f} times, at {lines} (the most at "
+               f"{first['site'] or first['leaf']}, {first['op']}). On this CPU-only run that costs nothing extra; on "
+               "a GPU each read is a host↔device sync that drains the queue.")
     text = ("Before moving this loop to a GPU, take the reads out of the per-step path: accumulate on the device "
             "and read every N steps.")
     code = ("running_loss += loss.detach()\nif step % 50 == 0:\n    print(running_loss.item() / 50)\n"
