@@ -131,6 +131,7 @@ def test_data_starved_timeline_idle_is_exact_and_charged_to_data():
     assert by["sync"] == by["host"] == 0.0
     assert out["idle_share_by_cause"]["data"] == pytest.approx(by["data"] / out["covered_s"])
     assert out["per_step"]["starved_s"]["p50"] == pytest.approx(0.0145, abs=1e-9)
+    assert out["per_step"]["idle_s_by_cause"]["data"] == pytest.approx(0.0144, abs=1e-9)
     # the GPU span of a step = its 16 ms of work + 14.5 ms idle (in GPU time between step marks)
     assert out["per_step"]["gpu_span_s"]["p50"] == pytest.approx(0.0305, abs=1e-9)
 

@@ -239,7 +239,7 @@ def gpu_idle(records: list[dict], window: tuple[int, int] | None = None, steps: 
           wait_s}]}`` (``wait_s``: host time blocked, for explicit syncs only);
         * ``per_step``: ``{starved_s, gpu_span_s}`` statistics (p50, mean, max; seconds);
           ``gpu_span_s`` is the GPU time between the step's boundary marks (its work plus its
-          idle);
+          idle); ``idle_s_by_cause``: mean seconds per step by cause;
         * ``steps``, ``marks``, ``method`` (``"cuda_events"``).
     """
     m = _marks(records)
@@ -332,7 +332,8 @@ def gpu_idle(records: list[dict], window: tuple[int, int] | None = None, steps: 
         starved_steps = (cum(t1) - cum(t0)) / 1e9
         spans = [s["gpu_ms"] / 1e3 for s in steps
                  if s.get("gpu_ms") is not None and s["gpu_ms"] == s["gpu_ms"]]
-        per_step = {"starved_s": _stats(starved_steps.tolist()), "gpu_span_s": _stats(spans)}
+        per_step = {"starved_s": _stats(starved_steps.tolist()), "gpu_span_s": _stats(spans),
+                    "idle_s_by_cause": {c: v / 1e9 / len(steps) for c, v in by_cause.items()}}
 
     return {
         "method": "cuda_events",
