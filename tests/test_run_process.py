@@ -289,3 +289,15 @@ def test_json_dash_prints_the_report_after_the_command(tmp_path):
     assert first == "trained 12"  # the command's output first, untouched
     assert json.loads(rest)["schema"] == "whyidle.report/1"
     assert not (tmp_path / "-").exists()
+
+
+def test_a_launcher_that_changes_directory_is_still_instrumented(tmp_path):
+    # `cd src && python train.py` with a relative run directory: the bootstrap path must be absolute
+    src = tmp_path / "src"
+    src.mkdir()
+    write_script(src / "train.py", steps=15)
+    proc = run_whyidle(["run", "-q", "--out", "runs/rel", "--json", "r.json", "--",
+                        "sh", "-c", f"cd src && {sys.executable} train.py"], cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["framework"] == "torch" and _steps(report) == 15

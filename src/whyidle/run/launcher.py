@@ -65,9 +65,10 @@ def prepare_bootstrap(run_dir: str) -> str:
 
     The link makes ``import whyidle`` resolve to this very installation in every child Python
     (even another interpreter or virtual environment) without exposing any other package.
-    Returns the directory to put first on ``PYTHONPATH``.
+    Returns the directory to put first on ``PYTHONPATH``, absolute: a command that changes
+    directory (``cd src && python train.py``) must still find it.
     """
-    boot = os.path.join(run_dir, ".bootstrap")
+    boot = os.path.join(os.path.abspath(run_dir), ".bootstrap")
     os.makedirs(boot, exist_ok=True)
     shutil.copyfile(BOOTSTRAP_FILE, os.path.join(boot, "sitecustomize.py"))
     link = os.path.join(boot, "whyidle")
@@ -84,7 +85,7 @@ def child_env(run_dir: str, bootstrap_dir: str, stack_hz: float, base: dict | No
     """
     env = dict(os.environ if base is None else base)
     old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = bootstrap_dir + (os.pathsep + old if old else "")
+    env["PYTHONPATH"] = os.path.abspath(bootstrap_dir) + (os.pathsep + old if old else "")
     env["WHYIDLE_RUN_DIR"] = os.path.abspath(run_dir)
     env["WHYIDLE_STACK_HZ"] = str(stack_hz)
     return env
