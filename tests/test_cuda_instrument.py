@@ -183,3 +183,22 @@ def test_watch_placement_ignores_library_queries(monkeypatch):
     exec(code, lib.__dict__)
     lib.check(torch)
     assert recs == []
+
+
+def test_reads_made_inside_a_library_are_not_counted(audit):
+    # e.g. torch.optim.Adam reading its CPU step counter: not the user's read, and no GPU sync
+    lib = types.ModuleType("somelib")
+    code = compile("def step(t):\n    return t.item()\n",
+                   f"{sys.prefix}/lib/python3.11/site-packages/somelib/__init__.py", "exec")
+    exec(code, lib.__dict__)
+    lib.step(torch.ones(()))
+    torch.ones(()).item()
+    reads = audit.drain(0, 0)["reads"]
+    assert len(reads) == 1 and "test_cuda_instrument.py" in reads[0][0]
+
+
+def test_the_demo_trainer_is_user_code():
+    from whyidle.demo import train
+
+    kind, label = FrameClassifier().classify(train.__file__)
+    assert kind == 0 and label == "whyidle/demo/train.py"

@@ -10,7 +10,9 @@ returns a pooled sample, so loading costs only the collate), each batch moved wi
   copies the batch into page-locked memory and the copy to the GPU runs asynchronously.
 
 On a CPU-only box ``device`` is ``"cpu"``: nothing is copied to an accelerator (``.to("cpu")`` is
-a no-op and PyTorch ignores ``pin_memory`` without one), so there is no pageable copy to report.
+a no-op and PyTorch ignores ``pin_memory`` without one), so there is no pageable copy to report;
+whyidle names the configuration instead (``input_pipeline_config``: pin_memory=False with a
+blocking ``.to(device)`` in a script that asks for CUDA).
 Sizes there: batch 32 of 3x32x32, ``num_workers=0``, 100 steps (~1.2 s).
 
 GPU-box spec: ``--big`` gives cases.md's batches of 128x3x224x224 float32 (~77 MB) with

@@ -87,7 +87,7 @@ def read_summary(records: list[dict]) -> dict | None:
 
 def placement_summary(records: list[dict]) -> dict:
     """``module_to`` and ``cuda_query`` records of a trainer: ``{module_moves: [{cls, device, site}],
-    cuda_queries: [{result, site}], batch_moves: [{site, device}]}`` (batch moves from the transfer
+    cuda_queries: [{result, site}], batch_moves: [{site, device, non_blocking}]}`` (batch moves from the transfer
     audit: ``.to(device)`` of DataLoader batch tensors, any target)."""
     moves = [{"cls": r.get("cls"), "device": r.get("device"), "site": r.get("site") or r.get("leaf")}
              for r in records if r.get("k") == "module_to"]
@@ -96,7 +96,8 @@ def placement_summary(records: list[dict]) -> dict:
     for r in records:
         if r.get("k") != "transfers":
             continue
-        for user, leaf, dev, _pinned, _nb, from_batch, *_ in r.get("items") or []:
+        for user, leaf, dev, _pinned, non_blocking, from_batch, *_ in r.get("items") or []:
             if from_batch:
-                batch.setdefault((user or leaf, dev), {"site": user or leaf, "device": dev})
+                batch.setdefault((user or leaf, dev, non_blocking),
+                                 {"site": user or leaf, "device": dev, "non_blocking": non_blocking})
     return {"module_moves": moves, "cuda_queries": queries, "batch_moves": list(batch.values())}

@@ -586,6 +586,13 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
         smells.append("num_workers=0: batches are prepared in the training process, serially with the step")
     if "cuda" in params and not loader.get("pin_memory"):
         smells.append("pin_memory=False while the model is on CUDA: host→device copies come from pageable memory")
+    placement = facts.get("placement") or {}
+    blocking = [m for m in placement.get("batch_moves") or [] if not m.get("non_blocking")]
+    if "cuda" not in params and not loader.get("pin_memory") and blocking and placement.get("cuda_queries"):
+        # a CPU-only run of a script meant for a GPU (it asks torch.cuda.is_available()): cases.md C21
+        smells.append(f"pin_memory=False and batches moved with a blocking .to(device) ({blocking[0]['site']}): on a "
+                      "GPU each copy would come from pageable memory and block the host "
+                      "(pin_memory=True with .to(device, non_blocking=True) overlaps it)")
     iters = facts.get("loader_iters") or {}
     if nw > 0 and not loader.get("persistent_workers") and iters.get("count", 0) >= 2:
         secs = iters.get("seconds") or [0.0]

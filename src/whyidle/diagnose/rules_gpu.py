@@ -102,9 +102,9 @@ def _host_reads(facts: dict) -> dict | None:
 def model_not_moved(facts: dict) -> dict | None:
     """The loop moves its batches with ``.to(device)`` but the model is never moved and its
     parameters are on the CPU (``wrong_device``, ``evidence.kind = "model_not_moved"``;
-    cases.md C23). On a machine without a usable GPU this is a warning about the script when it
-    asks ``torch.cuda.is_available()`` (it means to use a GPU when there is one: there the batches
-    would go to the GPU and the model would stay behind), info otherwise; with a GPU the critical
+    cases.md C23). Only on a machine without a usable GPU, as info: the model may be moved in a
+    branch that runs only with a GPU, or built on the device, which cannot be seen here; the
+    summary says whether the script asks ``torch.cuda.is_available()``. With a GPU the critical
     :func:`whyidle.diagnose.rules.wrong_device` already reports the parameters on the CPU.
     """
     placement = facts.get("placement") or {}
@@ -121,14 +121,15 @@ def model_not_moved(facts: dict) -> dict | None:
     queries = placement.get("cuda_queries") or []
     asked = (f" The script asks torch.cuda.is_available() ({queries[0]['site']}: {queries[0]['result']} here), so it "
              "is meant to run on a GPU." if queries else "")
-    summary = (f"Every batch is moved with .to(device) ({move['site']}, to {move['device']} here) but the model never "
-               f"is: its {params['cpu']:,} parameters stay on the CPU. On a GPU machine the batches would go to the GPU "
-               f"and the model would not, so the GPU would sit idle (or the step would fail).{asked}")
+    summary = (f"Every batch is moved with .to(device) ({move['site']}, to {move['device']} here) but no "
+               f"Module.to()/.cuda() ran: the model's {params['cpu']:,} parameters stay on the CPU. Unless the model "
+               "is moved in code that runs only with a GPU (or built with device=), on a GPU machine the batches would "
+               f"go to the GPU and the model would not, so the GPU would sit idle (or the step would fail).{asked}")
     text = ("Move the model to the same device before building the optimizer (model = Model().to(device)), and give "
             "tensors created inside the model or library device=.")
-    # Without a CUDA query the script may target the CPU on purpose (device = "cpu"): say it, quietly.
-    severity = "warning" if queries else "info"
-    return finding("wrong_device", severity, "Model never moved to the device its batches go to", summary,
+    # Not verifiable without a GPU (a move under `if torch.cuda.is_available():`, a model built
+    # under `with torch.device(device):`): info, never a warning.
+    return finding("wrong_device", "info", "Model never moved to the device its batches go to", summary,
                    {"kind": "model_not_moved", "params": params, "batch_moves": placement["batch_moves"][:3],
                     "module_moves": placement.get("module_moves") or [], "cuda_queries": queries[:3]},
                    None, text, "model = Model().to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=...)",

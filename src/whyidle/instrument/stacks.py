@@ -40,6 +40,7 @@ MAX_SAMPLE_WEIGHT_S = 0.25
 MAX_SITES_PER_FLUSH = 4096
 
 _WHYIDLE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_WHYIDLE_DEMO = os.path.join(_WHYIDLE_DIR, "demo")
 
 
 def _library_roots() -> list[str]:
@@ -61,7 +62,8 @@ class FrameClassifier:
     """Tells user code from library code and formats ``"file:line function"`` sites.
 
     User code is any file outside the standard library, ``site-packages``/``dist-packages`` and
-    whyidle itself. User paths are shown relative to the working directory when inside it;
+    whyidle itself (except ``whyidle/demo``, the demo's training script, shown as
+    ``whyidle/demo/...``). User paths are shown relative to the working directory when inside it;
     library paths relative to their install root (``torch/nn/modules/conv.py``).
     """
 
@@ -78,7 +80,9 @@ class FrameClassifier:
             result = (1, filename)
         else:
             real = os.path.realpath(filename)
-            if real.startswith(_WHYIDLE_DIR + os.sep):
+            if real.startswith(_WHYIDLE_DEMO + os.sep):  # the demo's trainer is user code
+                result = (0, os.path.relpath(real, os.path.dirname(_WHYIDLE_DIR)))
+            elif real.startswith(_WHYIDLE_DIR + os.sep):
                 result = (2, real)
             elif "site-packages" in real or "dist-packages" in real:
                 tail = real.split("-packages" + os.sep, 1)[-1]

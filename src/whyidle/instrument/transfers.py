@@ -10,8 +10,9 @@ again when the audit ends) and recorded per step with the calling source line:
   driver, so its host time is its cost; a pinned ``non_blocking`` copy returns at once and
   overlaps compute). Moves of batch tensors to the CPU itself are kept too (``.to(device)`` with
   ``device="cpu"``): they show the script's intent to move data;
-- every read of a tensor's value on the host (outermost call only): on a GPU each one is a
-  synchronization; on a CPU-only run they are the syncs the same loop would make on a GPU.
+- every read of a tensor's value on the host made directly by the user's code (outermost call
+  only; printing or formatting a tensor counts once): on a GPU each one is a synchronization; on a
+  CPU-only run they are the syncs the same loop would make on a GPU.
 
 This answers questions the device audit cannot: are batches copied from pageable memory
 (``pageable_transfers``), are tensors built on the CPU inside the step and copied every step
@@ -120,8 +121,11 @@ class TransferAudit:
             finally:
                 audit._reading = False
                 try:
-                    key = (*audit.site_of(sys._getframe(1)), op)
-                    if key in audit.reads or len(audit.reads) < MAX_ROWS:
+                    user, leaf = audit.site_of(sys._getframe(1))
+                    # only reads the user's own code makes: a library's reads of CPU-side state
+                    # (Adam's step counter) are no syncs, and the user cannot change them anyway
+                    key = (user, leaf, op)
+                    if user is not None and user == leaf and (key in audit.reads or len(audit.reads) < MAX_ROWS):
                         audit.reads[key] = audit.reads.get(key, 0) + 1
                 except Exception:
                     pass
