@@ -16,12 +16,12 @@ real GPU can prove:
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 import pytest
 
 from conftest import SCENARIOS, finding, observe
+from test_scenarios_gpu_cases import lines_of, site_line
 
 torch = pytest.importorskip("torch")
 
@@ -42,17 +42,6 @@ def run(tmp_path, script_args, name):
 def scenario(tmp_path, script, *args):
     name = os.path.splitext(script)[0] + "".join(a.strip("-") for a in args)[:40]
     return run(tmp_path, [os.path.join(SCENARIOS, script), "--device", "cuda", *args], name)[1]
-
-
-def lines_of(script: str, *needles: str) -> list[int]:
-    with open(os.path.join(SCENARIOS, script)) as f:
-        src = f.read().splitlines()
-    return [next(i for i, line in enumerate(src, 1) if line.strip().startswith(needle)) for needle in needles]
-
-
-def site_line(site: str | None, script: str) -> int | None:
-    m = re.search(re.escape(script) + r":(\d+)\b", site or "")
-    return int(m.group(1)) if m else None
 
 
 # -- (a) whyidle adds no sync ---------------------------------------------------------------------
