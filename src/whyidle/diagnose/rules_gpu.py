@@ -50,10 +50,10 @@ def sync_bound(facts: dict) -> dict | None:
     top = sites[0]
     per_step = syncs.get("per_step")
     where = top["site"] or top["leaf"] or "an unknown line"
-    summary = (f"{syncs['count']} host↔device syncs ({per_step:.1f} per step) leave the GPU idle {_pct(share)} of the "
+    summary = (f"{syncs['count']} host↔device syncs ({per_step or 0:.1f} per step) leave the GPU idle {_pct(share)} of the "
                f"time ({syncs['idle_s']:.2f} s); the costliest, at {where}"
                + (f" ({top['op']})" if top.get("op") else "")
-               + f", runs {top['per_step']:.1f}× per step and exposes {_pct(top['share'])}.")
+               + f", runs {top['per_step'] or 0:.1f}× per step and exposes {_pct(top['share'])}.")
     hints = []
     for s in sites:
         hint = _SYNC_FIX.get(s.get("op") or "")
