@@ -89,6 +89,39 @@ def report(run_dir, json_path) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@click.argument("path", metavar="PATH")
+@click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
+@click.option("--rank", type=int, default=None, help="Only this rank's trace (from distributedInfo).")
+def trace(path, json_path, rank) -> None:
+    """Diagnose an existing PyTorch profiler (Kineto) trace: a .json/.json.gz file or a folder of ranks."""
+    import json
+
+    from whyidle.analysis.trace import job_metrics
+    from whyidle.diagnose.trace_rules import diagnose_trace
+    from whyidle.record.kineto import TraceError, loader_kind, read_job
+    from whyidle.report import terminal
+    from whyidle.report.trace_report import build_trace_report
+
+    try:
+        traces = read_job(path, rank)
+    except TraceError as exc:
+        _fail(str(exc), 2)
+    job = job_metrics(traces)
+    verdict, findings = diagnose_trace(job, loader_kind(traces))
+    rep = build_trace_report(path, traces, job, verdict, findings)
+    if json_path not in (None, "-"):
+        try:
+            with open(json_path, "w", encoding="utf-8") as f:
+                json.dump(rep, f, indent=1)
+        except OSError as exc:
+            _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
+    if json_path == "-":
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        terminal.render(rep)
+
+
+@main.command(context_settings=CONTEXT)
 @click.option("--out", "out", metavar="DIR", default="whyidle-runs", show_default=True,
               help="Where the demo's two run directories go.")
 @click.option("--data", "data_dir", metavar="DIR", help="Image folder cache (default: ~/.cache/whyidle/demo-images).")

@@ -18,6 +18,10 @@ _VERDICT_TEXT = {
 }
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
            ("optimizer", "optimizer", "magenta"), ("eval", "eval", "cyan"), ("other_host", "other host", "yellow"))
+#: ProfilerStep shares of a trace report (analysis/trace.py).
+_TRACE_PHASES = (("dataloader", "dataloader", "red"), ("kernel", "kernels", "green"), ("memcpy", "memcpy", "blue"),
+                 ("memset", "memset", "blue"), ("runtime", "CUDA runtime", "magenta"),
+                 ("cpu_only", "CPU only", "yellow"), ("other", "other", "cyan"))
 
 
 def _indent(renderable, n: int) -> Padding:
@@ -29,16 +33,16 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x * 1000:.1f} ms"
 
 
-def _share_bar(shares: dict, width: int = 50) -> Text:
+def _share_bar(shares: dict, width: int = 50, phases=_PHASES) -> Text:
     bar = Text()
-    for key, _label, style in _PHASES:
+    for key, _label, style in phases:
         n = round((shares.get(key) or 0) * width)
         if n:
             bar.append("█" * n, style=style)
     legend = Text()
-    for key, label, style in _PHASES:
+    for key, label, style in phases:
         v = shares.get(key) or 0
-        if v >= 0.005 or key in ("data_wait", "forward", "backward", "other_host"):
+        if v >= 0.005 or key in ("data_wait", "forward", "backward", "other_host", "dataloader", "kernel"):
             legend.append("■ ", style=style)
             legend.append(f"{label} {v:.0%}  ")
     return Text.assemble(bar, "\n", legend)
@@ -61,6 +65,19 @@ def _verdict_text(report: dict) -> Text:
 def _render_gpu(console: Console, gpu: dict) -> None:
     """GPU lines: NVML utilization beside GPM SM activity, memory, then the measured starvation
     by cause, the source lines holding the GPU idle, and syncs per step."""
+    if gpu.get("source") == "trace":
+        console.print(f"[bold]GPU[/] busy {gpu['busy_share']:.0%} of the traced time (kernels "
+                      f"{gpu['compute_busy_share']:.0%}), {gpu['window_s']:.2f} s traced")
+        by = gpu.get("idle_s_by_cause") or {}
+        window = gpu.get("window_s") or 0
+        if window and gpu.get("idle_share") is not None:
+            parts = [f"{name} {by[key] / window:.0%}" for key, name in
+                     (("host", "host wait"), ("launch", "kernel wait"), ("other", "other")) if by.get(key) is not None]
+            console.print(f"[bold]GPU idle[/] {gpu['idle_share']:.0%}: " + " · ".join(parts) + "  (HTA's breakdown)")
+        syncs = gpu.get("syncs") or {}
+        if syncs.get("count"):
+            console.print(f"[bold]syncs[/] {syncs['count']}, {syncs.get('idle_after_s') or 0:.3f} s of GPU idle after them")
+        return
     util = gpu.get("util_mean")
     line = "[bold]GPU[/] util " + (f"{util:.0f}% (NVML, {gpu.get('util_source')})" if util is not None else "n/a")
     if gpu.get("sm_active_mean") is not None:
@@ -111,7 +128,10 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         status.append(f"exit {run['exit_code']}")
     console.print()
     console.rule(Text("whyidle report", style="bold"))
-    console.print(f"[bold]command[/]  {escape(cmd)}" + (f"   ({', '.join(status)})" if status else ""))
+    if report.get("source") == "trace":
+        console.print(f"[bold]trace[/]    {escape(str(report.get('trace')))}  ({len(report.get('files') or [])} file(s))")
+    else:
+        console.print(f"[bold]command[/]  {escape(cmd)}" + (f"   ({', '.join(status)})" if status else ""))
     device = report.get("device") or {}
     console.print(f"[bold]device[/]   {escape(str(device.get('name') or device.get('kind') or 'unknown'))}"
                   f" ({device.get('kind', '?')})   [bold]framework[/] {report.get('framework')}")
@@ -127,7 +147,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
                       f"[bold]step time[/] p50 {_ms(st['p50'])} · p90 {_ms(st['p90'])}   "
                       + (f"[bold]samples/s[/] {sps:,.1f}   [bold]batch[/] {m.get('batch_size'):g}" if sps else "")
                       + (f" × {m['batches_per_step']:g} per step" if (m.get("batches_per_step") or 1) > 1 else ""))
-        console.print(_share_bar(m.get("shares") or {}))
+        trace = report.get("source") == "trace"
+        console.print(_share_bar(m.get("shares") or {}, phases=_TRACE_PHASES if trace else _PHASES))
     host = m.get("host")
     if host:
         parts = [f"{host['cores']} cores {host['cpu_busy_share']:.0%} busy",

@@ -1,0 +1,190 @@
+"""Findings from a profiler trace (``whyidle trace``): the same ids as live runs where a trace
+supports them. Pure: reads the dict of :func:`whyidle.analysis.trace.job_metrics` plus a few facts
+the trace's strings give (which DataLoader iterator ran). Thresholds come from
+:mod:`whyidle.diagnose.thresholds`, shared with live runs.
+"""
+
+from __future__ import annotations
+
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.rules import DOCS_DATALOADER, DOCS_TUNING, _ms, _pct, finding
+
+#: A straggler rank whose median step is this much longer than the others' median makes the job
+#: wait at every collective: 5 % is 1.05× for the whole job, above step-time noise between ranks.
+IMBALANCE_WARN = 0.05
+
+#: Share of GPU kernel time in short kernels (see analysis/trace.py) from which an idle GPU waiting
+#: on the host is called launch-bound rather than held by Python work.
+SHORT_KERNELS_LAUNCH_BOUND = 0.5
+
+
+def _speedup(share: float) -> float:
+    return 1.0 / (1.0 - min(share, 0.95))
+
+
+def input_bound(m: dict, loader: str | None) -> dict | None:
+    """The step waits in the DataLoader (``enumerate(DataLoader)``/``__next__`` events) while the
+    GPU has nothing to run: ``steps.shares.dataloader`` ≥ ``DATA_WAIT_WARN`` (loader time spent
+    while the GPU also waits; host loading that overlaps GPU work costs nothing). Cause from the
+    iterator class seen: ``loader_in_main_process`` (``_SingleProcessDataLoaderIter``),
+    ``too_few_workers`` (``_MultiProcessingDataLoaderIter``), else ``unknown``.
+    est = 1/(1 − share)."""
+    steps = m.get("steps") or {}
+    share = (steps.get("shares") or {}).get("dataloader")
+    if share is None or share < T.DATA_WAIT_WARN:
+        return None
+    raw = steps.get("dataloader_share")
+    cause = {"single": "loader_in_main_process", "multi": "too_few_workers"}.get(loader or "", "unknown")
+    step_s = (steps.get("step_s") or {}).get("mean")
+    reason = {"loader_in_main_process": "batches are prepared in the training process (num_workers=0)",
+              "too_few_workers": "the DataLoader workers do not keep up",
+              "unknown": "the DataLoader kind is not recorded in the trace"}[cause]
+    summary = (f"Each ProfilerStep spends {_pct(raw)} of its time in the DataLoader "
+               f"({_ms(raw * step_s if step_s and raw is not None else None)} of {_ms(step_s)}), {_pct(share)} "
+               f"with the GPU idle: {reason}.")
+    fix = ("Load in worker processes (num_workers ≥ 2, persistent_workers=True, pin_memory=True, prefetch_factor=4) "
+           "so loading overlaps the step." if cause != "too_few_workers" else
+           "Raise num_workers (and prefetch_factor) until the DataLoader share is small; if all cores are busy, make "
+           "each sample cheaper (cache decoded data, augment on the GPU).")
+    return finding("input_bound", "critical" if share >= T.DATA_WAIT_CRITICAL else "warning",
+                   "Input-bound: the step waits for data", summary,
+                   {"cause": cause, "data_wait_share": round(share, 4),
+                    "dataloader_share": round(raw, 4) if raw is not None else None, "step_time_s_mean": step_s,
+                    "est_speedup_if_removed": round(_speedup(share), 3)},
+                   _speedup(share), fix,
+                   "loader = DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True,\n"
+                   "                    pin_memory=True, prefetch_factor=4)", [DOCS_DATALOADER, DOCS_TUNING])
+
+
+def sync_bound(m: dict) -> dict | None:
+    """GPU idle after synchronizations (``syncs.idle_after_s``) ≥ ``SYNC_IDLE_WARN`` of the GPU
+    window. est = 1/(1 − share)."""
+    syncs = m.get("syncs") or {}
+    window = m.get("window_s")
+    if not syncs.get("count") or not window:
+        return None
+    share = (syncs.get("idle_after_s") or 0.0) / window
+    if share < T.SYNC_IDLE_WARN:
+        return None
+    sites = [{"site": e.get("op") or e.get("name"), "leaf": e.get("name"), "op": e.get("name"),
+              "count": e.get("count"), "idle_s": e.get("idle_after_s"),
+              "share": (e.get("idle_after_s") or 0.0) / window} for e in (syncs.get("events") or [])[:5]]
+    top = sites[0] if sites else {}
+    summary = (f"{syncs['count']} synchronizations leave the GPU idle {_pct(share)} of the traced time; the costliest "
+               f"is {top.get('op')}" + (f" inside {top['site']}" if top.get("site") != top.get("op") else "") + ".")
+    return finding("sync_bound", "critical" if share >= T.SYNC_IDLE_CRITICAL else "warning",
+                   "Sync-bound: host↔device syncs stall the GPU", summary,
+                   {"idle_share": round(share, 4), "count": syncs["count"], "per_step": syncs.get("per_step"),
+                    "sites": sites}, _speedup(share),
+                   "Take synchronizations out of the step: read values (.item(), .cpu()) every N steps, avoid "
+                   "explicit synchronize calls, keep data-dependent shapes off the hot path.",
+                   "running_loss += loss.detach()\nif step % 50 == 0:\n    print(running_loss.item() / 50)",
+                   ["https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html"])
+
+
+def host_bound(m: dict) -> dict | None:
+    """The GPU waits for the host to launch work: device-level host-wait idle (HTA's rule) less the
+    part spent in the DataLoader (that is ``input_bound``'s) ≥ ``HOST_SHARE_WARN`` of the GPU
+    window. With mostly short kernels it is launch-bound (``evidence.kind = "launch_bound"``:
+    per-kernel overhead; fix: fewer, larger kernels); else the host's own work
+    (``python_compute``). est = 1/(1 − share)."""
+    window = m.get("window_s")
+    dev = ((m.get("idle_breakdown") or {}).get("device")) or {}
+    if not window or dev.get("host_wait_s") is None:
+        return None
+    loading = ((m.get("steps") or {}).get("shares") or {}).get("dataloader") or 0.0
+    share = max(0.0, dev["host_wait_s"] / window - loading)
+    if share < T.HOST_SHARE_WARN:
+        return None
+    k = m.get("kernels") or {}
+    short = k.get("short_time_share") or 0.0
+    launch = short >= SHORT_KERNELS_LAUNCH_BOUND
+    delay = (k.get("launch_overhead_us") or {}).get("p50")
+    summary = (f"The GPU waits for the host to launch work {_pct(share)} of the traced time"
+               + (f"; {_pct(short)} of kernel time is in kernels under {k.get('short_threshold_us')} µs, so per-kernel "
+                  f"launch overhead (median {delay:.1f} µs) is the limit" if launch and delay is not None else
+                  "; the host's own work between launches holds it") + ".")
+    text = ("Issue fewer, larger kernels: torch.compile (fuses elementwise ops), CUDA graphs "
+            "(torch.compile(mode='reduce-overhead')), bigger batches, fused optimizers (foreach/fused=True)."
+            if launch else
+            "Move Python work (logging, metrics, per-sample loops) out of the step or make it cheaper; "
+            "the host must stay ahead of the GPU.")
+    return finding("host_bound", "critical" if share >= T.HOST_SHARE_CRITICAL else "warning",
+                   "Host-bound: the GPU waits for launches" if launch else "Host-bound: the GPU waits for the host",
+                   summary, {"kind": "launch_bound" if launch else "python_compute", "host_wait_share": round(share, 4),
+                             "short_kernel_time_share": round(short, 4), "launch_overhead_us_p50": delay,
+                             "hotspots": []},
+                   _speedup(share), text, "model = torch.compile(model)" if launch else None, [DOCS_TUNING])
+
+
+def pageable_transfers(m: dict) -> dict | None:
+    """Memcpy activities from pageable memory; warning when their time is ≥ ``PAGEABLE_HOST_WARN``
+    of the step, info otherwise (est from that share, cases.md C21)."""
+    mc = m.get("memcpy") or {}
+    if not mc.get("pageable_count"):
+        return None
+    share = mc.get("pageable_share_of_step") or 0.0
+    summary = (f"{mc['pageable_count']} copies ({(mc.get('pageable_bytes') or 0) / 2**20:.1f} MiB) came from pageable "
+               f"memory, {_ms(mc.get('pageable_s'))} in all ({_pct(share)} of step time).")
+    return finding("pageable_transfers", "warning" if share >= T.PAGEABLE_HOST_WARN else "info",
+                   "Pageable host→device copies", summary,
+                   {"pageable_count": mc["pageable_count"], "pageable_bytes": mc.get("pageable_bytes"),
+                    "pageable_s": mc.get("pageable_s"), "share_of_step": round(share, 4),
+                    "h2d_gbps": mc.get("h2d_gbps")}, _speedup(share),
+                   "Pin host memory (DataLoader pin_memory=True) and copy with .to(device, non_blocking=True).",
+                   "loader = DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)",
+                   ["https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"])
+
+
+def imbalance(job: dict) -> dict | None:
+    """A straggler rank: its median step exceeds the others' median by ≥ :data:`IMBALANCE_WARN`.
+    est = 1 + excess share (the job runs at the straggler's pace)."""
+    s = job.get("straggler")
+    if not s or s.get("excess_share") is None or s["excess_share"] < IMBALANCE_WARN:
+        return None
+    summary = (f"Rank {s['rank']} is the straggler: its median step is {_ms(s.get('excess_s'))} "
+               f"({_pct(s['excess_share'])}) longer than the other ranks', and every collective waits for it.")
+    return finding("imbalance", "warning", "Imbalance: ranks wait for a straggler", summary,
+                   {"straggler_rank": s["rank"], "excess_s": s.get("excess_s"), "excess_share": s["excess_share"],
+                    "step_s_by_rank": job.get("step_s_by_rank")}, 1.0 + s["excess_share"],
+                   "Compare the straggler's trace with another rank's (its DataLoader, host work, GPU clocks and "
+                   "placement); balance the data per rank (equal sequence lengths / bucketing).", None, [])
+
+
+def device_bound(m: dict) -> dict:
+    """Nothing upstream holds the GPU back in this trace."""
+    return finding("device_bound", "info", "Device-bound: the GPU is kept busy",
+                   f"The GPU ran work {_pct(m.get('busy_share'))} of the traced time; nothing upstream holds it back.",
+                   {"busy_share": m.get("busy_share")}, None,
+                   "For more speed: mixed precision on tensor-core GPUs, torch.compile, or a bigger GPU.", None,
+                   [DOCS_TUNING])
+
+
+def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict]]:
+    """``(verdict, findings)`` for a job (:func:`whyidle.analysis.trace.job_metrics`), judged on its
+    first rank with GPU activity (the straggler finding uses all ranks). Verdict as for live runs:
+    the warning/critical finding with the highest est ≥ ``VERDICT_MIN_SPEEDUP``, else
+    ``device_bound``; ``unknown`` when no rank has GPU activity."""
+    ranks = [r["metrics"] for r in job.get("ranks") or []]
+    m = next((r for r in ranks if r.get("has_gpu")), None)
+    if m is None:
+        f = finding("no_steps", "info", "No GPU activity in the trace",
+                    "The trace holds no kernel, memcpy or memset events (a CPU-only run, or the profiler did not "
+                    "record CUDA activities), so there is no GPU idle time to explain.",
+                    {"events": sum(r.get("events") or 0 for r in ranks)}, None,
+                    "Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA].",
+                    "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], ...)",
+                    ["https://pytorch.org/docs/stable/profiler.html"])
+        return "unknown", [f]
+    findings = [f for f in (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m),
+                            imbalance(job)) if f]
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: (rank[f["severity"]], -(f["est_speedup"] or 0)))
+    limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
+    if limiting:
+        verdict = max(limiting, key=lambda f: f["est_speedup"])["id"]
+    else:
+        verdict = "device_bound"
+        findings.insert(0, device_bound(m))
+    findings.sort(key=lambda f: f["id"] != verdict)
+    return verdict, findings

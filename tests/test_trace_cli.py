@@ -1,0 +1,186 @@
+"""`whyidle trace` end to end: synthetic traces written by the test, bad input, and the real traces
+in ../shared/traces when that folder exists."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+
+import pytest
+
+from conftest import REPO, finding, run_whyidle
+from whyidle.record.kineto import TraceError, read_trace
+
+SHARED_TRACES = os.path.join(os.path.dirname(REPO), "shared", "traces")
+needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED_TRACES), reason="../shared/traces not present")
+
+
+def synthetic_trace(steps=5, loader_us=6000, kernel_us=3000, single=True, rank=None, world=None,
+                    pageable=False) -> dict:
+    """ProfilerSteps of: a DataLoader wait, then one launch + kernel; the GPU idles during loading."""
+    ev = []
+    t = 1_000_000.0
+    it = "_SingleProcessDataLoaderIter" if single else "_MultiProcessingDataLoaderIter"
+    corr = 1
+    for i in range(steps):
+        step_us = loader_us + 100 + kernel_us + 50
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1, "ts": t,
+                   "dur": step_us})
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"enumerate(DataLoader)#{it}.__next__", "pid": 1,
+                   "tid": 1, "ts": t + 1, "dur": loader_us})
+        launch = t + loader_us + 50
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": launch,
+                   "dur": 10, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": launch + 20,
+                   "dur": kernel_us, "args": {"device": 0, "stream": 7, "correlation": corr}})
+        corr += 1
+        if pageable:
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1,
+                       "ts": launch + 12, "dur": 5, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0,
+                       "tid": 7, "ts": launch + 20 + kernel_us, "dur": 40,
+                       "args": {"device": 0, "stream": 7, "correlation": corr, "bytes": 1 << 20}})
+            corr += 1
+        t += step_us
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8,
+                                                     "computeMinor": 0, "totalGlobalMem": 85_000_000_000}],
+           "traceEvents": ev, "traceName": "synthetic"}
+    if rank is not None:
+        doc["distributedInfo"] = {"rank": rank, "world_size": world, "backend": "nccl"}
+    return doc
+
+
+def write(path, doc, gz=False) -> str:
+    data = json.dumps(doc, indent=1).encode()
+    path = str(path)
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
+    return path
+
+
+def trace_json(path, *extra):
+    proc = run_whyidle(["trace", str(path), "--json", "-", *extra])
+    return proc, (json.loads(proc.stdout) if proc.returncode == 0 else None)
+
+
+def test_input_bound_synthetic_trace(tmp_path):
+    path = write(tmp_path / "t.pt.trace.json.gz", synthetic_trace(), gz=True)
+    proc, rep = trace_json(path)
+    assert proc.returncode == 0, proc.stderr
+    assert rep["schema"] == "whyidle.report/1" and rep["source"] == "trace"
+    assert rep["verdict"] == "input_bound"
+    f = finding(rep, "input_bound")
+    assert f["evidence"]["cause"] == "loader_in_main_process"
+    assert rep["device"]["name"] == "NVIDIA A100-SXM4-80GB" and rep["device"]["compute_capability"] == "8.0"
+    gpu = rep["metrics"]["gpu"]
+    assert gpu["busy_share"] + gpu["idle_share"] == pytest.approx(1.0, abs=1e-3)
+    assert rep["metrics"]["steps"] == 5
+
+
+def test_pageable_and_ranks(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    write(job / "rank-0.json", synthetic_trace(rank=0, world=2, pageable=True, loader_us=100))
+    write(job / "rank-1.json", synthetic_trace(rank=1, world=2, pageable=True, loader_us=100, kernel_us=6000))
+    proc, rep = trace_json(job)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["rank"] for r in rep["ranks"]] == [0, 1]
+    assert finding(rep, "pageable_transfers") is not None
+    imb = finding(rep, "imbalance")
+    assert imb is not None and imb["evidence"]["straggler_rank"] == 1
+    proc, rep1 = trace_json(job, "--rank", "1")
+    assert proc.returncode == 0 and "ranks" not in rep1
+    proc = run_whyidle(["trace", str(job), "--rank", "5"])
+    assert proc.returncode == 2 and "no trace of rank 5" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["truncated_gzip", "invalid_json", "not_a_trace", "empty_folder", "missing",
+                                  "truncated_json", "empty_file"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):
+    path = tmp_path / "bad.json"
+    if kind == "truncated_gzip":
+        path = tmp_path / "bad.json.gz"
+        full = gzip.compress(json.dumps(synthetic_trace(steps=50)).encode())
+        path.write_bytes(full[: len(full) // 2])
+    elif kind == "invalid_json":
+        path.write_text('{"traceEvents": [ {"ph": "X", "ts": 1,, } ]}')
+    elif kind == "not_a_trace":
+        path.write_text('{"hello": "world", "values": [1, 2, 3]}')
+    elif kind == "empty_folder":
+        path = tmp_path / "empty"
+        path.mkdir()
+    elif kind == "missing":
+        path = tmp_path / "nope.json"
+    elif kind == "truncated_json":
+        text = json.dumps(synthetic_trace(steps=20))
+        path.write_text(text[: len(text) // 2])
+    elif kind == "empty_file":
+        path.write_text("")
+    proc = run_whyidle(["trace", str(path)])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("whyidle: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_empty_trace_events_and_cpu_only_give_a_report(tmp_path):
+    doc = synthetic_trace()
+    doc["traceEvents"] = []
+    proc, rep = trace_json(write(tmp_path / "empty.json", doc))
+    assert proc.returncode == 0, proc.stderr
+    assert rep["verdict"] == "unknown" and rep["metrics"]["gpu"] is None
+    cpu = synthetic_trace()
+    cpu["traceEvents"] = [e for e in cpu["traceEvents"] if e["cat"] not in ("kernel", "cuda_runtime")]
+    proc, rep = trace_json(write(tmp_path / "cpu.json", cpu))
+    assert proc.returncode == 0, proc.stderr
+    assert rep["verdict"] == "unknown" and rep["metrics"]["gpu"] is None
+    assert any("No GPU activity" in n for n in rep["notes"])
+
+
+def test_reader_cuts_blocks_anywhere(tmp_path):
+    # events whose strings hold "}, {" must not be cut there; any block size gives the same columns
+    doc = synthetic_trace(steps=30)
+    for e in doc["traceEvents"]:
+        if e["cat"] == "kernel":
+            e["name"] = 'void f<{lambda}, {x}>(), {"tricky": 1}'
+    path = write(tmp_path / "t.json", doc)
+    ref = read_trace(path)
+    for block in (64, 257, 4096):
+        t = read_trace(path, block_bytes=block)
+        assert t.events == ref.events == len(doc["traceEvents"])
+        assert t.gpu["ts"].tolist() == ref.gpu["ts"].tolist()
+        assert t.strings[t.gpu["name"][0]] == 'void f<{lambda}, {x}>(), {"tricky": 1}'
+    assert ref.device_properties[0]["computeMajor"] == 8
+
+
+@needs_shared
+def test_every_shared_trace_gives_a_report():
+    for folder in sorted(glob.glob(os.path.join(SHARED_TRACES, "*"))):
+        if not os.path.isdir(folder):
+            continue
+        proc, rep = trace_json(folder)
+        assert proc.returncode == 0, (folder, proc.stderr[-2000:])
+        assert rep["source"] == "trace" and rep["verdict"], folder
+
+
+@needs_shared
+def test_resnet_dataloader_pair():
+    _, nw0 = trace_json(os.path.join(SHARED_TRACES, "kineto_resnet50_v100_num_workers_0"))
+    _, nw4 = trace_json(os.path.join(SHARED_TRACES, "kineto_resnet50_v100_num_workers_4"))
+    f0 = finding(nw0, "input_bound")
+    assert nw0["verdict"] == "input_bound" and f0["evidence"]["cause"] == "loader_in_main_process"
+    share0 = nw0["metrics"]["shares"]["dataloader"]
+    share4 = nw4["metrics"]["shares"]["dataloader"]
+    assert share4 < share0 / 3, (share0, share4)
+    assert nw4["verdict"] != "input_bound" or finding(nw4, "input_bound")["evidence"]["data_wait_share"] < share0 / 3
+
+
+def test_reader_error_type(tmp_path):
+    with pytest.raises(TraceError):
+        read_trace(str(tmp_path / "missing.json"))
