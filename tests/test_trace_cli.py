@@ -184,3 +184,27 @@ def test_resnet_dataloader_pair():
 def test_reader_error_type(tmp_path):
     with pytest.raises(TraceError):
         read_trace(str(tmp_path / "missing.json"))
+
+
+def test_parallel_read_equals_sequential(tmp_path, monkeypatch):
+    from whyidle.record import kineto
+
+    doc = synthetic_trace(steps=200, pageable=True)
+    for i, e in enumerate(doc["traceEvents"]):
+        if e["cat"] == "kernel":
+            e["name"] = f'void f<{{lambda}}, {{x}}>() #{i % 7}'  # "}, {" inside names near split points
+    path = write(tmp_path / "big.json", doc)
+    seq = read_trace(path)
+    monkeypatch.setattr(kineto, "PARALLEL_MIN_BYTES", 1)
+    for workers in (2, 3):
+        par = read_trace(path, workers=workers)
+        assert par.events == seq.events
+        for group in ("gpu", "runtime", "cpu"):
+            for key, col in getattr(seq, group).items():
+                other = getattr(par, group)[key]
+                if key in ("name", "cat"):
+                    assert [seq.strings[i] for i in col] == [par.strings[i] for i in other], (group, key)
+                else:
+                    assert col.tolist() == other.tolist(), (group, key)
+        assert par.steps == seq.steps and par.pageable.tolist() == seq.pageable.tolist()
+        assert par.device_properties == seq.device_properties

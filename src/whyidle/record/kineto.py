@@ -4,9 +4,12 @@ A trace is one JSON object whose ``traceEvents`` array holds every event. Readin
 build one Python dict per event (gigabytes for a 500 MB trace). Instead the file (``.json`` or
 ``.json.gz``) is read in blocks of :data:`BLOCK_BYTES`; each block is cut after the last complete
 event (a ``}`` followed by ``,`` and the ``{`` of the next event, checked by parsing), the events of
-the block are parsed at once with orjson and reduced to columns, and the dicts are dropped. Peak
-memory is a few blocks plus the columns. The keys around ``traceEvents`` (``deviceProperties``,
-``distributedInfo``, ...) are parsed from the text before and after the array.
+the block are decoded at once with msgspec into small typed structs holding only the fields
+whyidle reads (every other key is skipped by the decoder), reduced to columns, and dropped. The
+garbage collector is paused while reading: the structs are not cyclic, and collections triggered
+by millions of allocations cost more than the decoding itself. Peak memory is a few blocks plus
+the columns. The keys around ``traceEvents`` (``deviceProperties``, ``distributedInfo``, ...) are
+parsed from the text before and after the array.
 
 Errors: :class:`TraceError` with a one-line message for unreadable input (truncated gzip, invalid
 JSON, a JSON document that is not a trace).
@@ -14,29 +17,50 @@ JSON, a JSON document that is not a trace).
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import re
 import zlib
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from whyidle.record.trace_data import COPY_KINDS, KERNEL, MEMCPY, MEMSET, TraceData
 
-try:
-    import orjson
+_JSONError: tuple = (msgspec.DecodeError,)
+_loads = msgspec.json.decode
 
-    _loads = orjson.loads
-    _JSONError: tuple = (orjson.JSONDecodeError, ValueError)
-except ImportError:  # pragma: no cover - orjson is a dependency; stdlib json is the fallback
-    import json
+#: Bytes read per block: large enough that decoding dominates, small enough that one block's
+#: structs stay far below the file size.
+BLOCK_BYTES = 4 * 1024 * 1024
 
-    _loads = json.loads
-    _JSONError = (ValueError,)
 
-#: Bytes read per block: large enough that parsing dominates, small enough that one block's
-#: dicts (~5× its size) stay far below the file size.
-BLOCK_BYTES = 16 * 1024 * 1024
+class _Args(msgspec.Struct, gc=False):
+    """The ``args`` fields whyidle reads (any JSON type: producers differ)."""
+
+    device: Any = None
+    stream: Any = None
+    correlation: Any = -1
+    bytes: Any = -1
+    cuda_sync_kind: Any = None
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The event fields whyidle reads; unknown keys are skipped by the decoder."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = 0
+    pid: Any = None
+    tid: Any = None
+    args: _Args | None = None
+
+
+_DECODER = msgspec.json.Decoder(list[_Event])
 
 GPU_CATS = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
             "gpu_memset": MEMSET, "Memset": MEMSET}
@@ -108,28 +132,31 @@ class _Columns:
         self.events += len(events)
         gpu, rt, cpu, syn = self.gpu, self.runtime, self.cpu, self.syncs
         intern = self.intern
+        no_args = _Args()
         for e in events:
-            if e.get("ph") != "X":
+            if e.ph != "X":
                 continue
-            cat = e.get("cat")
-            ts = e.get("ts")
+            cat = e.cat
+            ts = e.ts
             if ts is None:
                 continue
-            dur = e.get("dur") or 0
+            dur = e.dur or 0
             kind = GPU_CATS.get(cat)
             if kind is not None:
-                args = e.get("args") or {}
-                name = e.get("name") or ""
+                args = e.args or no_args
+                name = e.name or ""
                 gpu["ts"].append(ts)
                 gpu["dur"].append(dur)
                 gpu["kind"].append(kind)
-                dev = args.get("device")
-                gpu["device"].append(dev if isinstance(dev, int) else (e.get("pid") if isinstance(e.get("pid"), int) else 0))
-                stream = args.get("stream")
+                dev = args.device
+                gpu["device"].append(dev if isinstance(dev, int) else (e.pid if isinstance(e.pid, int) else 0))
+                stream = args.stream
                 gpu["stream"].append(stream if isinstance(stream, int) else -1)
                 gpu["name"].append(intern(name))
-                gpu["correlation"].append(args.get("correlation", -1))
-                gpu["bytes"].append(args.get("bytes", -1) if kind != KERNEL else -1)
+                corr = args.correlation
+                gpu["correlation"].append(corr if isinstance(corr, int) else -1)
+                nbytes = args.bytes
+                gpu["bytes"].append(nbytes if kind != KERNEL and isinstance(nbytes, int) else -1)
                 copy = -1
                 if kind == MEMCPY:
                     for i, k in enumerate(COPY_KINDS):
@@ -139,18 +166,18 @@ class _Columns:
                 gpu["copy"].append(copy)
                 self.pageable.append(kind == MEMCPY and "Pageable" in name)
             elif cat in RUNTIME_CATS:
-                args = e.get("args") or {}
+                corr = (e.args or no_args).correlation
                 rt["ts"].append(ts)
                 rt["dur"].append(dur)
-                rt["name"].append(intern(e.get("name") or ""))
-                rt["tid"].append(self.tid(e.get("tid")))
-                rt["correlation"].append(args.get("correlation", -1))
+                rt["name"].append(intern(e.name or ""))
+                rt["tid"].append(self.tid(e.tid))
+                rt["correlation"].append(corr if isinstance(corr, int) else -1)
             elif cat in CPU_CATS:
-                name = e.get("name") or ""
+                name = e.name or ""
                 cpu["ts"].append(ts)
                 cpu["dur"].append(dur)
                 cpu["name"].append(intern(name))
-                cpu["tid"].append(self.tid(e.get("tid")))
+                cpu["tid"].append(self.tid(e.tid))
                 cpu["cat"].append(intern(cat))
                 if name.startswith("ProfilerStep#"):
                     try:
@@ -158,69 +185,50 @@ class _Columns:
                     except ValueError:
                         pass
             elif cat == "cuda_sync":
-                args = e.get("args") or {}
+                args = e.args or no_args
                 syn["ts"].append(ts)
                 syn["dur"].append(dur)
-                syn["name"].append(intern(args.get("cuda_sync_kind") or e.get("name") or ""))
-                stream = args.get("stream")
+                syn["name"].append(intern(args.cuda_sync_kind or e.name or ""))
+                stream = args.stream
                 syn["stream"].append(stream if isinstance(stream, int) else -1)
 
-    def arrays(self, group: dict) -> dict[str, np.ndarray]:
-        out = {}
-        for k, v in group.items():
-            dtype = np.float64 if k in ("ts", "dur") else np.int64
-            out[k] = np.asarray(v, dtype=dtype)
-        order = np.argsort(out["ts"], kind="stable") if len(out["ts"]) else None
-        if order is not None:
-            out = {k: v[order] for k, v in out.items()}
-        return out
+    def raw(self) -> dict:
+        """The columns as numpy arrays in reading order, with this reader's string and thread
+        tables (merged across parallel parts by :func:`_assemble`)."""
+        def arrays(group: dict) -> dict[str, np.ndarray]:
+            return {k: np.asarray(v, dtype=np.float64 if k in ("ts", "dur") else np.int64) for k, v in group.items()}
+
+        return {"strings": self.strings, "tids": self.tids, "gpu": arrays(self.gpu), "runtime": arrays(self.runtime),
+                "cpu": arrays(self.cpu), "syncs": arrays(self.syncs),
+                "pageable": np.asarray(self.pageable, dtype=bool), "steps": self.steps, "events": self.events}
 
 
 def _parse_events(chunk: bytes) -> list:
-    return _loads(b"[" + chunk + b"]")
+    return _DECODER.decode(b"[" + chunk + b"]")
 
 
-def read_trace(path: str, block_bytes: int = BLOCK_BYTES) -> TraceData:
+def read_trace(path: str, block_bytes: int = BLOCK_BYTES, workers: int | None = None) -> TraceData:
     """Reads one trace file into columns (see :mod:`whyidle.record.trace_data`).
+
+    An uncompressed file of at least :data:`PARALLEL_MIN_BYTES` is split at event boundaries and
+    read by ``workers`` processes (default: the CPU count, at most :data:`MAX_WORKERS`); a gzip
+    file is read sequentially (it cannot be split).
 
     Errors: :class:`TraceError` (one line) for a missing, truncated or invalid file, or a JSON
     document without ``traceEvents``.
     """
-    cols = _Columns()
-    head = b""
-    tail = b""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         with _open(path) as f:
-            buf = b""
-            found = False
-            while not found:  # find the start of the array; keep the text before it
-                block = f.read(block_bytes)
-                if not block:
-                    break
-                buf += block
-                m = _EVENTS_KEY.search(buf)
-                if m:
-                    head, buf, found = buf[:m.start()], buf[m.end():], True
-                elif len(buf) > 64 * block_bytes:
-                    break
-            if not found:
-                _check_json(head or buf, path)
-                raise TraceError(f"{path}: not a PyTorch profiler trace (no \"traceEvents\" array)")
-            eof = False
-            while True:
-                if not eof:
-                    block = f.read(block_bytes)
-                    if block:
-                        buf += block
-                    else:
-                        eof = True
-                if eof:
-                    tail = _finish(buf, cols, path)
-                    break
-                events, rest = _take(buf, block_bytes, path)
-                if events is not None:
-                    cols.add(events)
-                    buf = rest
+            head, buf, a0 = _find_array(f, block_bytes, path)
+            parts = _split_points(path, a0, workers) if not _is_gzip(path) else []
+            if parts:
+                f.close()
+                return _read_parallel(path, head, a0, parts, block_bytes)
+            cols = _Columns()
+            tail = _scan(f, buf, cols, block_bytes, path, None)
+        return _assemble(path, head, tail, [cols.raw()])
     except TraceError:
         raise
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
@@ -229,22 +237,159 @@ def read_trace(path: str, block_bytes: int = BLOCK_BYTES) -> TraceData:
         raise TraceError(f"{path}: invalid JSON ({str(exc).splitlines()[0][:120]})") from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+#: Uncompressed traces from this size on are read by several processes (below it, starting them
+#: costs more than it saves).
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
+MAX_WORKERS = 4
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _find_array(f, block_bytes: int, path: str) -> tuple[bytes, bytes, int]:
+    """(text before the array, bytes read after its ``[``, offset of those bytes in the stream)."""
+    buf = b""
+    while True:
+        block = f.read(block_bytes)
+        if not block:
+            break
+        buf += block
+        m = _EVENTS_KEY.search(buf)
+        if m:
+            return buf[:m.start()], buf[m.end():], m.end()
+        if len(buf) > 64 * block_bytes:
+            break
+    _check_json(buf, path)
+    raise TraceError(f"{path}: not a PyTorch profiler trace (no \"traceEvents\" array)")
+
+
+def _scan(f, buf: bytes, cols: _Columns, block_bytes: int, path: str, stop: int | None) -> bytes:
+    """Reads events from ``f`` (``buf`` already read) into ``cols``. With ``stop`` (bytes left to
+    read in this part), the part ends right after an event and its ``,``; without, at the end of
+    the array, whose following text is returned."""
+    left = stop
+    while True:
+        size = block_bytes if left is None else min(block_bytes, left)
+        block = f.read(size) if size > 0 else b""
+        if left is not None:
+            left -= len(block)
+        if block:
+            buf += block
+        else:
+            if stop is not None:
+                body = buf.rstrip().rstrip(b",")
+                if body.strip():
+                    cols.add(_parse_events(body))
+                return b""
+            return _finish(buf, cols, path)
+        events, rest = _take(buf, block_bytes, path)
+        if events is not None:
+            cols.add(events)
+            buf = rest
+
+
+def _split_points(path: str, a0: int, workers: int | None) -> list[int]:
+    """Offsets (of an event's ``{``) that split the array into parts of about equal size, verified
+    to be event starts; [] when the file is too small or one process is asked for."""
+    size = os.path.getsize(path)
+    n = min(workers or os.cpu_count() or 1, MAX_WORKERS)
+    if n < 2 or size < PARALLEL_MIN_BYTES:
+        return []
+    import json
+
+    decoder = json.JSONDecoder()
+    points = []
+    with open(path, "rb") as f:
+        for k in range(1, n):
+            target = a0 + (size - a0) * k // n
+            f.seek(target)
+            window = f.read(4 * 1024 * 1024).decode("latin-1")  # one char per byte: offsets stay exact
+            for m in _CUT.finditer(window.encode("latin-1")):
+                pos = m.end()
+                try:
+                    _obj, end = decoder.raw_decode(window, pos)
+                except ValueError:
+                    continue
+                rest = window[end:end + 64].lstrip()
+                if rest[:1] in (",", "]"):
+                    points.append(target + pos)
+                    break
+    points = sorted(set(points))
+    return points if len(points) == n - 1 else []
+
+
+def _read_part(path: str, start: int, stop: int | None, block_bytes: int) -> tuple[dict, bytes]:
+    gc.disable()
+    cols = _Columns()
+    with open(path, "rb") as f:
+        f.seek(start)
+        tail = _scan(f, b"", cols, block_bytes, path, None if stop is None else stop - start)
+    return cols.raw(), tail
+
+
+def _read_parallel(path: str, head: bytes, a0: int, points: list[int], block_bytes: int) -> TraceData:
+    import concurrent.futures
+    import multiprocessing
+
+    bounds = [a0, *points]
+    stops: list[int | None] = [*points, None]
+    ctx = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(len(bounds), mp_context=ctx) as pool:
+        results = list(pool.map(_read_part, [path] * len(bounds), bounds, stops, [block_bytes] * len(bounds)))
+    return _assemble(path, head, results[-1][1], [r[0] for r in results])
+
+
+def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceData:
+    """One :class:`TraceData` from the parts' raw columns: string and thread ids made global,
+    columns concatenated and sorted by time."""
+    index: dict[str, int] = {}
+    tid_ids: dict = {}
+    merged: dict[str, dict[str, list]] = {g: {} for g in ("gpu", "runtime", "cpu", "syncs")}
+    pageable = []
+    steps: list = []
+    events = 0
+    for part in parts:
+        ids = np.asarray([index.setdefault(x, len(index)) for x in part["strings"]], dtype=np.int64)
+        tid_map = {}
+        for key, local in part["tids"].items():
+            if local < 0:
+                tid_map[local] = tid_ids.setdefault(key, -(len(tid_ids) + 1))
+        for g in merged:
+            for k, v in part[g].items():
+                if k in ("name", "cat") and len(v):
+                    v = ids[v]
+                elif k == "tid" and len(v) and tid_map:
+                    v = np.asarray([tid_map.get(int(x), int(x)) for x in v], dtype=np.int64) if (v < 0).any() else v
+                merged[g].setdefault(k, []).append(v)
+        pageable.append(part["pageable"])
+        steps.extend(part["steps"])
+        events += part["events"]
+    strings = [None] * len(index)
+    for x, i in index.items():
+        strings[i] = x
+    cols = {}
+    for g, group in merged.items():
+        arrays = {k: np.concatenate(v) for k, v in group.items()}
+        order = np.argsort(arrays["ts"], kind="stable")
+        cols[g] = {k: v[order] for k, v in arrays.items()}
+        if g == "gpu":
+            gpu_order = order
+    flags = np.concatenate(pageable)[gpu_order] if pageable else np.zeros(0, dtype=bool)
     meta = _meta(head, tail)
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     return TraceData(
-        path=path, strings=cols.strings, gpu=cols.arrays(cols.gpu), runtime=cols.arrays(cols.runtime),
-        cpu=cols.arrays(cols.cpu), syncs=cols.arrays(cols.syncs), steps=sorted(cols.steps, key=lambda s: s[1]),
-        rank=dist.get("rank"), world_size=dist.get("world_size"), backend=dist.get("backend"),
-        device_properties=meta.get("deviceProperties") or [], events=cols.events,
-        pageable=_sorted_like(cols.pageable, cols.gpu["ts"]),
+        path=path, strings=strings, gpu=cols["gpu"], runtime=cols["runtime"], cpu=cols["cpu"], syncs=cols["syncs"],
+        steps=sorted(steps, key=lambda st: st[1]), rank=dist.get("rank"), world_size=dist.get("world_size"),
+        backend=dist.get("backend"), device_properties=meta.get("deviceProperties") or [], events=events,
+        pageable=flags,
     )
-
-
-def _sorted_like(values: list, ts: list) -> np.ndarray:
-    arr = np.asarray(values, dtype=bool)
-    if len(ts):
-        arr = arr[np.argsort(np.asarray(ts, dtype=np.float64), kind="stable")]
-    return arr
 
 
 #: Cut candidates tried per block before reading more: a ``}, {`` inside a string (a kernel name)
