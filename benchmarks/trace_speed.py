@@ -75,13 +75,13 @@ print("HTA_RESULT " + json.dumps({"load_s": t1 - t0, "breakdown_s": t2 - t1, "ro
 
 
 def _load(path: str) -> dict:
-    import orjson
+    import msgspec
 
     with open(path, "rb") as f:
         magic = f.read(2)
     opener = gzip.open if magic == b"\x1f\x8b" else open
     with opener(path, "rb") as f:
-        return orjson.loads(f.read())
+        return msgspec.json.decode(f.read())
 
 
 def _step_number(name) -> int | None:
@@ -95,7 +95,7 @@ def _step_number(name) -> int | None:
 
 def build_trace(source: str, target_bytes: int, out_path: str) -> dict:
     """Writes the repeated trace to ``out_path``; returns facts about it (events, copies, bytes)."""
-    import orjson
+    import msgspec
 
     doc = _load(source)
     events = doc.pop("traceEvents")
@@ -151,15 +151,15 @@ def build_trace(source: str, target_bytes: int, out_path: str) -> dict:
     copies = 0
     with open(out_path, "wb") as f:
         f.write(b"{\n")
-        f.writelines(orjson.dumps(key) + b": " + json.dumps(value).encode() + b",\n" for key, value in head.items())
+        f.writelines(msgspec.json.encode(key) + b": " + json.dumps(value).encode() + b",\n" for key, value in head.items())
         f.write(b'"traceEvents": [\n')
         first = True
         for e in meta_events:
-            f.write((b"" if first else b",\n") + orjson.dumps(e))
+            f.write((b"" if first else b",\n") + msgspec.json.encode(e))
             first = False
         n_events += len(meta_events)
         while f.tell() < target_bytes or copies == 0:
-            chunk = b",\n".join(orjson.dumps(e) for e in copy_events(copies))
+            chunk = b",\n".join(msgspec.json.encode(e) for e in copy_events(copies))
             f.write((b"" if first else b",\n") + chunk)
             first = False
             n_events += len(body)
