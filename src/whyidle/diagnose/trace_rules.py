@@ -18,6 +18,11 @@ IMBALANCE_WARN = 0.05
 SHORT_KERNELS_LAUNCH_BOUND = 0.5
 
 
+#: Pageable copies taking less than this share of step time are not worth a line (a few small
+#: copies of scalars or indices); C21's copies of whole batches take percents.
+PAGEABLE_MIN_SHARE = 0.001
+
+
 def _speedup(share: float) -> float:
     return 1.0 / (1.0 - min(share, 0.95))
 
@@ -119,11 +124,13 @@ def host_bound(m: dict) -> dict | None:
 
 def pageable_transfers(m: dict) -> dict | None:
     """Memcpy activities from pageable memory; warning when their time is ≥ ``PAGEABLE_HOST_WARN``
-    of the step, info otherwise (est from that share, cases.md C21)."""
+    of the step, info from :data:`PAGEABLE_MIN_SHARE` (est from that share, cases.md C21)."""
     mc = m.get("memcpy") or {}
     if not mc.get("pageable_count"):
         return None
     share = mc.get("pageable_share_of_step") or 0.0
+    if share < PAGEABLE_MIN_SHARE:
+        return None
     summary = (f"{mc['pageable_count']} copies ({(mc.get('pageable_bytes') or 0) / 2**20:.1f} MiB) came from pageable "
                f"memory, {_ms(mc.get('pageable_s'))} in all ({_pct(share)} of step time).")
     return finding("pageable_transfers", "warning" if share >= T.PAGEABLE_HOST_WARN else "info",

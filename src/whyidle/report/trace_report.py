@@ -23,7 +23,7 @@ def _device(m: dict, props: list[dict]) -> dict | None:
     name = m.get("device_name")
     prop = next((p for p in props if p.get("name") == name), props[0] if props else {})
     major, minor = prop.get("computeMajor"), prop.get("computeMinor")
-    return {"kind": "cuda", "name": name or prop.get("name"),
+    return {"kind": "cuda", "name": name or prop.get("name") or "GPU (not named in the trace)",
             "compute_capability": f"{major}.{minor}" if major is not None else None,
             "memory_total_bytes": prop.get("totalGlobalMem")}
 
