@@ -20,6 +20,18 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _show(rep: dict, json_path: str | None) -> None:
+    """Prints the report: as JSON on stdout for ``--json -``, else for a human."""
+    if json_path == "-":
+        import json
+
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        from whyidle.report import terminal
+
+        terminal.render(rep)
+
+
 @click.group(context_settings=CONTEXT)
 @click.version_option(whyidle.__version__, prog_name="whyidle")
 def main() -> None:
@@ -65,10 +77,7 @@ def run(out, name, json_path, interval, stack_hz, quiet, command) -> None:
 @click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
 def report(run_dir, json_path) -> None:
     """Re-render a saved run directory without re-running anything."""
-    import json
-
     from whyidle.record.reader import RunDirError
-    from whyidle.report import terminal
     from whyidle.run.session import finish_report
 
     from whyidle.run.launcher import LaunchError
@@ -82,10 +91,7 @@ def report(run_dir, json_path) -> None:
         _fail(str(exc), 2)
     except OSError as exc:
         _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
-    if json_path == "-":
-        click.echo(json.dumps(rep, indent=1))
-    else:
-        terminal.render(rep)
+    _show(rep, json_path)
 
 
 @main.command(context_settings=CONTEXT)
@@ -94,12 +100,10 @@ def report(run_dir, json_path) -> None:
 @click.option("--rank", type=int, default=None, help="Only this rank's trace (from distributedInfo).")
 def trace(path, json_path, rank) -> None:
     """Diagnose an existing PyTorch profiler (Kineto) trace: a .json/.json.gz file or a folder of ranks."""
-    import json
-
     from whyidle.analysis.trace import job_metrics
     from whyidle.diagnose.trace_rules import diagnose_trace
     from whyidle.record.kineto import TraceError, loader_kind, read_job
-    from whyidle.report import terminal
+    from whyidle.record.writer import write_json_atomic
     from whyidle.report.trace_report import build_trace_report
 
     try:
@@ -111,14 +115,10 @@ def trace(path, json_path, rank) -> None:
     rep = build_trace_report(path, traces, job, verdict, findings)
     if json_path not in (None, "-"):
         try:
-            with open(json_path, "w", encoding="utf-8") as f:
-                json.dump(rep, f, indent=1)
+            write_json_atomic(json_path, rep)
         except OSError as exc:
             _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
-    if json_path == "-":
-        click.echo(json.dumps(rep, indent=1))
-    else:
-        terminal.render(rep)
+    _show(rep, json_path)
 
 
 @main.command(context_settings=CONTEXT)
