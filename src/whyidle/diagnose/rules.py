@@ -43,6 +43,19 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
     }
 
 
+#: Code of the usual fix for per-step host reads: keep the value on the device, read it every N steps.
+ACCUMULATE_CODE = ("running_loss += loss.detach()        # stays on the device, no sync\n"
+                   "if step % 50 == 0:\n"
+                   "    print(running_loss.item() / 50)  # one read per 50 steps\n"
+                   "    running_loss.zero_()")
+
+
+def speedup_if_removed(share: float) -> float:
+    """Step-time ratio when a share (0–1) of the step disappears: 1/(1 − share), the share capped
+    at 0.95 so a measurement artefact cannot promise more than 20×."""
+    return 1.0 / (1.0 - min(share, 0.95))
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.1f} ms"
 
@@ -215,7 +228,7 @@ def input_bound(facts: dict) -> dict | None:
                f"({_ms(wait)} of {_ms(mean)})"
                + (f", and the GPU sits idle {_pct(gpu_share)} of the time for it" if gpu_share is not None else "")
                + f": {reason}.{hot_text}")
-    removed = 1.0 / (1.0 - min(share, 0.95))
+    removed = speedup_if_removed(share)
     est = removed if cause in ("cpu_preprocessing", "unknown") else min(model["est_speedup"], removed)
     limit = ""
     if model and model["cpu_bound"] and cause != "cpu_preprocessing" and model["need"] > workers:
@@ -352,7 +365,7 @@ def host_bound(facts: dict) -> dict | None:
     else:
         severity = "info"
     return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
-                   evidence, 1.0 / (1.0 - min(removable, 0.95)), text, code, [DOCS_TUNING])
+                   evidence, speedup_if_removed(removable), text, code, [DOCS_TUNING])
 
 
 def many_small_ops(facts: dict) -> dict | None:
@@ -513,7 +526,7 @@ def cpu_contention(facts: dict) -> dict | None:
     evidence["top_other_processes"] = top
     severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
     return finding("cpu_contention", severity, "CPU contention: the job waits for cores", summary, evidence,
-                   1.0 / (1.0 - min(delay, 0.95)), text, code, [DOCS_THREADS])
+                   speedup_if_removed(delay), text, code, [DOCS_THREADS])
 
 
 def _gpu_count(facts: dict) -> int:

@@ -8,7 +8,13 @@ a finding or ``None``; thresholds live in :mod:`whyidle.diagnose.thresholds`.
 from __future__ import annotations
 
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import _ms, _pct, finding
+from whyidle.diagnose.rules import (
+    ACCUMULATE_CODE,
+    _ms,
+    _pct,
+    finding,
+    speedup_if_removed,
+)
 
 DOCS_SYNC = "https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html"
 DOCS_PINNED = "https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"
@@ -62,16 +68,13 @@ def sync_bound(facts: dict) -> dict | None:
     text = ("Each sync makes the host wait until the GPU has finished everything queued, and the GPU then waits "
             "for the host's next launches. Take syncs out of the per-step path: "
             + ("; ".join(hints) if hints else "read GPU values (loss, metrics) only every N steps") + ".")
-    code = ("running_loss += loss.detach()        # stays on the GPU, no sync\n"
-            "if step % 50 == 0:\n"
-            "    print(running_loss.item() / 50)  # one sync per 50 steps\n"
-            "    running_loss.zero_()")
+    code = ACCUMULATE_CODE
     evidence = {"idle_share": round(share, 4), "idle_s": round(syncs["idle_s"], 4), "count": syncs["count"],
                 "per_step": round(per_step, 3) if per_step is not None else None,
                 "sites": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in s.items()} for s in sites]}
     severity = "critical" if share >= T.SYNC_IDLE_CRITICAL else "warning"
     return finding("sync_bound", severity, "Sync-bound: host↔device syncs stall the GPU", summary, evidence,
-                   1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_SYNC])
+                   speedup_if_removed(share), text, code, [DOCS_SYNC])
 
 
 def _host_reads(facts: dict) -> dict | None:
@@ -92,8 +95,7 @@ def _host_reads(facts: dict) -> dict | None:
                "a GPU each read is a host↔device sync that drains the queue.")
     text = ("Before moving this loop to a GPU, take the reads out of the per-step path: accumulate on the device "
             "and read every N steps.")
-    code = ("running_loss += loss.detach()\nif step % 50 == 0:\n    print(running_loss.item() / 50)\n"
-            "    running_loss.zero_()")
+    code = ACCUMULATE_CODE
     evidence = {"per_step": round(reads["per_step"], 3), "sites": sites, "measured": "host reads (no GPU)"}
     return finding("sync_bound", "info", "Host reads of tensor values every step (syncs on a GPU)", summary,
                    evidence, None, text, code, [DOCS_SYNC])
@@ -173,7 +175,7 @@ def pageable_transfers(facts: dict) -> dict | None:
                 "sites": sites}
     severity = "warning" if share >= T.PAGEABLE_HOST_WARN else "info"
     return finding("pageable_transfers", severity, "Pageable host→device copies", summary, evidence,
-                   1.0 / (1.0 - min(share, 0.95)), text, code, [DOCS_PINNED])
+                   speedup_if_removed(share), text, code, [DOCS_PINNED])
 
 
 def cpu_built_tensors(facts: dict) -> dict | None:
@@ -202,5 +204,5 @@ def cpu_built_tensors(facts: dict) -> dict | None:
                 "sites": rows}
     severity = "warning" if share >= T.CPU_BUILT_WARN else "info"
     return finding("wrong_device", severity, "Tensors built on the CPU every step", summary, evidence,
-                   1.0 / (1.0 - min(share, 0.95)), text, "mask = torch.arange(n, device=device)  # not .to(device)",
+                   speedup_if_removed(share), text, "mask = torch.arange(n, device=device)  # not .to(device)",
                    ["https://pytorch.org/docs/stable/notes/cuda.html#best-practices"])

@@ -7,7 +7,15 @@ the trace's strings give (which DataLoader iterator ran). Thresholds come from
 from __future__ import annotations
 
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import DOCS_DATALOADER, DOCS_TUNING, _ms, _pct, finding
+from whyidle.diagnose.rules import (
+    ACCUMULATE_CODE,
+    DOCS_DATALOADER,
+    DOCS_TUNING,
+    _ms,
+    _pct,
+    finding,
+)
+from whyidle.diagnose.rules import speedup_if_removed as _speedup
 
 #: A straggler rank whose median step is this much longer than the others' median makes the job
 #: wait at every collective: 5 % is 1.05× for the whole job, above step-time noise between ranks.
@@ -21,10 +29,6 @@ SHORT_KERNELS_LAUNCH_BOUND = 0.5
 #: Pageable copies taking less than this share of step time are not worth a line (a few small
 #: copies of scalars or indices); C21's copies of whole batches take percents.
 PAGEABLE_MIN_SHARE = 0.001
-
-
-def _speedup(share: float) -> float:
-    return 1.0 / (1.0 - min(share, 0.95))
 
 
 def input_bound(m: dict, loader: str | None) -> dict | None:
@@ -83,7 +87,7 @@ def sync_bound(m: dict) -> dict | None:
                     "sites": sites}, _speedup(share),
                    "Take synchronizations out of the step: read values (.item(), .cpu()) every N steps, avoid "
                    "explicit synchronize calls, keep data-dependent shapes off the hot path.",
-                   "running_loss += loss.detach()\nif step % 50 == 0:\n    print(running_loss.item() / 50)",
+                   ACCUMULATE_CODE,
                    ["https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html"])
 
 
