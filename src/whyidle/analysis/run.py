@@ -11,6 +11,7 @@ import platform
 from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
+from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
@@ -32,6 +33,32 @@ def _first(records: list[dict], kind: str) -> dict | None:
     return next((r for r in records if r.get("k") == kind), None)
 
 
+def _last(records: list[dict], kind: str) -> dict | None:
+    return next((r for r in reversed(records) if r.get("k") == kind), None)
+
+
+#: When one process imported several frameworks, the one it trains with: Keras runs on
+#: TensorFlow (or PyTorch, or JAX) underneath, so its record wins.
+FRAMEWORK_ORDER = ("keras", "tensorflow", "torch")
+
+
+def _proc_record(records: list[dict]) -> dict | None:
+    procs = [r for r in records if r.get("k") == "proc"]
+    return min(procs, key=lambda r: FRAMEWORK_ORDER.index(r["framework"]) if r.get("framework") in FRAMEWORK_ORDER
+               else len(FRAMEWORK_ORDER), default=None)
+
+
+def _keras_devices(tfd: dict | None) -> list[dict]:
+    """The Keras device facts in the shape of PyTorch's device audit (``param_dtypes``,
+    ``autocast`` = a ``mixed_*`` dtype policy, ``params`` by device kind) for the shared rules."""
+    if not tfd or tfd.get("weight_dtypes") is None:
+        return []
+    n = sum(tfd["weight_dtypes"].values())
+    on = "cuda" if (tfd.get("physical_gpus") or 0) > 0 and tfd.get("backend") == "tensorflow" else None
+    return [{"param_dtypes": tfd["weight_dtypes"], "autocast": str(tfd.get("policy") or "").startswith("mixed"),
+             "params": {on: n} if on else None, "source": "keras"}]
+
+
 def analyze(run: RunData) -> dict:
     """Computes the facts of a run.
 
@@ -48,7 +75,10 @@ def analyze(run: RunData) -> dict:
     the CUDA timeline, :func:`whyidle.analysis.gpu_idle.gpu_idle`, or None); ``transfers``
     (:func:`whyidle.analysis.transfers.transfer_summary`), ``reads`` and ``placement`` (same module);
     ``notices``; ``instrumented`` (pids that imported
-    a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s).
+    a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s); Keras /
+    TensorFlow: ``input_wait`` (how the input wait inside the compiled step was measured,
+    :func:`whyidle.analysis.keras.input_wait`, or None), ``tfdata`` (the tf.data pipeline given to
+    ``fit``), ``tf_devices`` (GPUs TensorFlow sees, its build, the dtype policy), ``keras_calls``.
     """
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
@@ -56,13 +86,14 @@ def analyze(run: RunData) -> dict:
     primary = trainers[0] if trainers else None
     recs = procs.get(primary, []) if primary is not None else []
 
-    framework = "none"
-    for records in procs.values():
-        proc = _first(records, "proc")
-        if proc and proc.get("framework"):
-            framework = proc["framework"]
-            break
+    proc = _proc_record(recs) if primary is not None else None
+    if proc is None:
+        proc = next((p for p in map(_proc_record, procs.values()) if p), None)
+    framework = (proc or {}).get("framework") or "none"
 
+    input_wait = None
+    if primary is not None:
+        step_lists[primary], input_wait = keras_analysis.input_wait(step_lists[primary], recs)
     analyzed, info = step_analysis.select_steps(step_lists[primary]) if primary is not None else ([], {"total": 0})
     step = step_analysis.step_metrics(analyzed) if analyzed else None
     window = tuple(step["window"]) if step else None
@@ -86,8 +117,8 @@ def analyze(run: RunData) -> dict:
     phase_seconds = None
     if step:
         names = {"other": "other_host", "data": "data_wait", "forward": "forward", "backward": "backward",
-                 "optimizer": "optimizer", "eval": "eval"}
-        phase_seconds = {p: step["shares"][k] * total_s for p, k in names.items()}
+                 "optimizer": "optimizer", "eval": "eval", "compute": "compute"}
+        phase_seconds = {p: step["shares"][k] * total_s for p, k in names.items() if k in step["shares"]}
     hotspots = {
         phase: stack_analysis.hotspots(recs, {phase}, window, total_s, source_root=run.meta.get("cwd"),
                                        phase_seconds=phase_seconds)
@@ -97,7 +128,7 @@ def analyze(run: RunData) -> dict:
         phase: stack_analysis.focus(recs, phase, window, (phase_seconds or {}).get(phase), run.meta.get("cwd"))
         for phase in ("other", "data", "forward")
     }
-    devices = [r for r in recs if r.get("k") == "devices"]
+    devices = [r for r in recs if r.get("k") == "devices"] or _keras_devices(_last(recs, "tf_devices"))
     graphs = sorted(r["nodes"] for r in recs if r.get("k") == "graph")
     notices = [r["msg"] for records in procs.values() for r in records if r.get("k") == "notice"]
     other_trainers = []
@@ -115,7 +146,7 @@ def analyze(run: RunData) -> dict:
         "framework": framework,
         "trainers": trainers,
         "primary": primary,
-        "proc": _first(recs, "proc"),
+        "proc": proc,
         "instrumented": sorted(pid for pid, r in procs.items() if _first(r, "proc")),
         "steps_info": info,
         "step": step,
@@ -138,4 +169,9 @@ def analyze(run: RunData) -> dict:
         "gpu_records_notices": [r for r in run.gpu if r.get("k") == "gpu_notice"],
         "other_trainers": other_trainers,
         "meta": run.meta,
+        "input_wait": input_wait,
+        "tfdata": _last(recs, "tfdata"),
+        "host_mem_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
+        "tf_devices": _last(recs, "tf_devices"),
+        "keras_calls": [r for r in recs if r.get("k") == "keras_call"],
     }

@@ -4,9 +4,11 @@ Definitions (all over the *analyzed* steps, see :func:`select_steps`):
 
 - step time: ``t1 - t0`` of each step record, seconds.
 - shares: each phase's summed time divided by the summed step time (fractions, 0–1):
-  ``data_wait`` (blocked in the DataLoader), ``forward``, ``backward``, ``optimizer``, ``eval``
-  (forward with grad disabled) and ``other_host`` (the rest of the step: Python, logging, loss
-  functions written outside modules, copies, ...).
+  ``data_wait`` (blocked in the DataLoader, or in tf.data's ``GetNext``), ``forward``,
+  ``backward``, ``optimizer``, ``eval`` (forward with grad disabled), ``compute`` (Keras /
+  TensorFlow only: the compiled train step, forward + backward + optimizer fused by
+  ``tf.function``, less its input wait; present only when steps have it) and ``other_host`` (the
+  rest of the step: Python, logging, callbacks, loss functions written outside modules, ...).
 - samples/s: summed samples divided by summed step time.
 - ``data_cpu_share``: main-thread CPU time during data wait / data wait (near 1: the main process
   computes its batches; near 0: it sleeps on I/O or on worker queues).
@@ -28,6 +30,12 @@ MIN_STEPS_FOR_LONG_WARMUP = 10
 MAX_BOUNDARY_FRACTION_TO_EXCLUDE = 0.3
 
 PHASE_KEYS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("eval", "eval"))
+#: The fused compiled step of Keras / TensorFlow (see the module docstring).
+COMPUTE_KEY = ("compute", "comp")
+
+#: Step markers, most specific first: a process that has Keras steps (``fit``'s batches) keeps
+#: only those; then optimizer steps; loader- and iterator-marked steps are what is left otherwise.
+PREFERRED_BY = ("keras", "optimizer")
 
 
 def steps_of(records) -> list:
@@ -36,9 +44,9 @@ def steps_of(records) -> list:
     Args:
         records: a process's records (dicts), or a :class:`whyidle.record.steptable.StepTable`
             (what :func:`whyidle.record.reader.load_run` builds; its rows read like dicts).
-    Optimizer-marked steps win when there are any (a process that started with loader-marked
-    steps and later stepped an optimizer keeps only the optimizer ones); GPU times from
-    ``gpu_step`` records are merged in as ``gpu_ms``.
+    Keras-marked steps win when there are any, then optimizer-marked ones (a process that started
+    with loader-marked steps and later stepped an optimizer keeps only the optimizer ones), see
+    ``PREFERRED_BY``; GPU times from ``gpu_step`` records are merged in as ``gpu_ms``.
     """
     if hasattr(records, "rows"):
         steps = records.rows()
@@ -47,8 +55,9 @@ def steps_of(records) -> list:
         gpu = {r["i"]: r["gpu_ms"] for r in records if r.get("k") == "gpu_step"}
         if gpu:
             steps = [dict(s, gpu_ms=gpu.get(s["i"])) for s in steps]
-    if any(s.get("by") == "optimizer" for s in steps):
-        steps = [s for s in steps if s.get("by") == "optimizer"]
+    for by in PREFERRED_BY:
+        if any(s.get("by") == by for s in steps):
+            return [s for s in steps if s.get("by") == by]
     return steps
 
 
@@ -57,7 +66,10 @@ def select_steps(steps: list[dict]) -> tuple[list[dict], dict]:
 
     Returns:
         (analyzed, info) where info = ``{"total", "warmup", "boundary_excluded",
-        "boundary_s"}`` (counts, and seconds spent in excluded boundary steps).
+        "boundary_s", "profiled_excluded"}`` (counts, and seconds spent in excluded boundary
+        steps). Steps run under whyidle's TensorFlow profiler window (``profiled``) are left out
+        like boundary steps when at least 3 others remain: the profiler slows them a little; they
+        only give the input-wait ratio (:mod:`whyidle.analysis.keras`).
     """
     n = len(steps)
     warmup = WARMUP_STEPS_LONG if n >= MIN_STEPS_FOR_LONG_WARMUP else (WARMUP_STEPS_SHORT if n >= 3 else 0)
@@ -67,11 +79,17 @@ def select_steps(steps: list[dict]) -> tuple[list[dict], dict]:
     if boundary and len(boundary) <= MAX_BOUNDARY_FRACTION_TO_EXCLUDE * len(rest) and len(rest) - len(boundary) >= 3:
         excluded = boundary
         rest = [s for s in rest if not s.get("boundary")]
+    profiled = [s for s in rest if s.get("profiled")]
+    if profiled and len(rest) - len(profiled) >= 3:
+        rest = [s for s in rest if not s.get("profiled")]
+    else:
+        profiled = []
     info = {
         "total": n,
         "warmup": warmup,
         "boundary_excluded": len(excluded),
         "boundary_s": sum(s["t1"] - s["t0"] for s in excluded) / 1e9,
+        "profiled_excluded": len(profiled),
     }
     return rest, info
 
@@ -102,7 +120,8 @@ def step_metrics(steps: list[dict]) -> dict:
     times = [(s["t1"] - s["t0"]) / 1e9 for s in steps]
     total = sum(times) or 1e-12
     shares = {}
-    for name, key in PHASE_KEYS:
+    keys = PHASE_KEYS + ((COMPUTE_KEY,) if any(s.get(COMPUTE_KEY[1]) is not None for s in steps) else ())
+    for name, key in keys:
         shares[name] = sum(s.get(key) or 0 for s in steps) / 1e9 / total
     shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
     known = [s for s in steps if s.get("samples") is not None]

@@ -11,7 +11,7 @@ answers the question before any other bottleneck does.
 
 from __future__ import annotations
 
-from whyidle.diagnose import rules, rules_device, rules_gpu, rules_work
+from whyidle.diagnose import rules, rules_device, rules_gpu, rules_keras, rules_work
 from whyidle.diagnose import thresholds as T
 
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
@@ -26,6 +26,10 @@ def _insufficient(facts: dict) -> dict | None:
         if not facts.get("instrumented"):
             why = ("no Python process of the command imported PyTorch (a non-Python command, Python started with "
                    "-I or -S, or a framework whyidle does not instrument yet); host and GPU samples only")
+        elif rules_keras.is_tf(facts):
+            why = ("Keras/TensorFlow was imported but no fit() batch and no eager iteration of a tf.data dataset "
+                   "was seen (the program ended before training, or it feeds batches another way, e.g. NumPy "
+                   "slices passed to a tf.function; only the host and GPU samples were recorded)")
         else:
             why = ("PyTorch was imported but no optimizer step or DataLoader batch was seen (the program ended "
                    "before training, or it trains without torch.optim and DataLoader)")
@@ -78,12 +82,14 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
     short = _insufficient(facts)
     if short is not None:
         findings.append(short)
-    for rule in (rules.gpu_not_visible, rules.wrong_device, rules_gpu.model_not_moved, rules.cpu_contention):
+    tf = rules_keras.is_tf(facts)
+    not_visible = rules_keras.gpu_not_visible if tf else rules.gpu_not_visible
+    for rule in (not_visible, rules.wrong_device, rules_gpu.model_not_moved, rules.cpu_contention):
         f = rule(facts)
         if f:
             findings.append(f)
     if short is None:
-        for rule in (rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
+        for rule in (rules_keras.input_bound if tf else rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
                      rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload,
                      rules_device.throttling):
             f = rule(facts)
@@ -95,7 +101,10 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
             findings.append(max(host, key=lambda f: f["est_speedup"] or 0))
     _link_contention_to_input(facts, findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
-    config = rules.input_pipeline_config(facts, causes)
+    for f in findings:  # tf.data: smells whose fixed lines input_bound already shows
+        if f["id"] == "input_bound":
+            causes.update(f["evidence"].get("smells") or [])
+    config = (rules_keras.input_pipeline_config if tf else rules.input_pipeline_config)(facts, causes)
     if config:
         findings.append(config)
     findings.sort(key=lambda f: (_SEVERITY_RANK[f["severity"]], -(f["est_speedup"] or 0)))

@@ -70,7 +70,7 @@ def _gpu_compute_share(facts: dict) -> tuple[float, float, float | None] | None:
     shares = (step or {}).get("shares") or {}
     if shares.get("forward") is None or shares.get("backward") is None:
         return None
-    compute = shares["forward"] + shares["backward"]
+    compute = shares["forward"] + shares["backward"] + (shares.get("compute") or 0.0)  # Keras: fused step
     starved = (facts.get("gpu_idle") or {}).get("starved_share")
     usable = compute if starved is None else min(compute, max(0.0, 1.0 - starved))
     return compute, usable, starved
@@ -178,8 +178,11 @@ def no_mixed_precision(facts: dict) -> dict | None:
         policy = "mixed_bfloat16" if bf16 else "mixed_float16"
         text = (f"Set the Keras mixed-precision policy \"{policy}\" before building the model: layers compute in "
                 f"{dtype} on the tensor cores and keep float32 weights"
-                + ("" if bf16 else "; model.fit scales the loss for float16 by itself") + ".")
-        code = f"keras.mixed_precision.set_global_policy(\"{policy}\")   # before the model is built"
+                + ("" if bf16 else "; model.fit scales the loss for float16 by itself")
+                + ". Keep the output layer in float32 (dtype=\"float32\") so the softmax and loss stay stable.")
+        code = (f"keras.mixed_precision.set_global_policy(\"{policy}\")   # before the model is built\n"
+                "...\n"
+                "outputs = keras.layers.Dense(num_classes, dtype=\"float32\")(x)   # keep the output layer float32")
         docs = [DOCS_KERAS_MP]
     severity = "warning" if est >= T.VERDICT_MIN_SPEEDUP else "info"
     return finding("no_mixed_precision", severity, "No mixed precision: float32 math on tensor-core GPU",

@@ -3,7 +3,8 @@
 The bootstrap (``whyidle/run/bootstrap/sitecustomize.py``) calls :func:`start_from_env` at
 interpreter start-up when ``WHYIDLE_RUN_DIR`` is set. The agent does nothing visible until the
 user's program imports a framework: an import hook then installs that framework's
-instrumentation (``whyidle.instrument.torch``), opens ``RUN_DIR/proc-<pid>.jsonl`` and starts a
+instrumentation (``whyidle.instrument.torch``, ``whyidle.instrument.keras`` for ``keras`` and
+``tensorflow``), opens ``RUN_DIR/proc-<pid>.jsonl`` and starts a
 flusher thread. Standard library only: it runs beside the user's own packages.
 
 The doctor must never harm the patient: every hook catches its own errors, disables the part that
@@ -138,7 +139,11 @@ class Agent:
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a watched top-level module finishes importing."""
+    """Runs a callback right after a watched top-level module finishes importing.
+
+    A hook is used up only when the module is executed: ``importlib.util.find_spec`` alone
+    (TensorFlow asks it about ``keras`` without importing it) also reaches this finder.
+    """
 
     def __init__(self, hooks: dict) -> None:
         self.hooks = hooks
@@ -155,9 +160,13 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
             self._busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _HookedLoader(spec.loader, hook)
-        del self.hooks[fullname]
+        spec.loader = _HookedLoader(spec.loader, lambda module: self._fire(fullname, module))
         return spec
+
+    def _fire(self, fullname: str, module) -> None:
+        hook = self.hooks.pop(fullname, None)
+        if hook is not None:
+            hook(module)
 
 
 class _HookedLoader(importlib.abc.Loader):
@@ -192,6 +201,34 @@ def _install_torch(module) -> None:
         agent.notice(f"PyTorch instrumentation disabled: {exc!r}")
 
 
+def _install_tensorflow(module) -> None:
+    agent = _AGENT
+    if agent is None or agent.disabled:
+        return
+    try:
+        from whyidle.instrument import keras as keras_instrument
+
+        keras_instrument.install_tensorflow(agent, module)
+    except Exception as exc:
+        agent.notice(f"TensorFlow instrumentation disabled: {exc!r}")
+
+
+def _install_keras(module) -> None:
+    agent = _AGENT
+    if agent is None or agent.disabled:
+        return
+    try:
+        from whyidle.instrument import keras as keras_instrument
+
+        keras_instrument.install_keras(agent, module)
+    except Exception as exc:
+        agent.notice(f"Keras instrumentation disabled: {exc!r}")
+
+
+#: Framework modules whose import installs their instrumentation (post-import hooks).
+_INSTALLERS = {"torch": _install_torch, "tensorflow": _install_tensorflow, "keras": _install_keras}
+
+
 def start_from_env() -> "Agent | None":
     """Creates the process's agent from ``WHYIDLE_*`` environment variables (idempotent).
 
@@ -209,10 +246,14 @@ def start_from_env() -> "Agent | None":
     except ValueError:
         stack_hz = DEFAULT_STACK_HZ
     _AGENT = Agent(run_dir, stack_hz)
-    if "torch" in sys.modules:  # started late (e.g. by whyidle.watch()): instrument now
-        _install_torch(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _PostImportHook({"torch": _install_torch}))
+    pending = {}
+    for name, install in _INSTALLERS.items():
+        if name in sys.modules:  # started late (e.g. by whyidle.watch()): instrument now
+            install(sys.modules[name])
+        else:
+            pending[name] = install
+    if pending:
+        sys.meta_path.insert(0, _PostImportHook(pending))
     return _AGENT
 
 

@@ -11,8 +11,9 @@ import array
 import collections.abc
 import math
 
-_INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu")
-_BY = ("optimizer", "loader", None)
+_INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
+               "fn", "comp")
+_BY = ("optimizer", "loader", None, "keras", "iterator")
 _NONE = -(2**63)  # stands for null in an int column
 
 
@@ -23,6 +24,7 @@ class StepTable:
         self.cols = {f: array.array("q") for f in _INT_FIELDS}
         self.by = array.array("b")
         self.boundary = array.array("b")
+        self.profiled = array.array("b")
         self.gpu_ms = array.array("d")
         self._row_of_step: dict[int, int] = {}
 
@@ -37,6 +39,7 @@ class StepTable:
         by = rec.get("by")
         self.by.append(_BY.index(by) if by in _BY else 2)
         self.boundary.append(1 if rec.get("boundary") else 0)
+        self.profiled.append(1 if rec.get("profiled") else 0)
         self.gpu_ms.append(math.nan)
         self._row_of_step[int(rec.get("i", len(self.by) - 1))] = len(self.by) - 1
 
@@ -56,7 +59,7 @@ class StepView(collections.abc.Mapping):
 
     __slots__ = ("_table", "_row")
 
-    _KEYS = _INT_FIELDS + ("by", "boundary", "gpu_ms", "k")
+    _KEYS = _INT_FIELDS + ("by", "boundary", "profiled", "gpu_ms", "k")
 
     def __init__(self, table: StepTable, row: int) -> None:
         self._table = table
@@ -72,6 +75,8 @@ class StepView(collections.abc.Mapping):
             return _BY[t.by[r]]
         if key == "boundary":
             return bool(t.boundary[r])
+        if key == "profiled":
+            return bool(t.profiled[r])
         if key == "gpu_ms":
             v = t.gpu_ms[r]
             return None if math.isnan(v) else v

@@ -77,6 +77,17 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     if info.get("boundary_excluded"):
         notes.append(f"{info['boundary_excluded']} step(s) containing an epoch boundary or evaluation "
                      f"({info['boundary_s']:.2f} s) were left out of the steady-state shares.")
+    if info.get("profiled_excluded"):
+        notes.append(f"{info['profiled_excluded']} step(s) ran under whyidle's TensorFlow profiler window; they give "
+                     "the input-wait split and were left out of the step times.")
+    iw = facts.get("input_wait") or {}
+    if iw.get("method") == "tf_profiler":
+        notes.append(f"Input wait inside Keras's compiled train step: {iw['ratio']:.0%} of its time in IteratorGetNext "
+                     f"over {iw['calls']} profiled steps (TensorFlow profiler; trace kept in {iw.get('file')}), applied "
+                     "to every step's measured train-function time.")
+    elif iw and iw.get("method") is None:
+        notes.append(f"The input wait inside Keras's compiled train step was not measured ({iw.get('reason')}): "
+                     "the 'compute' share includes it.")
     for t in facts.get("other_trainers") or []:
         notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
                      f"pid {facts.get('primary')}.")
@@ -91,6 +102,26 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
                          "(or the CUDA timeline was off), so only NVML's utilization is shown.")
     notes += facts.get("notices") or []
     return notes
+
+
+def keras_of(facts: dict) -> dict | None:
+    """The report's ``keras`` block (Keras/TensorFlow runs only): ``input_wait`` (method, ratio of
+    the train function spent in IteratorGetNext, profiled calls, reason when not measured),
+    ``pipeline`` (the tf.data stages given to fit), ``fit`` (the fit calls: input kind, epochs,
+    batch size, steps_per_execution), ``devices`` (GPUs TensorFlow sees, build, dtype policy)."""
+    if facts.get("framework") not in ("keras", "tensorflow"):
+        return None
+    iw = facts.get("input_wait")
+    tfdata = facts.get("tfdata") or {}
+    tfd = facts.get("tf_devices") or {}
+    return {
+        "input_wait": {k: iw.get(k) for k in ("method", "ratio", "calls", "get_next_ms_mean", "fn_ms_mean", "reason",
+                                              "iterators", "file")} if iw else None,
+        "pipeline": tfdata.get("stages"),
+        "calls": [{k: c.get(k) for k in ("fn", "input", "epochs", "batch_size", "steps_per_epoch",
+                                         "steps_per_execution", "batches")} for c in facts.get("keras_calls") or []],
+        "devices": {k: v for k, v in tfd.items() if k not in ("k", "t")} or None,
+    }
 
 
 def build_report(facts: dict, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
@@ -128,6 +159,7 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "findings": findings,
         "metrics": metrics,
         "loader": {k: v for k, v in facts["loader"].items() if k not in ("k", "t", "id")} if facts.get("loader") else None,
+        "keras": keras_of(facts),
         "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
         "notes": notes_of(facts, problems or []),
     })

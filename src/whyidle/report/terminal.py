@@ -17,7 +17,8 @@ _VERDICT_TEXT = {
     "unknown": "UNKNOWN: not enough data to judge",
 }
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
-           ("optimizer", "optimizer", "magenta"), ("eval", "eval", "cyan"), ("other_host", "other host", "yellow"))
+           ("optimizer", "optimizer", "magenta"), ("eval", "eval", "cyan"), ("compute", "compute (train step)", "green"),
+           ("other_host", "other host", "yellow"))
 #: ProfilerStep shares of a trace report (analysis/trace.py).
 _TRACE_PHASES = (("dataloader", "dataloader", "red"), ("kernel", "kernels", "green"), ("memcpy", "memcpy", "blue"),
                  ("memset", "memset", "blue"), ("runtime", "CUDA runtime", "magenta"),
@@ -40,9 +41,11 @@ def _share_bar(shares: dict, width: int = 50, phases=_PHASES) -> Text:
         if n:
             bar.append("█" * n, style=style)
     legend = Text()
+    always = ("data_wait", "other_host", "dataloader", "kernel")
+    always += ("compute",) if "compute" in shares else ("forward", "backward")  # Keras: one fused step
     for key, label, style in phases:
         v = shares.get(key) or 0
-        if v >= 0.005 or key in ("data_wait", "forward", "backward", "other_host", "dataloader", "kernel"):
+        if v >= 0.005 or key in always:
             legend.append("■ ", style=style)
             legend.append(f"{label} {v:.0%}  ")
     return Text.assemble(bar, "\n", legend)

@@ -1,0 +1,181 @@
+"""Diagnosis rules for Keras / TensorFlow runs (pure; no framework imports).
+
+* :func:`input_bound` — the compiled train step waits for tf.data (measured by whyidle's
+  TensorFlow profiler window, or by the eager iterator in custom loops), with the cause and the
+  exact tf.data lines from the pipeline lint (:mod:`whyidle.diagnose.rules_tfdata`).
+* :func:`input_pipeline_config` — the lint's other smells, as info.
+* :func:`gpu_not_visible` — NVML sees a GPU, TensorFlow does not.
+
+Facts come from :func:`whyidle.analysis.run.analyze` (``input_wait``, ``tfdata``,
+``tf_devices``); findings follow :func:`whyidle.diagnose.rules.finding`.
+"""
+
+from __future__ import annotations
+
+from whyidle.diagnose import rules_tfdata
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.rules import _ms, _pct, _round, finding, speedup_if_removed
+
+DOCS_TFDATA = "https://www.tensorflow.org/guide/data_performance"
+DOCS_TF_PROFILER = "https://www.tensorflow.org/guide/profiler#input_pipeline_analyzer"
+DOCS_TF_GPU = "https://www.tensorflow.org/install/pip"
+
+#: Causes whose fix runs the slow stage in parallel, up to one call per core (tf.data's AUTOTUNE
+#: caps map parallelism at the cores it may use).
+_PARALLEL_CAUSES = ("sequential_map", "sequential_interleave")
+_METHOD_TEXT = {
+    "tf_profiler": "measured with the TensorFlow profiler over {n} steps: IteratorGetNext inside the compiled step",
+    "iterator": "measured around each next() on the tf.data iterator",
+}
+
+
+def is_tf(facts: dict) -> bool:
+    """True for runs whose framework is Keras or TensorFlow."""
+    return facts.get("framework") in ("keras", "tensorflow")
+
+
+def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool) -> dict:
+    """What the fix should give, per step (seconds): the loading work per step ``fetch_s`` (the
+    wait itself without prefetch; wait + the rest of the step with it, since prefetching already
+    overlapped that much), done by up to ``cores`` parallel calls for the parallel causes, and
+    overlapped with the rest of the step by a prefetch: step = max(rest, fetch / parallel)."""
+    mean = step["step_time_s"]["mean"]
+    wait = step["data_wait_s_per_step"]
+    rest = max(mean - wait, 1e-6)
+    fetch = wait + (rest if has_prefetch else 0.0)
+    parallel = max(1, cores) if cause in _PARALLEL_CAUSES else 1
+    predicted = min(mean, max(rest, fetch / parallel))
+    return {"fetch_s": fetch, "parallel": parallel, "predicted_step_s": predicted, "est_speedup": mean / predicted}
+
+
+def _cause(smells: list[dict]) -> str | None:
+    """The bottleneck's cause from the lint, the most actionable first: a map left sequential at
+    run time (``sequential_map``: parallel calls fix it, even for a map calling Python when that
+    Python waits on I/O, as in cases.md C03), ``sequential_interleave``, Python in the pipeline
+    (``python_in_pipeline``: a ``from_generator`` source, or a Python map already parallel), a
+    missing prefetch TensorFlow does not make up for (``no_prefetch``); else None."""
+    kinds = {}
+    for s in smells:
+        if not s.get("auto_fixed"):
+            kinds.setdefault(s["kind"], s)
+    for kind, cause in (("sequential_map", "sequential_map"), ("sequential_interleave", "sequential_interleave"),
+                        ("generator_source", "python_in_pipeline"), ("py_function_map", "python_in_pipeline"),
+                        ("no_prefetch", "no_prefetch")):
+        if kind in kinds:
+            return cause
+    return None
+
+
+def input_bound(facts: dict) -> dict | None:
+    """The compiled train step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
+
+    Needs a measured input wait (``facts["input_wait"]["method"]`` not None). ``evidence.cause``
+    comes from the tf.data lint (:func:`whyidle.diagnose.rules_tfdata.input_cause`):
+    ``python_in_pipeline``, ``sequential_map``, ``sequential_interleave``, ``no_prefetch``, else
+    ``cpu_preprocessing`` when the pipeline is already parallel and prefetched, or ``unknown``
+    without a pipeline description. ``est_speedup`` follows :func:`_fix_model`, capped by
+    1/(1 − share) (``evidence.est_speedup_if_removed``).
+    """
+    step = facts.get("step")
+    method = (facts.get("input_wait") or {}).get("method")
+    if not step or method is None:
+        return None
+    share = step["shares"]["data_wait"]
+    if share < T.DATA_WAIT_WARN:
+        return None
+    pipeline = facts.get("tfdata")
+    host = facts.get("host") or {}
+    cores = host.get("cores") or 1
+    mem = facts.get("host_mem_total_bytes")
+    smells = rules_tfdata.tfdata_smells(pipeline, mem) if pipeline else []
+    cause = _cause(smells)
+    if cause is None:
+        cause = "cpu_preprocessing" if pipeline and not pipeline.get("error") else "unknown"
+    ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
+    model = _fix_model(step, cause, cores, bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells))
+    removed = speedup_if_removed(share)
+    est = removed if cause == "unknown" else min(model["est_speedup"], removed)
+    iw = facts["input_wait"]
+    how = _METHOD_TEXT.get(method, method).format(n=iw.get("calls") or "a few")
+    wait = step["data_wait_s_per_step"]
+    mean = step["step_time_s"]["mean"]
+    lead = [s for s in smells if s["kind"] == {"python_in_pipeline": "generator_source"}.get(cause, cause)] or smells
+    why = f": {lead[0]['text'].rstrip('.')}" if lead else ""
+    summary = (f"The train step waits for the next batch {_pct(share)} of each step ({_ms(wait)} of {_ms(mean)}, "
+               f"{how}){why}.")
+    code = rules_tfdata.fix_code(pipeline, mem) if pipeline else None
+    if cause in _PARALLEL_CAUSES or cause == "no_prefetch":
+        text = (f"Run the slow stage in parallel and prefetch: tf.data.AUTOTUNE picks the parallelism (up to the "
+                f"{cores} cores here) and .prefetch overlaps loading with the step; about {est:.2f}× per step.")
+        if any(s["kind"] == "py_function_map" for s in smells):
+            text += (" The map calls Python (tf.py_function / tf.numpy_function): parallel calls overlap its I/O and "
+                     "GIL-releasing work only, so CPU-heavy Python there needs rewriting in TensorFlow ops.")
+    elif cause == "python_in_pipeline":
+        text = ("The pipeline runs Python (from_generator / py_function / numpy_function), which holds the GIL: "
+                "parallel calls overlap only its I/O. Move the per-element work into TensorFlow ops (tf.io, "
+                "tf.image) or precompute it into files (TFRecord) read with a parallel map; prefetch meanwhile.")
+    elif cause == "cpu_preprocessing":
+        text = ("The pipeline is already parallel: the per-element work itself is too expensive for these "
+                f"{cores} cores. Cache what is deterministic (.cache() after the expensive map), vectorize by "
+                "batching before the map, or precompute the preprocessing once.")
+    else:
+        text = "Give fit a tf.data pipeline with parallel map calls and a final prefetch, then re-run whyidle."
+    evidence = _round({
+        "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
+        "cores": cores, "predicted_step_s": model["predicted_step_s"], "fetch_s_per_step": model["fetch_s"],
+        "est_speedup_if_removed": removed,
+    })
+    evidence["input_wait_method"] = method
+    evidence["input_wait_steps"] = iw.get("calls")
+    evidence["smells"] = [s["kind"] for s in smells]
+    evidence["pipeline"] = ops
+    evidence["runtime_stages"] = (iw.get("iterators") or [])[:4]
+    severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
+    return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence, est,
+                   text, code, [DOCS_TFDATA, DOCS_TF_PROFILER])
+
+
+def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
+    """tf.data smells (:func:`whyidle.diagnose.rules_tfdata.tfdata_smells`) not already the
+    ``input_bound`` cause, as one info finding with their fixed lines."""
+    pipeline = facts.get("tfdata")
+    if not pipeline:
+        return None
+    smells = [s for s in rules_tfdata.tfdata_smells(pipeline, facts.get("host_mem_total_bytes"))
+              if s["kind"] not in already]
+    if not smells:
+        return None
+    summary = "tf.data pipeline: " + "; ".join(s["text"].rstrip(".") for s in smells) + "."
+    code = "\n".join(dict.fromkeys(s["code"] for s in smells if s.get("code")))
+    return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
+                   {"smells": [s["kind"] for s in smells], "pipeline": [s.get("op") for s in pipeline.get("stages") or []]},
+                   None, "Apply these tf.data changes; they cost nothing when the pipeline is not today's bottleneck.",
+                   code or None, [DOCS_TFDATA])
+
+
+def gpu_not_visible(facts: dict) -> dict | None:
+    """NVML sees a GPU but TensorFlow lists none (``tf.config.list_physical_devices("GPU")``
+    empty): a CPU-only build, or a CUDA build whose CUDA/cuDNN libraries or driver do not match."""
+    tfd = facts.get("tf_devices") or {}
+    static = facts.get("gpu_static") or {}
+    gpus = len(static.get("devices") or [])
+    if not gpus or tfd.get("physical_gpus") is None or tfd["physical_gpus"] > 0:
+        return None
+    drv = (static.get("devices") or [{}])[0].get("cuda_driver_version")
+    cuda, cudnn = tfd.get("cuda_build"), tfd.get("cudnn_build")
+    if not tfd.get("is_cuda_build"):
+        why = f"this TensorFlow {tfd.get('tf_version')} is a CPU-only build"
+        code = "pip uninstall -y tensorflow-cpu && pip install \"tensorflow[and-cuda]\""
+    else:
+        why = (f"TensorFlow {tfd.get('tf_version')} was built for CUDA {cuda} / cuDNN {cudnn}, the driver supports "
+               f"CUDA {drv}, and TensorFlow could not load a GPU (missing CUDA/cuDNN libraries or a driver older "
+               "than the build; TensorFlow's start-up log says which library failed)")
+        code = "pip install \"tensorflow[and-cuda]\"   # ships the CUDA and cuDNN libraries this build expects"
+    summary = (f"{gpus} NVIDIA GPU{'s are' if gpus > 1 else ' is'} present (driver supports CUDA {drv}) but "
+               f"TensorFlow sees none: {why}, so everything runs on the CPU.")
+    return finding("gpu_not_visible", "critical", "GPU not visible to TensorFlow", summary,
+                   {"gpus": gpus, "cuda_driver_version": drv, "tensorflow": tfd.get("tf_version"),
+                    "is_cuda_build": tfd.get("is_cuda_build"), "cuda_build": cuda, "cudnn_build": cudnn,
+                    "tf_physical_gpus": 0}, None,
+                   "Install a TensorFlow GPU build whose CUDA version the driver supports (the driver's CUDA version "
+                   "must be ≥ the build's).", code, [DOCS_TF_GPU])

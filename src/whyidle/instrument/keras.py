@@ -1,0 +1,563 @@
+"""Keras 3 and TensorFlow instrumentation (runs inside the trainer; imported only once the user's
+program has imported ``keras`` or ``tensorflow``).
+
+What it observes, without a code change in the user's program:
+
+- ``Model.fit`` / ``evaluate`` / ``predict`` get one whyidle callback put first in their
+  ``callbacks`` (``async_safe``, and without batch-*end* hooks, so Keras keeps dispatching the
+  user's batch-end callbacks asynchronously when it would have). At the start of training the
+  compiled ``train_function`` is wrapped to time each call. A step runs from one batch's
+  ``on_train_batch_begin`` to the next: ``fn`` is the time inside the compiled train function
+  (the next batch's ``GetNext`` + forward + backward + optimizer, fused by ``tf.function``), the
+  rest is host work between batches (callbacks, logging, the Keras loop). One call covers
+  ``steps_per_execution`` batches.
+- **Input wait inside ``fn``**: a callback cannot see it, so a short window of the TensorFlow
+  profiler (:mod:`whyidle.instrument.tfprof`) is opened around a few training steps after
+  warm-up (TensorFlow backend only) and its trace is read for the ``IteratorGetNext`` time within
+  each train-function call. The window steps aside when the program profiles itself (a
+  ``TensorBoard`` callback with ``profile_batch``, ``tf.profiler.experimental.start``,
+  ``tf.summary.trace_on(profiler=True)``): a user's start while whyidle's window is open closes
+  whyidle's window first, discarding it.
+- The dataset given to ``fit`` is described once (:func:`whyidle.instrument.tfdata.describe`) for
+  the tf.data lint; the GPUs TensorFlow sees, its CUDA/cuDNN build and the Keras dtype policy are
+  recorded once (``tf_devices``).
+- Custom loops (``for x, y in dataset:`` with a ``tf.GradientTape`` step, no ``fit``): each eager
+  ``next()`` on a tf.data iterator of the main thread marks a step; ``data`` is the time inside
+  ``next()`` and ``comp`` the time inside ``tf.function`` calls of that step.
+
+Records: ``proc``, ``step`` (``by``: ``"keras"`` or ``"iterator"``), ``keras_call``, ``tfdata``,
+``tf_devices``, ``tf_window`` (docs/run-format.md). Every hook catches its own errors, turns the
+instrumentation off and says so once; nothing here synchronizes a device.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import threading
+from time import monotonic_ns, thread_time_ns
+
+#: Training batches (train-function calls) before the profiler window opens: the first call
+#: traces and compiles the function, the next ones fill tf.data's buffers and autotune
+#: (the TensorFlow profiler guide's own advice is to skip the first steps).
+WINDOW_AFTER_CALLS = 3
+#: Train-function calls the window covers; enough to average a few steps' input wait while
+#: keeping the trace small (the profiler adds a few % to the profiled steps only).
+WINDOW_CALLS = 10
+#: The window closes after this long even when steps are slow (at least one call is covered).
+WINDOW_MAX_S = 3.0
+
+_INSTANCE: "KerasInstrument | None" = None
+
+
+def _samples_of(element) -> int | None:
+    """Leading dimension of the first tensor in a (nested) batch, or None."""
+    for _ in range(4):
+        if isinstance(element, dict):
+            element = next(iter(element.values()), None)
+        elif isinstance(element, (tuple, list)):
+            element = element[0] if element else None
+        else:
+            break
+    shape = getattr(element, "shape", None)
+    try:
+        return int(shape[0]) if shape is not None and len(shape) > 0 else None
+    except Exception:
+        return None
+
+
+class KerasInstrument:
+    """Keras/TensorFlow hooks of one process (see the module docstring)."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.off = False
+        self.tid: int | None = None  # the thread that runs fit (or iterates a dataset)
+        self.phase = "setup"
+        self.calls = 0  # train-function calls seen in this process
+        self.step_i = 0  # next step index (steps of every fit, in order)
+        self.cur: dict | None = None  # the open step
+        self.training = 0  # > 0 inside fit (between on_train_begin and on_train_end)
+        self.fit_info: dict = {}
+        self.spe = 1
+        self.batch_size: int | None = None
+        self.devices_recorded = False
+        self.window = None  # whyidle.instrument.tfprof.ProfilerWindow once it may run
+        self.user_profiles = False
+        self.it_step: dict | None = None  # the open custom-loop step
+        self.it_last = None  # the iterator of the last next()
+        self.stacks = None
+        self.cur_first = True  # the next step is the first of an epoch
+
+    # -- errors ----------------------------------------------------------------------------------
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Turns the Keras instrumentation off and says so once."""
+        if not self.off:
+            self.off = True
+            self.agent.notice(f"Keras/TensorFlow instrumentation disabled after an error in {where}: {exc!r}")
+        if self.window is not None:
+            self.window.abandon()
+
+    # -- fit ---------------------------------------------------------------------------------------
+    def on_fit_start(self, method: str, model, bound: dict) -> None:
+        """``Model.fit``/``evaluate``/``predict`` was called (main thread); ``bound`` holds its
+        arguments by name."""
+        if self.tid is None:
+            self.tid = threading.get_ident()
+            self._start_stacks()
+        if method != "fit":
+            return
+        x = bound.get("x")
+        self.fit_info = {"t0": monotonic_ns(), "input": _input_kind(x), "epochs": bound.get("epochs"),
+                         "batch_size": bound.get("batch_size"), "steps_per_epoch": bound.get("steps_per_epoch"),
+                         "validation": bound.get("validation_data") is not None or bool(bound.get("validation_split"))}
+        try:
+            self.spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        except Exception:
+            self.spe = 1
+        self.batch_size = None
+        if self.fit_info["input"] in ("numpy", "tensor"):
+            self.batch_size = bound.get("batch_size") or 32  # Keras's default
+        if self.fit_info["input"] == "tf.data":
+            self._describe_dataset(x)
+        for cb in bound.get("callbacks") or []:
+            if type(cb).__name__ == "TensorBoard" and (getattr(cb, "_start_batch", 0) or 0) > 0:
+                self.user_profile("a TensorBoard callback with profile_batch")
+
+    def _describe_dataset(self, ds) -> None:
+        try:
+            from whyidle.instrument.tfdata import describe
+
+            desc = describe(ds)
+        except Exception as exc:
+            self.agent.notice(f"tf.data lint disabled: {exc!r}")
+            return
+        bs = None
+        for stage in desc.get("stages") or []:
+            if stage.get("op") in ("batch", "padded_batch") and stage.get("batch_size"):
+                bs = stage["batch_size"]
+        self.batch_size = bs or desc.get("batch_size")
+        self.agent.record(dict(desc, k="tfdata", t=monotonic_ns()))
+
+    def on_train_begin(self, model) -> None:
+        self.training += 1
+        self.phase = "other"
+        fn = getattr(model, "train_function", None)
+        if fn is not None and not getattr(fn, "_whyidle", False):
+            model.train_function = self._timed(fn)
+        if not self.devices_recorded:
+            self.devices_recorded = True
+            self.agent.record(_devices_record(model))
+        if self.window is None and not self.user_profiles:
+            self.window = _new_window(self)
+
+    def _timed(self, fn):
+        inst = self
+
+        def train_function(*args, **kwargs):
+            if inst.off or not inst.training or threading.get_ident() != inst.tid:
+                return fn(*args, **kwargs)
+            inst.phase = "compute"
+            t0 = monotonic_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                t1 = monotonic_ns()
+                inst.phase = "other"
+                cur = inst.cur
+                if cur is not None:
+                    cur["fn"] += t1 - t0
+                    cur["calls"] += 1
+                inst.calls += 1
+
+        train_function._whyidle = True
+        train_function.__wrapped__ = fn
+        return train_function
+
+    def on_batch_begin(self) -> None:
+        now = monotonic_ns()
+        if self.cur is not None:
+            self._end_step(now, False)
+        w = self.window
+        if w is not None and not self.off:
+            w.before_call(self.calls, now)
+        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "calls": 0, "i": self.step_i,
+                    "first": self.cur_first, "profiled": w is not None and w.active}
+        self.cur_first = False
+        self.step_i += 1
+
+    def _end_step(self, now: int, boundary: bool) -> None:
+        cur, self.cur = self.cur, None
+        samples = self.batch_size * self.spe if self.batch_size else None
+        self.agent.record({
+            "k": "step", "t": now, "i": cur["i"], "t0": cur["t0"], "t1": now, "by": "keras",
+            "fn": cur["fn"], "batches": self.spe, "samples": samples, "cpu": thread_time_ns() - cur["c0"],
+            "boundary": bool(boundary or cur["first"]), "profiled": cur["profiled"],
+        })
+
+    def on_epoch_begin(self) -> None:
+        self.cur_first = True
+
+    def on_epoch_end(self) -> None:
+        if self.cur is not None:
+            self._end_step(monotonic_ns(), True)
+
+    def on_train_end(self) -> None:
+        now = monotonic_ns()
+        if self.cur is not None:
+            self._end_step(now, True)
+        self.training = max(0, self.training - 1)
+        self.phase = "setup"
+        if self.window is not None:
+            self.window.close(now)
+        info = self.fit_info
+        if info:
+            self.agent.record(dict(info, k="keras_call", t=now, fn="fit", t1=now, steps_per_execution=self.spe,
+                                   batch_size=self.batch_size))
+            self.fit_info = {}
+
+    def after_fit(self) -> None:
+        """``fit`` returned or raised: whatever ``on_train_end`` did not close is closed here."""
+        if self.training:
+            self.on_train_end()
+
+    def on_other_call(self, fn: str, t0: int, batches: int) -> None:
+        """``evaluate``/``predict`` ended (outside ``fit``)."""
+        self.agent.record({"k": "keras_call", "t": monotonic_ns(), "fn": fn, "t0": t0, "t1": monotonic_ns(),
+                           "batches": batches, "steps_per_execution": self.spe})
+
+    # -- profiler --------------------------------------------------------------------------------
+    def user_profile(self, how: str) -> None:
+        """The program profiles itself: whyidle's profiler window steps aside for good."""
+        if self.user_profiles:
+            return
+        self.user_profiles = True
+        w = self.window
+        if w is not None and w.active:
+            w.abandon()
+        self.agent.notice(f"the program profiles itself ({how}): whyidle's TensorFlow profiler window steps aside, "
+                          "so the input wait inside Keras's train step is not measured")
+
+    # -- custom loops ----------------------------------------------------------------------------
+    def on_next(self, iterator, t0: int, t1: int, element, stopped: bool) -> None:
+        """An eager ``next()`` on a tf.data iterator returned (main thread, outside ``fit``)."""
+        cur = self.it_step
+        if cur is not None:
+            self.agent.record({
+                "k": "step", "t": t0, "i": cur["i"], "t0": cur["t0"], "t1": t0, "by": "iterator",
+                "data": cur["data"], "comp": cur["comp"], "batches": 1, "samples": cur["samples"],
+                "cpu": thread_time_ns() - cur["c0"], "boundary": cur["new"] or stopped,
+            })
+        if stopped:
+            self.it_step = None
+            self.it_last = None
+            return
+        self.it_step = {"i": self.step_i, "t0": t0, "data": t1 - t0, "comp": 0, "c0": thread_time_ns(),
+                        "samples": _samples_of(element), "new": iterator is not self.it_last}
+        self.step_i += 1
+        self.it_last = iterator
+
+    def on_function(self, t0: int, t1: int) -> None:
+        cur = self.it_step
+        if cur is not None:
+            cur["comp"] += t1 - t0
+
+    # -- stacks ----------------------------------------------------------------------------------
+    def _start_stacks(self) -> None:
+        if self.stacks is not None or self.agent.stack_hz <= 0:
+            return
+        from whyidle.instrument.stacks import StackSampler
+
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase,
+                                   native_id=threading.get_native_id())
+        self.agent.collectors.append(self.stacks.drain)
+        self.agent.on_exit.append(self.stacks.stop)
+        self.stacks.start()
+
+
+def _input_kind(x) -> str:
+    """What was passed to fit as ``x``: ``tf.data``, ``numpy``, ``tensor``, ``generator``,
+    ``PyDataset``, ``torch DataLoader``, ``none`` or the class name."""
+    if x is None:
+        return "none"
+    names = {c.__name__ for c in type(x).__mro__}
+    if "DatasetV2" in names or "DistributedDataset" in names:
+        return "tf.data"
+    if "ndarray" in names:
+        return "numpy"
+    if "PyDataset" in names or "Sequence" in names:
+        return "PyDataset"
+    if "DataLoader" in names:
+        return "torch DataLoader"
+    if inspect.isgenerator(x):
+        return "generator"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return "tensor"
+    if isinstance(x, (dict, list, tuple)):
+        return "numpy"
+    return type(x).__name__
+
+
+def _devices_record(model) -> dict:
+    """GPUs TensorFlow sees, its CUDA/cuDNN build, the Keras dtype policy (``tf_devices``)."""
+    rec: dict = {"k": "tf_devices", "t": monotonic_ns(), "backend": None}
+    try:
+        import keras
+
+        rec["backend"] = keras.backend.backend()
+        rec["policy"] = keras.config.dtype_policy().name
+        layers = getattr(model, "layers", None) or []
+        if layers:
+            rec["output_dtype"] = getattr(layers[-1], "compute_dtype", None)
+        dtypes: dict = {}
+        for v in getattr(model, "trainable_weights", None) or []:
+            d = str(getattr(v, "dtype", "?"))
+            dtypes[d] = dtypes.get(d, 0) + 1
+        rec["weight_dtypes"] = dtypes
+        rec["jit_compile"] = bool(getattr(model, "jit_compile", False))
+    except Exception as exc:
+        rec["error"] = repr(exc)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        try:
+            build = dict(tf.sysconfig.get_build_info())
+            rec["is_cuda_build"] = bool(build.get("is_cuda_build"))
+            rec["cuda_build"] = build.get("cuda_version")
+            rec["cudnn_build"] = build.get("cudnn_version")
+            rec["physical_gpus"] = len(tf.config.list_physical_devices("GPU"))
+            rec["tf_version"] = tf.__version__
+        except Exception as exc:
+            rec["error"] = repr(exc)
+    return rec
+
+
+def _new_window(inst: KerasInstrument):
+    """The profiler window for this process, or None where it cannot run (said once)."""
+    try:
+        import keras
+
+        backend = keras.backend.backend()
+    except Exception:
+        backend = None
+    if backend != "tensorflow":
+        inst.agent.notice(f"Keras runs on the {backend} backend: the input wait inside the train step is not "
+                          "separated from compute (the TensorFlow profiler window needs the TensorFlow backend)")
+        return None
+    from whyidle.instrument.tfprof import ProfilerWindow
+
+    return ProfilerWindow(inst.agent, os.path.join(inst.agent.run_dir, f"tfprof-{os.getpid()}"),
+                          after_calls=WINDOW_AFTER_CALLS, calls=WINDOW_CALLS, max_s=WINDOW_MAX_S,
+                          fail=inst.fail)
+
+
+def _make_callback(keras, inst: KerasInstrument):
+    class WhyidleCallback(keras.callbacks.Callback):
+        """whyidle's timing callback (added by ``whyidle run``; it changes nothing in training)."""
+
+        async_safe = True  # no batch-end hooks: Keras may keep dispatching batch ends asynchronously
+
+        def __init__(self, method: str) -> None:
+            super().__init__()
+            self._method = method
+            self._t0 = 0
+            self._batches = 0
+
+        def on_train_begin(self, logs=None):
+            _safe(inst, inst.on_train_begin, self.model)
+
+        def on_train_end(self, logs=None):
+            _safe(inst, inst.on_train_end)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            _safe(inst, inst.on_epoch_begin)
+
+        def on_epoch_end(self, epoch, logs=None):
+            _safe(inst, inst.on_epoch_end)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if not inst.off and threading.get_ident() == inst.tid:
+                _safe(inst, inst.on_batch_begin)
+
+        def on_test_begin(self, logs=None):
+            self._t0, self._batches = monotonic_ns(), 0
+
+        def on_test_batch_begin(self, batch, logs=None):
+            self._batches += 1
+
+        def on_test_end(self, logs=None):
+            if self._method == "evaluate" and not inst.off:
+                _safe(inst, inst.on_other_call, "evaluate", self._t0, self._batches)
+
+        def on_predict_begin(self, logs=None):
+            self._t0, self._batches = monotonic_ns(), 0
+
+        def on_predict_batch_begin(self, batch, logs=None):
+            self._batches += 1
+
+        def on_predict_end(self, logs=None):
+            if not inst.off:
+                _safe(inst, inst.on_other_call, "predict", self._t0, self._batches)
+
+    return WhyidleCallback
+
+
+def _safe(inst: KerasInstrument, fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:
+        inst.fail(getattr(fn, "__name__", "a hook"), exc)
+
+
+def _wrap_method(cls, name: str, inst: KerasInstrument, callback_cls) -> None:
+    orig = getattr(cls, name)
+    sig = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def method(self, *args, **kwargs):
+        if inst.off or inst.agent.disabled or inst.training:  # nested (validation inside fit): leave it
+            return orig(self, *args, **kwargs)
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+            user = bound.arguments.get("callbacks")
+            if user is not None and not isinstance(user, (list, tuple)):
+                raise TypeError(f"callbacks given as {type(user).__name__}")
+            bound.arguments["callbacks"] = [callback_cls(name)] + list(user or [])
+            inst.on_fit_start(name, self, dict(bound.arguments, callbacks=user))
+        except Exception as exc:
+            inst.agent.notice(f"Keras {name}() not instrumented: {exc!r}")
+            return orig(self, *args, **kwargs)
+        try:
+            return orig(*bound.args, **bound.kwargs)
+        finally:
+            if name == "fit":
+                _safe(inst, inst.after_fit)
+
+    setattr(cls, name, method)
+
+
+def install_keras(agent, keras) -> KerasInstrument:
+    """Instruments ``keras.Model.fit``/``evaluate``/``predict`` (once) and writes the ``proc`` record.
+
+    Errors: propagates exceptions from patching; the agent turns them into one notice.
+    """
+    inst = _instance(agent)
+    if getattr(inst, "keras_done", False):
+        return inst
+    inst.keras_done = True
+    backend = None
+    try:
+        backend = keras.backend.backend()
+    except Exception:
+        pass
+    tf = sys.modules.get("tensorflow")
+    agent.record({
+        "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
+        "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
+        "framework": "keras", "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend,
+        "tf_version": getattr(tf, "__version__", None) if tf is not None else None,
+    })
+    agent.start_background()
+    callback_cls = _make_callback(keras, inst)
+    for name in ("fit", "evaluate", "predict"):
+        _wrap_method(keras.Model, name, inst, callback_cls)
+    return inst
+
+
+def install_tensorflow(agent, tf) -> KerasInstrument:
+    """Instruments TensorFlow itself (once): eager tf.data iteration marks custom-loop steps,
+    ``tf.function`` calls are timed as compute, and the program's own profiler starts are watched.
+
+    Errors: propagates exceptions from patching; the agent turns them into one notice.
+    """
+    inst = _instance(agent)
+    if getattr(inst, "tf_done", False):
+        return inst
+    inst.tf_done = True
+    agent.record({
+        "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
+        "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
+        "framework": "tensorflow", "framework_version": str(getattr(tf, "__version__", "?")),
+    })
+    agent.start_background()
+    _watch_profiler(inst)
+    _watch_iterators(inst, tf)
+    return inst
+
+
+def _instance(agent) -> KerasInstrument:
+    global _INSTANCE
+    if _INSTANCE is None:
+        _INSTANCE = KerasInstrument(agent)
+    return _INSTANCE
+
+
+def _watch_profiler(inst: KerasInstrument) -> None:
+    from tensorflow.python.profiler import profiler_v2
+
+    orig_start = profiler_v2.start
+
+    @functools.wraps(orig_start)
+    def start(*args, **kwargs):
+        _safe(inst, inst.user_profile, "tf.profiler.experimental.start")
+        return orig_start(*args, **kwargs)
+
+    start._whyidle_orig = orig_start
+    profiler_v2.start = start
+    try:
+        import tensorflow as tf
+
+        if tf.profiler.experimental.start is orig_start:
+            tf.profiler.experimental.start = start
+    except Exception:
+        pass
+
+
+def _watch_iterators(inst: KerasInstrument, tf) -> None:
+    from tensorflow.python.data.ops import iterator_ops
+    from tensorflow.python.eager import context
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    get_ident = threading.get_ident
+    orig_next = iterator_ops.OwnedIterator.__next__
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        if inst.off or inst.training or not context.executing_eagerly():
+            return orig_next(self)
+        if inst.tid is None:
+            inst.tid = get_ident()
+            _safe(inst, inst._start_stacks)
+        if get_ident() != inst.tid:
+            return orig_next(self)
+        prev = inst.phase
+        inst.phase = "data"
+        t0 = monotonic_ns()
+        try:
+            element = orig_next(self)
+        except StopIteration:
+            inst.phase = prev
+            _safe(inst, inst.on_next, self, t0, monotonic_ns(), None, True)
+            raise
+        inst.phase = "other"
+        _safe(inst, inst.on_next, self, t0, monotonic_ns(), element, False)
+        return element
+
+    iterator_ops.OwnedIterator.__next__ = __next__
+
+    orig_call = polymorphic_function.Function.__call__
+
+    @functools.wraps(orig_call)
+    def __call__(self, *args, **kwds):
+        if inst.off or inst.it_step is None or inst.training or get_ident() != inst.tid:
+            return orig_call(self, *args, **kwds)
+        inst.phase = "compute"
+        t0 = monotonic_ns()
+        try:
+            return orig_call(self, *args, **kwds)
+        finally:
+            inst.phase = "other"
+            _safe(inst, inst.on_function, t0, monotonic_ns())
+
+    polymorphic_function.Function.__call__ = __call__
