@@ -346,6 +346,15 @@ def host_bound(facts: dict) -> dict | None:
         code = (f"if step % 50 == 0:          # was: every step\n"
                 f"    {call}\n"
                 "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
+        if facts.get("framework") in ("keras", "tensorflow"):
+            text = (f"Run {name if name.startswith('the code') else f'`{name}`'} every N batches instead of every "
+                    "batch: in a Keras callback, return early from on_train_batch_end unless batch % 50 == 0 (or use "
+                    "the epoch-level hooks). Keras converts the logs to NumPy for any callback with a batch-end hook, "
+                    "and runs it in the training loop unless the callback sets async_safe = True.")
+            code = ("def on_train_batch_end(self, batch, logs=None):\n"
+                    "    if batch % 50:          # was: every batch\n"
+                    "        return\n"
+                    f"    {call}")
     else:
         text = (f"Move {name if name.startswith('the code') else f'`{name}`'} out of the per-step path or make it "
                 "cheaper: vectorize Python loops over "
@@ -628,7 +637,7 @@ def device_bound(facts: dict) -> dict:
     """Nothing upstream limits the device: compute (forward, backward, optimizer) fills the step."""
     step = facts["step"]
     sh = step["shares"]
-    compute = sh["forward"] + sh["backward"] + sh["optimizer"]
+    compute = sh["forward"] + sh["backward"] + sh["optimizer"] + sh.get("compute", 0.0)
     device = facts.get("device") or {}
     if device.get("kind") == "cpu":
         where = ("this run has no GPU, so the device is the CPU itself; faster training needs a faster device, "
@@ -637,8 +646,17 @@ def device_bound(facts: dict) -> dict:
         where = f"the {device.get('name') or 'GPU'} is the limit"
     summary = (f"Nothing upstream holds the device back: forward, backward and optimizer take {_pct(compute)} of each "
                f"{_ms(step['step_time_s']['mean'])} step; {where}.")
-    return finding("device_bound", "info", "Device-bound: compute fills the step", summary,
-                   _round({"compute_share": compute, "data_wait_share": sh["data_wait"],
-                           "other_host_share": sh["other_host"]}), None,
-                   "Nothing to fix upstream. For more speed: mixed precision on GPUs with tensor cores, "
-                   "torch.compile, or a bigger device.", None, [DOCS_TUNING])
+    evidence = _round({"compute_share": compute, "data_wait_share": sh["data_wait"],
+                       "other_host_share": sh["other_host"]})
+    text = ("Nothing to fix upstream. For more speed: mixed precision on GPUs with tensor cores, "
+            "torch.compile, or a bigger device.")
+    iw = facts.get("input_wait")
+    if iw is not None:  # Keras / TensorFlow
+        evidence["input_wait_measured"] = iw.get("method") is not None
+        text = ("Nothing to fix upstream. For more speed: the mixed_float16 / mixed_bfloat16 policy on GPUs with "
+                "tensor cores, XLA (model.compile(..., jit_compile=True)), or a bigger device.")
+        if iw.get("method") is None:
+            summary += (f" The input wait inside Keras's compiled step was not measured ({iw.get('reason')}), so part "
+                        "of the compute share may be waiting for data.")
+    return finding("device_bound", "info", "Device-bound: compute fills the step", summary, evidence, None,
+                   text, None, [DOCS_TUNING])

@@ -1,0 +1,142 @@
+"""The Keras / TensorFlow instrumentation inside real (tiny) Keras programs under `whyidle run`:
+the profiler window, stepping aside for the program's own profiler, steps_per_execution, custom
+loops, and that nothing of TensorFlow is imported when the program does not import it."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from conftest import observe
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("tensorflow")
+
+PRELUDE = """\
+import sys, time
+import numpy as np
+import tensorflow as tf
+import keras
+
+def model():
+    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=SPE)
+    return m
+
+def slow(i):
+    time.sleep(0.004)
+    return np.full((8,), i % 7, np.float32), np.int64(i % 2)
+
+def load(i):
+    x, y = tf.numpy_function(slow, [i], [tf.float32, tf.int64])
+    x.set_shape((8,)); y.set_shape(())
+    return x, y
+
+ds = tf.data.Dataset.range(100000).map(load).batch(4)
+"""
+
+
+def run_keras(tmp_path, body, name, spe=1, timeout=240):
+    script = tmp_path / f"{name}.py"
+    script.write_text(PRELUDE.replace("SPE", str(spe)) + textwrap.dedent(body))
+    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], name=name, timeout=timeout,
+                                    cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report is not None, proc.stderr[-3000:]
+    records = []
+    for path in glob.glob(os.path.join(run_dir, "proc-*.jsonl")):
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return proc, report, records
+
+
+def kinds(records, k):
+    return [r for r in records if r.get("k") == k]
+
+
+def test_window_measures_input_wait_with_steps_per_execution(tmp_path):
+    proc, report, records = run_keras(tmp_path, "model().fit(ds, steps_per_epoch=30, epochs=2, verbose=0)\n",
+                                      "spe", spe=2)
+    steps = [s for s in kinds(records, "step") if s["by"] == "keras"]
+    assert len(steps) == 30 and all(s["batches"] == 2 and s["samples"] == 8 for s in steps)
+    window = kinds(records, "tf_window")
+    assert len(window) == 1 and "error" not in window[0]
+    # every call runs 2 batches of 4 elements × 4 ms of sequential loading: ≥ 32 ms of GetNext per call
+    assert len(window[0]["calls"]) >= 3
+    assert all(get_next >= 0.8 * 32e6 and get_next <= dur for dur, get_next in window[0]["calls"])
+    assert report["framework"] == "keras" and report["keras"]["input_wait"]["method"] == "tf_profiler"
+    assert report["metrics"]["shares"]["data_wait"] > 0.6
+    assert report["verdict"] == "input_bound"
+
+
+def test_tensorboard_profiling_makes_the_window_step_aside(tmp_path):
+    body = """\
+    tb = keras.callbacks.TensorBoard(log_dir="tb", profile_batch=(3, 5))
+    model().fit(ds, steps_per_epoch=20, epochs=1, verbose=0, callbacks=[tb])
+    """
+    proc, report, records = run_keras(tmp_path, body, "tb")
+    assert not kinds(records, "tf_window")
+    assert any("steps aside" in n["msg"] for n in kinds(records, "notice"))
+    assert glob.glob(str(tmp_path / "tb" / "**" / "*.xplane.pb"), recursive=True)  # the user's profile is there
+    assert report["keras"]["input_wait"]["method"] is None
+    assert not glob.glob(os.path.join(str(tmp_path), "tb", "*", "tfprof-*"))
+
+
+def test_program_starting_the_profiler_during_the_window_wins(tmp_path):
+    body = """\
+    class Prof(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 5:
+                tf.profiler.experimental.start("mine")
+            if batch == 8:
+                tf.profiler.experimental.stop()
+    model().fit(ds, steps_per_epoch=20, epochs=1, verbose=0, callbacks=[Prof()])
+    print("RESULT ok")
+    """
+    proc, report, records = run_keras(tmp_path, body, "mine")
+    assert "RESULT ok" in proc.stdout
+    assert glob.glob(str(tmp_path / "mine" / "**" / "*.xplane.pb"), recursive=True)
+    assert not kinds(records, "tf_window")
+    assert any("tf.profiler.experimental.start" in n["msg"] for n in kinds(records, "notice"))
+
+
+def test_custom_loop_steps_from_the_iterator(tmp_path):
+    body = """\
+    m = model()
+    opt = keras.optimizers.SGD()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+        return loss
+
+    for i, (x, y) in enumerate(ds):
+        train_step(x, y)
+        if i == 30:
+            break
+    """
+    proc, report, records = run_keras(tmp_path, body, "loop")
+    steps = kinds(records, "step")
+    assert len(steps) >= 30 and all(s["by"] == "iterator" for s in steps)
+    assert all(s["samples"] == 4 for s in steps)
+    later = steps[3:]
+    assert all(s["data"] >= 0.8 * 16e6 for s in later)  # 4 elements × 4 ms of sequential loading
+    assert all(s["comp"] > 0 for s in later)
+    assert report["framework"] == "keras"  # the model is Keras; the loop is the program's own
+    assert report["keras"]["input_wait"]["method"] == "iterator"
+    assert report["verdict"] == "input_bound"
+
+
+def test_tensorflow_is_never_imported_for_the_program(tmp_path):
+    code = "import sys; print('TF', 'tensorflow' in sys.modules, 'keras' in sys.modules)"
+    proc, report, _ = observe(tmp_path, [sys.executable, "-c", code], name="plain")
+    assert proc.returncode == 0
+    assert "TF False False" in proc.stdout

@@ -1,0 +1,128 @@
+"""Keras / TensorFlow rules on hand-built facts (pure: no TensorFlow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from whyidle.diagnose import diagnose, rules_keras
+
+MB = 1 << 20
+
+
+def stage(op, **kw):
+    return dict({"op": op, "cls": op, "parallel": None, "buffer": None, "batch_size": None}, **kw)
+
+
+SEQUENTIAL_PY_MAP = {"stages": [stage("range", cardinality=3000),
+                                stage("map", fn="tf_load", fn_site="train.py:16", py_func=True, fn_ops=1),
+                                stage("batch", batch_size=32, drop_remainder=False)],
+                     "cardinality": -1, "batch_size": 32, "source_elements": 3000,
+                     "options": {"autotune": True, "inject_prefetch": True, "map_parallelization": True,
+                                 "map_and_batch_fusion": True}}
+FIXED = {"stages": [stage("range", cardinality=3000),
+                    stage("map", fn="tf_load", py_func=True, fn_ops=1, parallel=-1),
+                    stage("batch", batch_size=32), stage("prefetch", buffer=-1)],
+         "cardinality": -1, "batch_size": 32, "options": SEQUENTIAL_PY_MAP["options"]}
+
+
+def facts(data_share=0.86, step_s=0.078, pipeline=SEQUENTIAL_PY_MAP, method="tf_profiler", cores=2, **extra):
+    data = data_share * step_s
+    f = {
+        "framework": "keras", "primary": 1, "instrumented": [1], "steps_info": {"total": 80},
+        "step": {"steps": 60, "shares": {"data_wait": data_share, "forward": 0.0, "backward": 0.0, "optimizer": 0.0,
+                                         "eval": 0.0, "compute": 1 - data_share - 0.01, "other_host": 0.01},
+                 "step_time_s": {"p50": step_s, "p90": step_s, "mean": step_s}, "data_wait_s_per_step": data,
+                 "compute_s_per_step": step_s - data, "batch_size": 32, "batches_per_step": 1,
+                 "samples_per_s": 32 / step_s},
+        "host": {"cores": cores, "cpu_busy_share": 0.6},
+        "input_wait": {"method": method, "calls": 10, "ratio": data_share, "iterators": []} if method else
+                      {"method": None, "reason": "no TensorFlow profiler window ran (see the notes)"},
+        "tfdata": pipeline, "host_mem_total_bytes": 24 << 30, "device": {"kind": "cpu"},
+    }
+    f.update(extra)
+    return f
+
+
+def test_c03_sequential_python_map_is_input_bound_with_the_two_lines():
+    f = rules_keras.input_bound(facts())
+    assert f["id"] == "input_bound" and f["severity"] == "critical"
+    ev = f["evidence"]
+    assert ev["cause"] == "sequential_map" and ev["input_wait_method"] == "tf_profiler" and ev["input_wait_steps"] == 10
+    assert ev["data_wait_share"] == pytest.approx(0.86)
+    # the fix model: 67 ms of loading per step over 2 parallel calls, overlapped with 11 ms of the rest
+    assert ev["predicted_step_s"] == pytest.approx(0.86 * 0.078 / 2, abs=1e-4)  # evidence rounded to 4 digits
+    assert f["est_speedup"] == pytest.approx(0.078 / (0.86 * 0.078 / 2), rel=1e-3)
+    assert "86% of each step" in f["summary"] and "TensorFlow profiler over 10 steps" in f["summary"]
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in f["fix"]["code"]
+    assert "ds = ds.prefetch(tf.data.AUTOTUNE)" in f["fix"]["code"]
+    assert "GIL" in f["fix"]["text"]
+
+
+def test_more_cores_more_gain_but_never_more_than_removing_the_wait():
+    two = rules_keras.input_bound(facts(cores=2))["est_speedup"]
+    many = rules_keras.input_bound(facts(cores=64))["est_speedup"]
+    assert two < many <= 1 / (1 - 0.86) + 1e-3
+
+
+def test_generator_source_is_python_in_pipeline():
+    gen = {"stages": [stage("generator", fn="rows", py_func=True), stage("batch", batch_size=32),
+                      stage("prefetch", buffer=-1)], "options": SEQUENTIAL_PY_MAP["options"]}
+    f = rules_keras.input_bound(facts(pipeline=gen))
+    assert f["evidence"]["cause"] == "python_in_pipeline"
+    assert f["est_speedup"] == pytest.approx(1.0)  # already prefetched: a parallel fix is not available
+
+
+def test_parallel_prefetched_pipeline_is_cpu_preprocessing():
+    f = rules_keras.input_bound(facts(pipeline=FIXED, data_share=0.5))
+    assert f["evidence"]["cause"] in ("cpu_preprocessing", "python_in_pipeline")
+    assert f["severity"] == "critical"
+
+
+def test_quiet_below_the_threshold_and_silent_without_measurement():
+    assert rules_keras.input_bound(facts(data_share=0.05)) is None
+    assert rules_keras.input_bound(facts(method=None)) is None
+
+
+def test_unmeasured_input_wait_is_never_called_device_bound_silently():
+    verdict, findings = diagnose(facts(method=None, data_share=0.0))
+    assert verdict == "device_bound"
+    note = findings[0]
+    assert note["id"] == "device_bound" and note["evidence"]["input_wait_measured"] is False
+    assert "was not measured (no TensorFlow profiler window ran" in note["summary"]
+    assert "jit_compile=True" in note["fix"]["text"]
+    verdict, findings = diagnose(facts(data_share=0.02))
+    assert findings[0]["evidence"]["input_wait_measured"] is True and "not measured" not in findings[0]["summary"]
+
+
+def test_config_finding_only_for_smells_not_already_fixed():
+    verdict, findings = diagnose(facts())
+    assert verdict == "input_bound"
+    assert [f["id"] for f in findings] == ["input_bound"]  # its fix code already holds every line
+    quiet = facts(data_share=0.02)
+    verdict, findings = diagnose(quiet)
+    config = next(f for f in findings if f["id"] == "input_pipeline_config")
+    assert config["severity"] == "info" and "sequential_map" in config["evidence"]["smells"]
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in config["fix"]["code"]
+
+
+def gpu_facts(physical, cuda_build=True):
+    return facts(tf_devices={"physical_gpus": physical, "is_cuda_build": cuda_build, "cuda_build": "12.5.1",
+                             "cudnn_build": "9", "tf_version": "2.21.0"},
+                 gpu_static={"devices": [{"index": 0, "cuda_driver_version": "12.2"}]})
+
+
+def test_gpu_not_visible_to_tensorflow():
+    f = rules_keras.gpu_not_visible(gpu_facts(0))
+    assert f["severity"] == "critical"
+    assert "CUDA 12.5.1" in f["summary"] and "CUDA 12.2" in f["summary"]
+    cpu_build = rules_keras.gpu_not_visible(gpu_facts(0, cuda_build=False))
+    assert "CPU-only build" in cpu_build["summary"] and "tensorflow[and-cuda]" in cpu_build["fix"]["code"]
+    assert rules_keras.gpu_not_visible(gpu_facts(1)) is None
+    assert rules_keras.gpu_not_visible(facts()) is None  # no NVML GPU
+    verdict, _ = diagnose(gpu_facts(0))
+    assert verdict == "gpu_not_visible"
+
+
+def test_no_steps_message_names_keras():
+    verdict, findings = diagnose({"framework": "tensorflow", "primary": None, "instrumented": [5]})
+    assert verdict == "unknown" and "Keras/TensorFlow was imported" in findings[0]["summary"]
