@@ -126,3 +126,24 @@ def test_gpu_not_visible_to_tensorflow():
 def test_no_steps_message_names_keras():
     verdict, findings = diagnose({"framework": "tensorflow", "primary": None, "instrumented": [5]})
     assert verdict == "unknown" and "Keras/TensorFlow was imported" in findings[0]["summary"]
+
+
+def mp_facts(cc, policy="float32"):
+    from whyidle.analysis.run import _keras_devices
+
+    tfd = {"physical_gpus": 1, "backend": "tensorflow", "policy": policy, "weight_dtypes": {"float32": 6}}
+    return facts(data_share=0.02, devices=_keras_devices(tfd)[0],
+                 device={"kind": "cuda", "name": "NVIDIA A100-SXM4-80GB" if cc == (8, 0) else "Tesla P100",
+                         "compute_capability": list(cc), "memory_total_bytes": 80 << 30})
+
+
+def test_keras_mixed_precision_policy_only_with_tensor_cores():
+    from whyidle.diagnose import rules_work
+
+    f = rules_work.no_mixed_precision(mp_facts((8, 0)))
+    assert f["severity"] == "warning" and f["est_speedup"] > 1.2
+    assert 'set_global_policy("mixed_bfloat16")' in f["fix"]["code"]
+    assert 'dtype="float32"' in f["fix"]["code"] and "output layer in float32" in f["fix"]["text"]
+    old = rules_work.no_mixed_precision(mp_facts((6, 0)))
+    assert old["severity"] == "info" and old["est_speedup"] is None and "not help much" in old["summary"]
+    assert rules_work.no_mixed_precision(mp_facts((8, 0), policy="mixed_float16")) is None

@@ -43,7 +43,16 @@ def write_xspace(path, with_host=True):
     py.events.add(metadata_id=4, offset_ps=90 * PS_PER_MS, duration_ps=PS_PER_MS)
     other = py.events.add(metadata_id=5, offset_ps=400 * PS_PER_MS, duration_ps=PS_PER_MS)
     other.stats.add(metadata_id=7, int64_value=1)
-    space.planes.add(name="/device:GPU:0")
+    gpu = space.planes.add(name="/device:GPU:0")
+    gpu.event_metadata[1].id = 1
+    gpu.event_metadata[1].name = "volta_sgemm"
+    a = gpu.lines.add(id=1, name="Stream #7(Compute)", timestamp_ns=1000)
+    b = gpu.lines.add(id=2, name="Stream #9(MemcpyH2D)", timestamp_ns=1000)
+    steps = gpu.lines.add(id=3, name="Steps", timestamp_ns=1000)  # derived: spans the whole window
+    steps.events.add(metadata_id=1, offset_ps=0, duration_ps=300 * PS_PER_MS)
+    a.events.add(metadata_id=1, offset_ps=10 * PS_PER_MS, duration_ps=40 * PS_PER_MS)  # 10–50 ms
+    b.events.add(metadata_id=1, offset_ps=30 * PS_PER_MS, duration_ps=40 * PS_PER_MS)  # 30–70: 20 ms new
+    a.events.add(metadata_id=1, offset_ps=270 * PS_PER_MS, duration_ps=40 * PS_PER_MS)  # clipped at 280
     path.write_bytes(space.SerializeToString())
 
 
@@ -57,6 +66,8 @@ def test_calls_and_their_get_next_time(tmp_path):
     assert out["calls"] == [[80 * ms, 50 * ms + 0], [80 * ms, 10 * ms], [80 * ms, 75 * ms]]
     assert out["iterators"] == [["Iterator::Root::Prefetch::Map", 3, 90.0]]
     assert out["gpu_planes"] == 1
+    # window = first call start (0) → last call end (280 ms): (60 + 10) ms busy on the streams
+    assert out["gpu_busy"] == [["/device:GPU:0", round(70 / 280, 4)]]
 
 
 def test_bad_files(tmp_path):

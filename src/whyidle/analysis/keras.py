@@ -36,7 +36,8 @@ def input_wait(steps: list, records) -> tuple[list, dict | None]:
     Returns:
         ``(steps, info)``: new step dicts and ``info`` = ``{"method": "tf_profiler" |
         "iterator" | None, "ratio", "calls", "get_next_ms_mean", "fn_ms_mean", "fn_name",
-        "iterators", "file", "reason"}`` (``ratio`` a fraction of train-function time; ms per
+        "iterators", "file", "reason", "gpu_busy"}`` (``gpu_busy``: ``[plane, fraction]`` of the
+        profiled calls' span in which each GPU ran kernels or copies) (``ratio`` a fraction of train-function time; ms per
         call), or ``(steps, None)`` when the steps are not Keras or custom-loop steps.
     """
     if not steps:
@@ -68,5 +69,6 @@ def input_wait(steps: list, records) -> tuple[list, dict | None]:
         "get_next_ms_mean": sum(c[1] for c in calls) / len(calls) / 1e6,
         "fn_ms_mean": total / len(calls) / 1e6, "fn_name": win.get("fn_name"),
         "iterators": win.get("iterators") or [], "file": win.get("file"), "reason": None,
+        "gpu_busy": win.get("gpu_busy") or [],
     }
     return out, info

@@ -307,7 +307,9 @@ def _devices_record(model) -> dict:
         import keras
 
         rec["backend"] = keras.backend.backend()
-        rec["policy"] = keras.config.dtype_policy().name
+        config = getattr(keras, "config", None)
+        policy = config.dtype_policy() if hasattr(config, "dtype_policy") else keras.mixed_precision.global_policy()
+        rec["policy"] = policy.name  # Keras 3: keras.config; Keras 2: keras.mixed_precision
         layers = getattr(model, "layers", None) or []
         if layers:
             rec["output_dtype"] = getattr(layers[-1], "compute_dtype", None)
@@ -459,6 +461,10 @@ def install_keras(agent, keras) -> KerasInstrument:
         "tf_version": getattr(tf, "__version__", None) if tf is not None else None,
     })
     agent.start_background()
+    major = str(getattr(keras, "__version__", "0")).split(".")[0]
+    if major.isdigit() and int(major) < 3:
+        agent.notice(f"Keras {keras.__version__}: whyidle is built for Keras 3; Keras 2 is observed as far as its "
+                     "callbacks and train_function allow")
     callback_cls = _make_callback(keras, inst)
     for name in ("fit", "evaluate", "predict"):
         _wrap_method(keras.Model, name, inst, callback_cls)

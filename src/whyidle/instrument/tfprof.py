@@ -140,7 +140,8 @@ def summarize_xspace(path: str) -> dict:
     """Reduces a TensorFlow profiler ``XSpace`` file to the input wait of each train-function call.
 
     Returns ``{"fn_name", "calls": [[duration_ns, get_next_ns], ...] in call order, "iterators":
-    [[stage, count, total_ms], ...], "gpu_planes": n}``. A train-function call is an event that
+    [[stage, count, total_ms], ...], "gpu_planes": n, "gpu_busy": [[plane, share], ...]}`` where
+    ``share`` is :func:`gpu_busy_share` from the first call's start to the last call's end. A train-function call is an event that
     carries the ``tf_function_call`` stat on the host plane (Keras's ``multi_step_on_iterator`` /
     ``one_step_on_iterator``; when several functions ran, the most frequent name containing
     ``step``); ``get_next_ns`` is the summed ``IteratorGetNext*`` span inside it (clipped to it).
@@ -181,8 +182,36 @@ def summarize_xspace(path: str) -> dict:
         waited = sum(max(0, min(e, ge) - max(s, gs)) for gs, ge in get_next if gs < e and ge > s)
         out_calls.append([(e - s) // 1000, waited // 1000])
     top = sorted(stages.items(), key=lambda kv: -kv[1][1])[:MAX_ITERATOR_STAGES]
+    spans = sorted(calls.get(fn_name, []))
+    gpu_planes = [p for p in xspace.planes if p.name.startswith("/device:GPU")]
     return {
         "fn_name": fn_name, "calls": out_calls,
         "iterators": [[name, n, round(ps / 1e9, 3)] for name, (n, ps) in top],
-        "gpu_planes": sum(1 for p in xspace.planes if p.name.startswith("/device:GPU")),
+        "gpu_planes": len(gpu_planes),
+        "gpu_busy": [[p.name, gpu_busy_share(p, spans[0][0], spans[-1][1])] for p in gpu_planes] if spans else [],
     }
+
+
+def gpu_busy_share(plane, t0_ps: int, t1_ps: int) -> float | None:
+    """Fraction (0–1) of [t0_ps, t1_ps] (picoseconds on the trace's clock) in which a GPU plane ran
+    any activity on its ``Stream #...`` lines (kernels, memcpy, memset as CUPTI records them):
+    the union of their spans, so overlapping streams count once. Other lines of the plane (derived
+    step / op / module lines, which span whole steps) are not counted. None for an empty window.
+    Unverified on hardware so far: the line naming follows TensorFlow's CUPTI collector."""
+    if t1_ps <= t0_ps:
+        return None
+    spans = []
+    for line in plane.lines:
+        if not line.name.startswith("Stream"):
+            continue
+        base = line.timestamp_ns * 1000
+        for ev in line.events:
+            s, e = max(t0_ps, base + ev.offset_ps), min(t1_ps, base + ev.offset_ps + ev.duration_ps)
+            if e > s:
+                spans.append((s, e))
+    busy, end = 0, t0_ps
+    for s, e in sorted(spans):
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return round(busy / (t1_ps - t0_ps), 4)

@@ -85,6 +85,10 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
         notes.append(f"Input wait inside Keras's compiled train step: {iw['ratio']:.0%} of its time in IteratorGetNext "
                      f"over {iw['calls']} profiled steps (TensorFlow profiler; trace kept in {iw.get('file')}), applied "
                      "to every step's measured train-function time.")
+        for plane, share in iw.get("gpu_busy") or []:
+            if share is not None:
+                notes.append(f"{plane} ran kernels or copies {share:.0%} of the profiled steps' time (TensorFlow "
+                             "profiler device trace).")
     elif iw and iw.get("method") is None:
         notes.append(f"The input wait inside Keras's compiled train step was not measured ({iw.get('reason')}): "
                      "the 'compute' share includes it.")
@@ -116,7 +120,7 @@ def keras_of(facts: dict) -> dict | None:
     tfd = facts.get("tf_devices") or {}
     return {
         "input_wait": {k: iw.get(k) for k in ("method", "ratio", "calls", "get_next_ms_mean", "fn_ms_mean", "reason",
-                                              "iterators", "file")} if iw else None,
+                                              "iterators", "file", "gpu_busy")} if iw else None,
         "pipeline": tfdata.get("stages"),
         "calls": [{k: c.get(k) for k in ("fn", "input", "epochs", "batch_size", "steps_per_epoch",
                                          "steps_per_execution", "batches")} for c in facts.get("keras_calls") or []],
