@@ -226,7 +226,8 @@ def _install_keras(module) -> None:
 
 
 #: Framework modules whose import installs their instrumentation (post-import hooks).
-_INSTALLERS = {"torch": _install_torch, "tensorflow": _install_tensorflow, "keras": _install_keras}
+_INSTALLERS = {"torch": _install_torch, "tensorflow": _install_tensorflow, "keras": _install_keras,
+               "tf_keras": _install_keras}  # tf_keras: Keras 2 behind tf.keras with TF_USE_LEGACY_KERAS=1
 
 
 def start_from_env() -> "Agent | None":

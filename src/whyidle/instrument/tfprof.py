@@ -36,9 +36,9 @@ class ProfilerWindow:
     """Opens the TensorFlow profiler before train-function call ``after_calls`` and closes it
     after ``calls`` calls or ``max_s`` seconds (checked at batch begins), once per process.
 
-    ``fail(where, exc)`` is called on unexpected errors. The profiler is started with host
-    tracer level 2 (op-level host events), device tracer level 1 (kernels on GPUs) and no Python
-    tracer.
+    ``fail(where, exc)`` is called on unexpected errors. The profiler runs with TensorFlow's
+    default options: host tracer level 2 (op-level host events), device tracer level 1 (kernels
+    on GPUs), no Python tracer.
     """
 
     def __init__(self, agent, logdir: str, after_calls: int, calls: int, max_s: float, fail) -> None:
@@ -84,8 +84,9 @@ class ProfilerWindow:
         prof = _profiler()
         start = getattr(prof.start, "_whyidle_orig", prof.start)  # not the wrapper that watches the user
         try:
-            opts = prof.ProfilerOptions(host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
-            start(self.logdir, options=opts)
+            # TensorFlow's default options are the ones wanted (host tracer 2, device tracer 1, no
+            # Python tracer); passing them explicitly makes TF 2.21 log "expects an i value" warnings.
+            start(self.logdir)
         except Exception as exc:  # e.g. a profiler session the program opened is running
             self.state = "failed"
             self.agent.notice(f"TensorFlow profiler window not opened ({exc!r}): the input wait inside the train "
