@@ -130,7 +130,10 @@ def test_custom_loop_steps_from_the_iterator(tmp_path):
     later = steps[3:]
     assert all(s["data"] >= 0.8 * 16e6 for s in later)  # 4 elements × 4 ms of sequential loading
     assert all(s["comp"] > 0 for s in later)
-    assert report["framework"] == "keras"  # the model is Keras; the loop is the program's own
+    assert report["framework"] == "tensorflow"  # a Keras model, but the loop is the program's own
+    pipeline = report["keras"]["pipeline"]  # described at the loop's 3rd next()
+    assert [st["op"] for st in pipeline] == ["range", "map", "batch"]
+    assert report["findings"][0]["evidence"]["cause"] == "sequential_map"
     assert report["keras"]["input_wait"]["method"] == "iterator"
     assert report["verdict"] == "input_bound"
 

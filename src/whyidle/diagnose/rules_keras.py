@@ -73,8 +73,10 @@ def input_bound(facts: dict) -> dict | None:
     comes from the tf.data lint (:func:`whyidle.diagnose.rules_tfdata.input_cause`):
     ``python_in_pipeline``, ``sequential_map``, ``sequential_interleave``, ``no_prefetch``, else
     ``cpu_preprocessing`` when the pipeline is already parallel and prefetched, or ``unknown``
-    without a pipeline description. ``est_speedup`` follows :func:`_fix_model`, capped by
-    1/(1 − share) (``evidence.est_speedup_if_removed``).
+    without a pipeline description. ``est_speedup`` follows :func:`_fix_model` (parallel calls
+    and prefetching) for ``sequential_map``, ``sequential_interleave`` and ``no_prefetch``,
+    capped by 1/(1 − share) (``evidence.est_speedup_if_removed``); for the other causes the fix
+    removes the per-element work, so it is 1/(1 − share).
     """
     step = facts.get("step")
     method = (facts.get("input_wait") or {}).get("method")
@@ -94,7 +96,10 @@ def input_bound(facts: dict) -> dict | None:
     ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
     model = _fix_model(step, cause, cores, bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells))
     removed = speedup_if_removed(share)
-    est = removed if cause == "unknown" else min(model["est_speedup"], removed)
+    # Parallel calls and prefetching are what the fix changes for the first causes; for Python in the
+    # pipeline or work that is already parallel, the fix removes the per-element work itself.
+    est = removed if cause in ("unknown", "python_in_pipeline", "cpu_preprocessing") else min(model["est_speedup"],
+                                                                                               removed)
     iw = facts["input_wait"]
     how = _METHOD_TEXT.get(method, method).format(n=iw.get("calls") or "a few")
     wait = step["data_wait_s_per_step"]

@@ -49,6 +49,10 @@ WINDOW_CALLS = 10
 #: The window closes after this long even when steps are slow (at least one call is covered).
 WINDOW_MAX_S = 3.0
 
+#: A custom loop's dataset is described (for the tf.data lint) at this many next() calls on one
+#: iterator: a loop that really trains, not a peek such as ``for x in ds.take(1): print(x)``.
+ITERATOR_DESCRIBE_AT = 3
+
 _INSTANCE: "KerasInstrument | None" = None
 
 
@@ -90,6 +94,9 @@ class KerasInstrument:
         self.it_last = None  # the iterator of the last next()
         self.stacks = None
         self.cur_first = True  # the next step is the first of an epoch
+        self.keras_proc: dict | None = None  # written at the first fit/evaluate/predict
+        self.described_iterator = False  # a custom loop's dataset is described once
+        self.it_count = 0  # next() calls on the current iterator
 
     # -- errors ----------------------------------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
@@ -107,6 +114,11 @@ class KerasInstrument:
         if self.tid is None:
             self.tid = threading.get_ident()
             self._start_stacks()
+        if self.keras_proc is not None:  # the program trains with Keras (TensorFlow imports keras.src itself)
+            tf = sys.modules.get("tensorflow")
+            self.agent.record(dict(self.keras_proc, t=monotonic_ns(), tf_version=getattr(tf, "__version__", None)))
+            self.keras_proc = None
+            self.agent.start_background()
         if method != "fit":
             return
         x = bound.get("x")
@@ -254,10 +266,15 @@ class KerasInstrument:
             self.it_step = None
             self.it_last = None
             return
+        new = iterator is not self.it_last
         self.it_step = {"i": self.step_i, "t0": t0, "data": t1 - t0, "comp": 0, "c0": thread_time_ns(),
-                        "samples": _samples_of(element), "new": iterator is not self.it_last}
+                        "samples": _samples_of(element), "new": new}
         self.step_i += 1
         self.it_last = iterator
+        self.it_count = 1 if new else self.it_count + 1
+        if self.it_count == ITERATOR_DESCRIBE_AT and not self.described_iterator:
+            self.described_iterator = True
+            self._describe_dataset(getattr(iterator, "_dataset", None))
 
     def on_function(self, t0: int, t1: int) -> None:
         cur = self.it_step
@@ -440,7 +457,9 @@ def _wrap_method(cls, name: str, inst: KerasInstrument, callback_cls) -> None:
 
 
 def install_keras(agent, keras) -> KerasInstrument:
-    """Instruments ``keras.Model.fit``/``evaluate``/``predict`` (once) and writes the ``proc`` record.
+    """Instruments ``keras.Model.fit``/``evaluate``/``predict`` (once). The ``proc`` record with
+    ``framework: "keras"`` is written at the first of those calls: TensorFlow imports parts of
+    Keras itself, so an import alone does not mean the program trains with Keras.
 
     Errors: propagates exceptions from patching; the agent turns them into one notice.
     """
@@ -453,14 +472,9 @@ def install_keras(agent, keras) -> KerasInstrument:
         backend = keras.backend.backend()
     except Exception:
         pass
-    tf = sys.modules.get("tensorflow")
-    agent.record({
-        "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
-        "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
-        "framework": "keras", "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend,
-        "tf_version": getattr(tf, "__version__", None) if tf is not None else None,
-    })
-    agent.start_background()
+    inst.keras_proc = {"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": list(getattr(sys, "argv", [])),
+                       "python": sys.version.split()[0], "framework": "keras",
+                       "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend}
     major = str(getattr(keras, "__version__", "0")).split(".")[0]
     if major.isdigit() and int(major) < 3:
         agent.notice(f"Keras {keras.__version__}: whyidle is built for Keras 3; Keras 2 is observed as far as its "
