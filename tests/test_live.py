@@ -11,6 +11,8 @@ import sys
 import termios
 import time
 
+import pytest
+
 from conftest import whyidle_cmd, write_script
 
 
@@ -60,3 +62,22 @@ def test_quiet_prints_nothing(tmp_path):
     assert proc.returncode == 0
     assert proc.stdout == "trained 20\n"
     assert proc.stderr == ""
+
+
+def test_keras_steps_show_input_wait_once_the_window_is_read(tmp_path):
+    import json
+
+    from whyidle.report.live import StepTail
+
+    path = tmp_path / "proc-7.jsonl"
+    steps = [{"k": "step", "i": i, "t0": i * 100, "t1": i * 100 + 100, "by": "keras", "fn": 80} for i in range(5)]
+    path.write_text("".join(json.dumps(s, separators=(",", ":")) + "\n" for s in steps))
+    tail = StepTail(str(tmp_path))
+    tail.poll()
+    total, rate, wait = tail.summary(500)
+    assert total == 5 and wait is None  # not measured yet: never shown as 0 %
+    with open(path, "a") as f:
+        f.write(json.dumps({"k": "tf_window", "calls": [[80, 60], [80, 20]]}, separators=(",", ":")) + "\n")
+    tail.poll()
+    total, rate, wait = tail.summary(500)
+    assert total == 5 and wait == pytest.approx(5 * 80 * 0.5 / 500)

@@ -30,6 +30,7 @@ class StepTail:
         self._partial: dict[str, bytes] = {}
         self.recent: dict[str, collections.deque] = {}
         self.total: dict[str, int] = {}
+        self.window_ratio: dict[str, float] = {}
 
     def poll(self) -> None:
         for path in glob.glob(os.path.join(self.run_dir, "proc-*.jsonl")):
@@ -45,17 +46,25 @@ class StepTail:
             if lines and lines[-1]:
                 self._partial[path] = lines[-1]
             for raw in lines[:-1]:
-                if b'"k":"step"' not in raw:
+                window = b'"k":"tf_window"' in raw
+                if b'"k":"step"' not in raw and not window:
                     continue
                 try:
                     rec = json.loads(raw)
                 except ValueError:
                     continue
+                if window:  # Keras: the profiler window's input-wait ratio of the train function
+                    calls = rec.get("calls") or []
+                    total = sum(c[0] for c in calls)
+                    if total > 0:
+                        self.window_ratio[path] = min(1.0, sum(min(c) for c in calls) / total)
+                    continue
                 self.recent.setdefault(path, collections.deque(maxlen=2000)).append(rec)
                 self.total[path] = self.total.get(path, 0) + 1
 
     def summary(self, now_ns: int) -> tuple[int, float | None, float | None]:
-        """(total steps of the busiest process, its steps/s and data-wait share over RECENT_S)."""
+        """(total steps of the busiest process, its steps/s and data-wait share over RECENT_S; the
+        share is None for Keras steps until the profiler window's ratio is known)."""
         if not self.total:
             return 0, None, None
         path = max(self.total, key=self.total.get)
@@ -65,8 +74,13 @@ class StepTail:
             return self.total[path], None, None
         span = (steps[-1]["t1"] - steps[0]["t0"]) / 1e9
         busy = sum(s["t1"] - s["t0"] for s in steps)
-        data = sum(s.get("data", 0) for s in steps)
-        return self.total[path], (len(steps) / span if span > 0 else None), (data / busy if busy else None)
+        if steps[-1].get("by") == "keras":  # input wait known once the profiler window is read
+            ratio = self.window_ratio.get(path)
+            data = None if ratio is None else sum(s.get("fn") or 0 for s in steps) * ratio
+        else:
+            data = sum(s.get("data") or 0 for s in steps)
+        rate = len(steps) / span if span > 0 else None
+        return self.total[path], rate, (data / busy if busy and data is not None else None)
 
 
 class LiveStatus:
