@@ -135,6 +135,7 @@ def test_custom_loop_steps_from_the_iterator(tmp_path):
     assert [st["op"] for st in pipeline] == ["range", "map", "batch"]
     assert report["findings"][0]["evidence"]["cause"] == "sequential_map"
     assert report["keras"]["input_wait"]["method"] == "iterator"
+    assert any(n.startswith("Custom TensorFlow loop: a step runs from one eager next()") for n in report["notes"])
     assert report["verdict"] == "input_bound"
 
 

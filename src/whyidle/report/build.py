@@ -89,6 +89,11 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
             if share is not None:
                 notes.append(f"{plane} ran kernels or copies {share:.0%} of the profiled steps' time (TensorFlow "
                              "profiler device trace).")
+    elif iw.get("method") == "iterator":
+        notes.append("Custom TensorFlow loop: a step runs from one eager next() on a tf.data iterator to the next; "
+                     "data wait is the time inside next(), compute the time inside tf.function calls, other host "
+                     "the rest (Python, eager ops, logging). Work a tf.function leaves queued on a GPU is not "
+                     "separated from the host time that follows it.")
     elif iw and iw.get("method") is None:
         notes.append(f"The input wait inside Keras's compiled train step was not measured ({iw.get('reason')}): "
                      "the 'compute' share includes it.")
