@@ -113,3 +113,16 @@ def test_profiled_steps_left_out_when_enough_others_remain():
 def test_torch_steps_have_no_compute_share():
     steps = [{"i": i, "t0": i * 10, "t1": i * 10 + 10, "by": "optimizer", "data": 2, "fwd": 3} for i in range(4)]
     assert "compute" not in step_analysis.step_metrics(steps)["shares"]
+
+
+def test_iteration_without_training_is_not_steps():
+    reading = [{"i": i, "t0": i, "t1": i + 1, "by": "iterator", "data": 1, "comp": 0, "grad": 0} for i in range(20)]
+    steps, info = keras_analysis.input_wait(reading, [])
+    assert steps == [] and info["method"] is None and "it does not train" in info["reason"]
+    eager = [dict(s, grad=1) for s in reading]  # an eager GradientTape loop, no tf.function
+    assert keras_analysis.input_wait(eager, [])[1]["method"] == "iterator"
+
+
+def test_steps_marked_by_an_abandoned_window_are_ordinary_steps():
+    steps, info = keras_analysis.input_wait(keras_steps(), [])
+    assert not any(s["profiled"] for s in steps)

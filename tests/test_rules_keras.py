@@ -149,3 +149,63 @@ def test_keras_mixed_precision_policy_only_with_tensor_cores():
     old = rules_work.no_mixed_precision(mp_facts((6, 0)))
     assert old["severity"] == "info" and old["est_speedup"] is None and "not help much" in old["summary"]
     assert rules_work.no_mixed_precision(mp_facts((8, 0), policy="mixed_float16")) is None
+
+
+def with_trainer(f, cores_used):
+    f["host"] = dict(f["host"], trainer_cores=cores_used)
+    return f
+
+
+STATELESS_SEQUENTIAL = {"stages": [stage("files", cardinality=2000), stage("map", fn="decode", fn_ops=12, stateful=True),
+                                   stage("batch", batch_size=32), stage("prefetch", buffer=-1)],
+                        "options": SEQUENTIAL_PY_MAP["options"]}
+
+
+def test_cpu_floor_caps_the_parallel_map_estimate():
+    # 3.4 ms steps, half of it waiting on a sequential decode map, the process using 1.5 of 2 cores:
+    # 5.1 ms of CPU per step cannot take less than 2.55 ms on 2 cores, whatever the parallelism
+    f = rules_keras.input_bound(with_trainer(facts(data_share=0.5, step_s=0.0034, pipeline=STATELESS_SEQUENTIAL), 1.5))
+    assert f["evidence"]["cause"] == "sequential_map"
+    assert f["evidence"]["cpu_floor_s"] == pytest.approx(0.00255, abs=1e-4)
+    assert f["est_speedup"] == pytest.approx(0.0034 / 0.00255, rel=0.02)  # 1.33x (measured 1.35-1.4x)
+
+
+def test_python_map_that_computes_is_python_in_pipeline():
+    # the process uses a whole core: the map's Python computes under the GIL, parallel calls cannot help
+    f = rules_keras.input_bound(with_trainer(facts(), 1.0))
+    assert f["evidence"]["cause"] == "python_in_pipeline"
+    assert f["evidence"]["load_cpu_share"] == pytest.approx(1.0)
+    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.86), rel=1e-3)  # the fix removes the Python work
+    assert "TensorFlow ops" in f["fix"]["text"]
+
+
+def test_python_map_that_waits_keeps_parallel_calls():
+    # C03: sleep-bound Python, 0.6 cores used: two parallel calls (the cores) overlap the waiting
+    f = rules_keras.input_bound(with_trainer(facts(step_s=0.094, data_share=0.56), 0.6))
+    assert f["evidence"]["cause"] == "sequential_map" and f["evidence"]["parallel_gain"] == pytest.approx(2.0)
+    assert f["est_speedup"] == pytest.approx(0.094 / (0.094 * 0.44), rel=0.01)
+
+
+def test_waiting_python_already_parallel_gets_more_calls_than_cores():
+    parallel_py = {"stages": [stage("range"), stage("map", fn="fetch", py_func=True, fn_ops=1, parallel=-1),
+                              stage("batch", batch_size=32), stage("prefetch", buffer=-1)],
+                   "options": SEQUENTIAL_PY_MAP["options"]}
+    f = rules_keras.input_bound(with_trainer(facts(data_share=0.95, step_s=0.1, pipeline=parallel_py), 0.03))
+    ev = f["evidence"]
+    assert ev["cause"] == "python_in_pipeline" and ev["parallel_gain"] == pytest.approx(8.0)  # 16 calls / 2 cores
+    # loading 0.1 s per step (prefetched: wait + rest) over 8× the calls, against 5 ms of the rest
+    assert f["est_speedup"] == pytest.approx(0.1 / (0.1 / 8), rel=0.01)
+    assert "num_parallel_calls=16" in f["fix"]["text"] and "private_threadpool_size = 16" in f["fix"]["text"]
+
+
+def test_keras_small_batch_counts_the_compiled_steps_fixed_cost():
+    from whyidle.diagnose import rules
+
+    f = facts(data_share=0.02, step_s=0.00045)
+    f["step"]["batch_size"] = 8
+    sb = rules.small_batch(f)
+    # 0.3 ms of the 0.45 ms step is the compiled step's fixed cost, 1 % other host: batch 32 gives ~2.2x
+    fixed = 0.01 + 0.0003 / 0.00045
+    assert sb["est_speedup"] == pytest.approx(4 / (fixed + (1 - fixed) * 4), rel=1e-3)
+    assert sb["severity"] == "warning" and "ds = ds.batch(32)" in sb["fix"]["code"]
+    assert "model.fit(x, y, batch_size=32" in sb["fix"]["code"] and "DataLoader" not in sb["fix"]["code"]

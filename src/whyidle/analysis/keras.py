@@ -16,10 +16,17 @@ that could not be read) ``data`` is unknown: ``comp = fn`` and ``input_wait.meth
 so a report never calls a run "not input-bound" without having measured it.
 
 Custom-loop steps (``by == "iterator"``) carry ``data`` (time inside the eager ``next()``) and
-``comp`` (time inside ``tf.function`` calls) measured directly.
+``comp`` (time inside ``tf.function`` calls) measured directly; when no step called a
+``tf.function`` or ``GradientTape.gradient`` the loop only read data and its steps are dropped.
 """
 
 from __future__ import annotations
+
+
+#: Why eager iteration without any ``tf.function`` call or ``GradientTape.gradient`` is not a
+#: training loop (the program only reads or inspects data).
+NOT_TRAINING = ("the program iterated a tf.data dataset but called no tf.function and computed no gradient "
+                "while doing so: it reads data, it does not train")
 
 
 def _window(records) -> dict | None:
@@ -44,6 +51,8 @@ def input_wait(steps: list, records) -> tuple[list, dict | None]:
         return steps, None
     by = steps[0].get("by")
     if by == "iterator":
+        if not any(s.get("comp") or s.get("grad") for s in steps):
+            return [], {"method": None, "reason": NOT_TRAINING}
         return steps, {"method": "iterator", "reason": None}
     if by != "keras":
         return steps, None
@@ -53,7 +62,8 @@ def input_wait(steps: list, records) -> tuple[list, dict | None]:
     if not win or win.get("error") or total <= 0:
         reason = ("the TensorFlow profiler trace could not be read: " + win["error"]) if win and win.get("error") else (
             "no TensorFlow profiler window ran (see the notes)")
-        return [dict(s, data=None, comp=s.get("fn")) for s in steps], {"method": None, "reason": reason}
+        # steps marked as profiled by a window that was abandoned are ordinary steps
+        return [dict(s, data=None, comp=s.get("fn"), profiled=False) for s in steps], {"method": None, "reason": reason}
     ratio = min(1.0, sum(min(c[1], c[0]) for c in calls) / total)
     profiled = [s for s in steps if s.get("profiled")]
     own = {}

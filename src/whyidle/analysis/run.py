@@ -94,6 +94,9 @@ def analyze(run: RunData) -> dict:
     input_wait = None
     if primary is not None:
         step_lists[primary], input_wait = keras_analysis.input_wait(step_lists[primary], recs)
+        if not step_lists[primary]:  # eager iteration that trained nothing (analysis/keras.py)
+            trainers = [p for p in trainers if p != primary]
+            primary = None
     analyzed, info = step_analysis.select_steps(step_lists[primary]) if primary is not None else ([], {"total": 0})
     step = step_analysis.step_metrics(analyzed) if analyzed else None
     window = tuple(step["window"]) if step else None

@@ -26,6 +26,8 @@ def _insufficient(facts: dict) -> dict | None:
         if not facts.get("instrumented"):
             why = ("no Python process of the command imported PyTorch (a non-Python command, Python started with "
                    "-I or -S, or a framework whyidle does not instrument yet); host and GPU samples only")
+        elif rules_keras.is_tf(facts) and (facts.get("input_wait") or {}).get("reason"):
+            why = facts["input_wait"]["reason"]
         elif rules_keras.is_tf(facts):
             why = ("Keras/TensorFlow was imported but no fit() batch and no eager iteration of a tf.data dataset "
                    "was seen (the program ended before training, or it feeds batches another way, e.g. NumPy "

@@ -356,10 +356,16 @@ def host_bound(facts: dict) -> dict | None:
                     "        return\n"
                     f"    {call}")
     else:
-        text = (f"Move {name if name.startswith('the code') else f'`{name}`'} out of the per-step path or make it "
-                "cheaper: vectorize Python loops over "
+        what = f"`{name}`" if not name.startswith("the code") and name != "this work" else name
+        if name == "this work":
+            what = "the host work between steps (no stack samples named it)"
+        text = (f"Move {what} out of the per-step path or make it cheaper: vectorize Python loops over "
                 "tensor elements into whole-tensor ops (masks, torch.cdist, topk, amin/amax), avoid "
                 "per-element .item()/min()/max() in Python, or compile it with torch.compile.")
+        if facts.get("framework") in ("keras", "tensorflow"):
+            text = (f"Move {what} out of the per-batch path or make it cheaper: vectorize Python loops into whole-"
+                    "tensor TensorFlow ops, put per-batch tensor work inside the compiled step (a tf.function or "
+                    "the model's train_step), and read values (.numpy(), float()) only every N batches.")
         code = None
     evidence = _round({"other_host_share": share, "attributed_share": attributed,
                        "step_time_s_mean": step["step_time_s"]["mean"]})
@@ -445,6 +451,9 @@ def small_batch(facts: dict) -> dict | None:
         return None
     sh = step["shares"]
     fixed = sh["optimizer"] + sh["other_host"]
+    keras = facts.get("framework") in ("keras", "tensorflow")
+    if keras:  # the optimizer runs inside the compiled step, whose call has a fixed cost of its own
+        fixed = min(1.0, sh["other_host"] + T.KERAS_STEP_FIXED_S / max(step["step_time_s"]["mean"], 1e-9))
     target = T.SMALL_BATCH_TARGET
     gpu = facts.get("gpu") or {}
     used = gpu.get("memory_used_max_bytes")
@@ -477,9 +486,12 @@ def small_batch(facts: dict) -> dict | None:
     if room is not None:
         evidence.update(_round(room))
     severity = "warning" if est >= 1.3 else "info"
+    code = f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
+    if keras:
+        code = (f"ds = ds.batch({target})                     # tf.data: was {batch:g}\n"
+                f"model.fit(x, y, batch_size={target}, ...)   # NumPy arrays: was {batch:g}")
     return finding("small_batch", severity, "Small batch: per-step overhead dominates", summary, evidence, est, text,
-                   f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}",
-                   [DOCS_TUNING])
+                   code, [DOCS_TUNING])
 
 
 def cpu_contention(facts: dict) -> dict | None:

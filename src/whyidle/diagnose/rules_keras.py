@@ -23,6 +23,10 @@ DOCS_TF_GPU = "https://www.tensorflow.org/install/pip"
 #: Causes whose fix runs the slow stage in parallel, up to one call per core (tf.data's AUTOTUNE
 #: caps map parallelism at the cores it may use).
 _PARALLEL_CAUSES = ("sequential_map", "sequential_interleave")
+#: Parallel calls suggested for Python loading that mostly waits on I/O: threads that wait cost
+#: no core, so more of them than cores overlap more waiting (tf.data's AUTOTUNE stops at the
+#: core count, so the count is set explicitly, with a thread pool as large).
+IO_PARALLEL_CALLS = 16
 _METHOD_TEXT = {
     "tf_profiler": "measured with the TensorFlow profiler over {n} steps: IteratorGetNext inside the compiled step",
     "iterator": "measured around each next() on the tf.data iterator",
@@ -34,18 +38,42 @@ def is_tf(facts: dict) -> bool:
     return facts.get("framework") in ("keras", "tensorflow")
 
 
-def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool) -> dict:
-    """What the fix should give, per step (seconds): the loading work per step ``fetch_s`` (the
-    wait itself without prefetch; wait + the rest of the step with it, since prefetching already
-    overlapped that much), done by up to ``cores`` parallel calls for the parallel causes, and
-    overlapped with the rest of the step by a prefetch: step = max(rest, fetch / parallel)."""
+def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool, trainer_cores: float | None,
+               python: bool) -> dict:
+    """What the fix should give, per step (seconds).
+
+    - ``fetch_s``: loading work per step: the wait itself without prefetch; wait + the rest of
+      the step with it (prefetching already overlapped that much).
+    - ``load_cpu_share``: the part of that loading spent on a CPU, estimated from the training
+      process's CPU per step (``trainer_cores`` × step) less the rest of the step (assumed to keep
+      at least one core busy), 0–1; None without host samples.
+    - ``parallel``: how much faster loading gets. Parallel causes: up to ``cores`` calls
+      (tf.data's AUTOTUNE never runs more than its thread pool, sized to the cores); a map
+      calling Python runs its CPU part one call at a time under the GIL, so only the waiting part
+      overlaps: min(cores, 1 / CPU share). ``python_in_pipeline`` with Python that mostly waits
+      (I/O): explicit parallelism beyond the cores, min(``IO_PARALLEL_CALLS`` / cores, 1 / CPU
+      share) over today's. Otherwise 1.
+    - ``cpu_floor_s``: the process's CPU work per step spread over every core: no fix makes the
+      step shorter than that.
+    - ``predicted_step_s`` = max(rest, fetch / parallel, floor), at most today's step.
+    """
     mean = step["step_time_s"]["mean"]
     wait = step["data_wait_s_per_step"]
     rest = max(mean - wait, 1e-6)
     fetch = wait + (rest if has_prefetch else 0.0)
-    parallel = max(1, cores) if cause in _PARALLEL_CAUSES else 1
-    predicted = min(mean, max(rest, fetch / parallel))
-    return {"fetch_s": fetch, "parallel": parallel, "predicted_step_s": predicted, "est_speedup": mean / predicted}
+    cpu_step = (trainer_cores or 0.0) * mean
+    cpu_share = None if trainer_cores is None else min(1.0, max(0.0, cpu_step - rest) / max(fetch, 1e-9))
+    floor = cpu_step / max(1, cores)
+    parallel = 1.0
+    if cause in _PARALLEL_CAUSES:
+        parallel = float(max(1, cores))
+        if python and cpu_share is not None:
+            parallel = min(parallel, 1.0 / max(cpu_share, 1.0 / parallel))
+    elif cause == "python_in_pipeline" and cpu_share is not None and cpu_share < T.LOADER_OFF_CPU:
+        parallel = max(1.0, min(IO_PARALLEL_CALLS / max(1, cores), 1.0 / max(cpu_share, 1e-3)))
+    predicted = min(mean, max(rest, fetch / parallel, floor))
+    return {"fetch_s": fetch, "parallel": parallel, "load_cpu_share": cpu_share, "cpu_floor_s": floor,
+            "predicted_step_s": predicted, "est_speedup": mean / predicted}
 
 
 def _cause(smells: list[dict]) -> str | None:
@@ -94,12 +122,23 @@ def input_bound(facts: dict) -> dict | None:
     if cause is None:
         cause = "cpu_preprocessing" if pipeline and not pipeline.get("error") else "unknown"
     ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
-    model = _fix_model(step, cause, cores, bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells))
+    python = any(s["kind"] in ("py_function_map", "generator_source") for s in smells)
+    prefetched = bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells)
+    model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"), python)
+    if cause in _PARALLEL_CAUSES and python and (model["load_cpu_share"] or 0) >= T.LOADER_OFF_CPU:
+        # the map's Python computes (holds the GIL) more than it waits: parallel calls cannot help
+        cause = "python_in_pipeline"
+        model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"), python)
     removed = speedup_if_removed(share)
-    # Parallel calls and prefetching are what the fix changes for the first causes; for Python in the
-    # pipeline or work that is already parallel, the fix removes the per-element work itself.
-    est = removed if cause in ("unknown", "python_in_pipeline", "cpu_preprocessing") else min(model["est_speedup"],
-                                                                                               removed)
+    io_python = cause == "python_in_pipeline" and model["parallel"] > 1
+    # Parallel calls and prefetching are what the fix changes for the parallel causes and for Python
+    # that waits on I/O; for Python that computes, or work already parallel, the fix removes the
+    # per-element work itself (1/(1 - share)).
+    if cause in ("unknown", "cpu_preprocessing") or (cause == "python_in_pipeline" and not io_python):
+        est = removed
+    else:
+        est = min(model["est_speedup"], removed)
+    est = round(est, 3)
     iw = facts["input_wait"]
     how = _METHOD_TEXT.get(method, method).format(n=iw.get("calls") or "a few")
     wait = step["data_wait_s_per_step"]
@@ -115,6 +154,13 @@ def input_bound(facts: dict) -> dict | None:
         if any(s["kind"] == "py_function_map" for s in smells):
             text += (" The map calls Python (tf.py_function / tf.numpy_function): parallel calls overlap its I/O and "
                      "GIL-releasing work only, so CPU-heavy Python there needs rewriting in TensorFlow ops.")
+    elif io_python:
+        text = (f"The pipeline's Python mostly waits (I/O: {_pct(model['load_cpu_share'])} of its time on a CPU), so "
+                f"more parallel calls than the {cores} cores overlap more of it: "
+                f"num_parallel_calls={IO_PARALLEL_CALLS} with a thread pool as large "
+                f"(options.threading.private_threadpool_size = {IO_PARALLEL_CALLS}; AUTOTUNE stops at the core "
+                f"count), about {est:.2f}× per step; reading the files with tf.io ops in a parallel map avoids the "
+                "GIL altogether.")
     elif cause == "python_in_pipeline":
         text = ("The pipeline runs Python (from_generator / py_function / numpy_function), which holds the GIL: "
                 "parallel calls overlap only its I/O. Move the per-element work into TensorFlow ops (tf.io, "
@@ -128,6 +174,7 @@ def input_bound(facts: dict) -> dict | None:
     evidence = _round({
         "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
         "cores": cores, "predicted_step_s": model["predicted_step_s"], "fetch_s_per_step": model["fetch_s"],
+        "load_cpu_share": model["load_cpu_share"], "parallel_gain": model["parallel"], "cpu_floor_s": model["cpu_floor_s"],
         "est_speedup_if_removed": removed,
     })
     evidence["input_wait_method"] = method

@@ -23,7 +23,8 @@ What it observes, without a code change in the user's program:
   recorded once (``tf_devices``).
 - Custom loops (``for x, y in dataset:`` with a ``tf.GradientTape`` step, no ``fit``): each eager
   ``next()`` on a tf.data iterator of the main thread marks a step; ``data`` is the time inside
-  ``next()`` and ``comp`` the time inside ``tf.function`` calls of that step.
+  ``next()``, ``comp`` the time inside ``tf.function`` calls of that step and ``grad`` the eager
+  ``GradientTape.gradient`` calls (a loop with neither only reads data and is not training).
 
 Records: ``proc``, ``step`` (``by``: ``"keras"`` or ``"iterator"``), ``keras_call``, ``tfdata``,
 ``tf_devices``, ``tf_window`` (docs/run-format.md). Every hook catches its own errors, turns the
@@ -193,8 +194,8 @@ class KerasInstrument:
         if self.cur is not None:
             self._end_step(now, False)
         w = self.window
-        if w is not None and not self.off:
-            w.before_call(self.calls, now)
+        if w is not None and not self.off and w.before_call(self.calls, now):
+            now = monotonic_ns()  # the profiler's own start / stop-and-save is in no step
         self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "calls": 0, "i": self.step_i,
                     "first": self.cur_first, "profiled": w is not None and w.active}
         self.cur_first = False
@@ -259,7 +260,7 @@ class KerasInstrument:
         if cur is not None:
             self.agent.record({
                 "k": "step", "t": t0, "i": cur["i"], "t0": cur["t0"], "t1": t0, "by": "iterator",
-                "data": cur["data"], "comp": cur["comp"], "batches": 1, "samples": cur["samples"],
+                "data": cur["data"], "comp": cur["comp"], "grad": cur["grad"], "batches": 1, "samples": cur["samples"],
                 "cpu": thread_time_ns() - cur["c0"], "boundary": cur["new"] or stopped,
             })
         if stopped:
@@ -267,7 +268,7 @@ class KerasInstrument:
             self.it_last = None
             return
         new = iterator is not self.it_last
-        self.it_step = {"i": self.step_i, "t0": t0, "data": t1 - t0, "comp": 0, "c0": thread_time_ns(),
+        self.it_step = {"i": self.step_i, "t0": t0, "data": t1 - t0, "comp": 0, "grad": 0, "c0": thread_time_ns(),
                         "samples": _samples_of(element), "new": new}
         self.step_i += 1
         self.it_last = iterator
@@ -280,6 +281,12 @@ class KerasInstrument:
         cur = self.it_step
         if cur is not None:
             cur["comp"] += t1 - t0
+
+    def on_gradient(self) -> None:
+        """An eager ``GradientTape.gradient`` call: the loop trains (not just reads data)."""
+        cur = self.it_step
+        if cur is not None:
+            cur["grad"] += 1
 
     # -- stacks ----------------------------------------------------------------------------------
     def _start_stacks(self) -> None:
@@ -581,3 +588,15 @@ def _watch_iterators(inst: KerasInstrument, tf) -> None:
             _safe(inst, inst.on_function, t0, monotonic_ns())
 
     polymorphic_function.Function.__call__ = __call__
+
+    from tensorflow.python.eager import backprop
+
+    orig_gradient = backprop.GradientTape.gradient
+
+    @functools.wraps(orig_gradient)
+    def gradient(self, *args, **kwargs):
+        if not inst.off and inst.it_step is not None and context.executing_eagerly() and get_ident() == inst.tid:
+            _safe(inst, inst.on_gradient)
+        return orig_gradient(self, *args, **kwargs)
+
+    backprop.GradientTape.gradient = gradient

@@ -57,13 +57,17 @@ class ProfilerWindow:
     def active(self) -> bool:
         return self.state == "active"
 
-    def before_call(self, calls_seen: int, now: int) -> None:
-        """Called at each training batch begin with the train-function calls seen so far."""
+    def before_call(self, calls_seen: int, now: int) -> bool:
+        """Called at each training batch begin with the train-function calls seen so far; True
+        when it started or stopped the profiler (which takes a few to tens of ms)."""
         if self.state == "waiting" and calls_seen >= self.after_calls:
             self._start(calls_seen, now)
-        elif self.state == "active" and (calls_seen - self.first_call >= self.calls
-                                         or now - self.t_start >= self.max_s * 1e9):
+            return True
+        if self.state == "active" and (calls_seen - self.first_call >= self.calls
+                                       or now - self.t_start >= self.max_s * 1e9):
             self._stop(now)
+            return True
+        return False
 
     def close(self, now: int) -> None:
         """Training ended: a window still open is closed and kept."""

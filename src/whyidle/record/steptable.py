@@ -12,7 +12,7 @@ import collections.abc
 import math
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
-               "fn", "comp")
+               "fn", "comp", "grad")
 _BY = ("optimizer", "loader", None, "keras", "iterator")
 _NONE = -(2**63)  # stands for null in an int column
 
