@@ -6,7 +6,7 @@ stages, ``fn``, ``fn_site``, ``py_func``, ``fn_ops``, ``stateful``, ``io_ops``; 
 ``options``). Missing keys count as unknown, and an unknown fact keeps a smell silent.
 
 :func:`tfdata_smells` returns one dict per smell: ``{kind, stage, text, code, docs,
-auto_fixed}``. ``stage`` indexes ``stages``; ``text`` is one sentence with the numbers; ``code``
+auto_fixed}``. ``stage`` indexes ``stages`` (0-based; the texts count stages from 1, source = stage 1); ``text`` is one sentence with the numbers; ``code``
 the fixed Python line with the user's function name; ``auto_fixed`` is True when TensorFlow's
 default run-time rewrites already do what the fix does (a stateless ``map`` parallelized by
 ``map_parallelization``; a prefetch injected by ``inject_prefetch``, or a last stage that runs
@@ -240,7 +240,7 @@ def py_function_map(pipeline: dict) -> list[dict]:
         par = st.get("parallel")
         how = ("one call at a time" if _sequential(st) else
                f"{'AUTOTUNE' if par == AUTOTUNE else par} parallel calls that still take turns on the GIL")
-        text = (f"Stage {i}: map({_fn_label(st)}) calls Python through tf.py_function/tf.numpy_function, run as {how}: "
+        text = (f"Stage {i + 1}: map({_fn_label(st)}) calls Python through tf.py_function/tf.numpy_function, run as {how}: "
                 "the GIL lets parallel calls overlap only I/O and GIL-releasing work, and TensorFlow never "
                 "parallelizes such a map on its own.")
         code = (f"ds = ds.map({_fn(st)}, num_parallel_calls=tf.data.AUTOTUNE)"
@@ -268,7 +268,7 @@ def sequential_map(pipeline: dict) -> list[dict]:
         else:
             tail = f"{_why_not_parallel(pipeline, st)}, so it uses one core"
         ops = f", {_n_ops(st['fn_ops'])} per element" if isinstance(st.get("fn_ops"), int) else ""
-        text = f"Stage {i}: map({_fn_label(st)}{ops}) runs one element at a time ({written}); {tail}."
+        text = f"Stage {i + 1}: map({_fn_label(st)}{ops}) runs one element at a time ({written}); {tail}."
         code = f"ds = ds.map({_fn(st)}, num_parallel_calls=tf.data.AUTOTUNE)"
         out.append(_smell("sequential_map", i, text, _noted(code, st), [DOCS_PARALLEL_MAP, DOCS_OPTIMIZATIONS], auto))
     return out
@@ -302,13 +302,13 @@ def sequential_interleave(pipeline: dict) -> list[dict]:
             cyc = st.get("cycle_length")
             cyc_arg = f", cycle_length={cyc}" if isinstance(cyc, int) and cyc > 0 else ""
             how = "flat_map" if op == "flat_map" else "interleave without num_parallel_calls"
-            text = (f"Stage {i}: {op}({_fn_label(st)}) reads {n_files} one after the other ({how}), so each read "
+            text = (f"Stage {i + 1}: {op}({_fn_label(st)}) reads {n_files} one after the other ({how}), so each read "
                     "waits for storage alone; TensorFlow does not parallelize it on its own.")
             code = _noted(f"ds = ds.interleave({_fn(st)}{cyc_arg}, num_parallel_calls=tf.data.AUTOTUNE)", st)
             out.append(_smell("sequential_interleave", i, text, code, [DOCS_INTERLEAVE]))
         elif op in ("tfrecord", "text_line") and st.get("parallel") in (None, 0, 1):
             cls = "tf.data.TFRecordDataset" if op == "tfrecord" else "tf.data.TextLineDataset"
-            text = (f"Stage {i}: {cls.rsplit('.', 1)[-1]} reads {n_files} one after the other (no "
+            text = (f"Stage {i + 1}: {cls.rsplit('.', 1)[-1]} reads {n_files} one after the other (no "
                     "num_parallel_reads), so each read waits for storage alone.")
             code = f"ds = {cls}(filenames, num_parallel_reads=tf.data.AUTOTUNE)"
             out.append(_smell("sequential_interleave", i, text, code, [DOCS_INTERLEAVE]))
@@ -365,7 +365,7 @@ def no_prefetch(pipeline: dict) -> list[dict]:
     else:
         why = "autotuning is off" if not _opt(pipeline, "autotune") else "the inject_prefetch option is off"
         auto, tail = False, f"{why}, so TensorFlow adds none and each batch is produced only when the step asks for it"
-    text = f"The pipeline ends with {st.get('op')} (stage {sink}) and no prefetch; {tail}."
+    text = f"The pipeline ends with {st.get('op')} (stage {sink + 1}) and no prefetch; {tail}."
     return [_smell("no_prefetch", sink, text, "ds = ds.prefetch(tf.data.AUTOTUNE)", [DOCS_PREFETCH, DOCS_OPTIMIZATIONS],
                    auto)]
 
@@ -427,7 +427,7 @@ def no_cache(pipeline: dict, mem_total_bytes: int | None = None) -> list[dict]:
             else f"runs {_n_ops(st.get('fn_ops'))}")
     later = [s.get("op") for s in stages[cand + 1:] if s.get("op") in ("shuffle", "map")]
     where = " (before the shuffle and any random augmentation)" if later else ""
-    text = (f"Stage {cand}: map({_fn_label(st)}) is deterministic and {work} per element, and its output "
+    text = (f"Stage {cand + 1}: map({_fn_label(st)}) is deterministic and {work} per element, and its output "
             f"({n:,} elements × {_bytes(per)} = {_bytes(total)}, {_share(total / mem_total_bytes)} of host RAM) fits "
             f"in memory, yet it is recomputed every epoch; .cache() right after it{where} computes it once.")
     code = f"ds = ds.map({_fn(st)}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
@@ -456,7 +456,7 @@ def map_before_batch(pipeline: dict) -> list[dict]:
         if not isinstance(b, int) or b < 2:
             continue
         fn = _fn(st)
-        text = (f"Stage {i}: map({_fn_label(st)}) runs its {ops} ops once per element right before batch({b}), "
+        text = (f"Stage {i + 1}: map({_fn_label(st)}) runs its {ops} ops once per element right before batch({b}), "
                 f"paying tf.data's per-element function call (~{PER_ELEMENT_CALL_S * 1e6:.0f} µs each, measured with "
                 f"TF 2.21) {b} times per batch; batching first and mapping a vectorized {fn} pays it once per batch.")
         code = (f"ds = ds.batch({b}).map({fn}_batched, num_parallel_calls=tf.data.AUTOTUNE)"
@@ -502,7 +502,7 @@ def tiny_shuffle(pipeline: dict, mem_total_bytes: int | None = None) -> list[dic
         suggested = max(buf, min(n, cap))
         if suggested <= buf:
             continue
-        text = (f"Stage {i}: the shuffle buffer holds {buf:,} elements, {buf / n:.2%} of the {n:,} it shuffles, so "
+        text = (f"Stage {i + 1}: the shuffle buffer holds {buf:,} elements, {buf / n:.2%} of the {n:,} it shuffles, so "
                 f"each element is drawn from the next {buf:,} only and data stored in order stays nearly in order.")
         code = f"ds = ds.shuffle({suggested})"
         out.append(_smell("tiny_shuffle", i, text, code, [DOCS_SHUFFLE]))
