@@ -351,10 +351,11 @@ def host_bound(facts: dict) -> dict | None:
                     "batch: in a Keras callback, return early from on_train_batch_end unless batch % 50 == 0 (or use "
                     "the epoch-level hooks). Keras converts the logs to NumPy for any callback with a batch-end hook, "
                     "and runs it in the training loop unless the callback sets async_safe = True.")
+            body = "...                 # the logging it does today" if name.startswith("on_") else call
             code = ("def on_train_batch_end(self, batch, logs=None):\n"
                     "    if batch % 50:          # was: every batch\n"
                     "        return\n"
-                    f"    {call}")
+                    f"    {body}")
     else:
         what = f"`{name}`" if not name.startswith("the code") and name != "this work" else name
         if name == "this work":

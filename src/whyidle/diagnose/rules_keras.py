@@ -198,7 +198,7 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
     if not smells:
         return None
     summary = "tf.data pipeline: " + "; ".join(s["text"].rstrip(".") for s in smells) + "."
-    code = "\n".join(dict.fromkeys(s["code"] for s in smells if s.get("code")))
+    code = rules_tfdata.fix_code(pipeline, facts.get("host_mem_total_bytes"), only={s["kind"] for s in smells})
     return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
                    {"smells": [s["kind"] for s in smells], "pipeline": [s.get("op") for s in pipeline.get("stages") or []]},
                    None, "Apply these tf.data changes; they cost nothing when the pipeline is not today's bottleneck.",

@@ -547,14 +547,14 @@ def input_cause(pipeline: dict | None) -> str | None:
     return None
 
 
-def fix_code(pipeline: dict | None, mem_total_bytes: int | None = None) -> str:
+def fix_code(pipeline: dict | None, mem_total_bytes: int | None = None, only: set[str] | None = None) -> str:
     """The fixed pipeline lines, one ``ds = ...`` line per changed stage in pipeline order (the
     source line first, ``prefetch`` last); several smells of one map merge into one line (e.g.
     ``ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).cache()``), and a vectorized map
     replaces its batch line. Includes fixes TensorFlow already applies at run time (they make
     the intent explicit). ``mem_total_bytes`` as in :func:`tfdata_smells`. Empty string when
-    nothing needs changing."""
-    smells = tfdata_smells(pipeline, mem_total_bytes)
+    nothing needs changing. ``only``: the smell kinds to fix (all when None)."""
+    smells = [s for s in tfdata_smells(pipeline, mem_total_bytes) if only is None or s["kind"] in only]
     if not smells:
         return ""
     stages = _stages(pipeline)
