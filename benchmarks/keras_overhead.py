@@ -8,7 +8,7 @@ and the time of the whole ``fit``. Printed: the ratio of median step times (whyi
 train-function wrapper; goal ≤ 1.02) and the ratio of ``fit`` times, which also carries the
 TensorFlow profiler window (10 steps) and its trace read.
 
-    python benchmarks/keras_overhead.py [--rounds 3] [--steps 400]
+    python benchmarks/keras_overhead.py [--rounds 3] [--steps 400] [--whyidle-args "--stack-hz 0"]
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ print("RESULT " + json.dumps({"median_s": d[len(d) // 2], "fit_s": fit_s}))
 '''
 
 
-def run(script: str, steps: int, observed: bool, out: str) -> dict:
+def run(script: str, steps: int, observed: bool, out: str, extra: list[str] = ()) -> dict:
     cmd = [sys.executable, script, str(steps)]
     if observed:
-        cmd = [sys.executable, "-m", "whyidle", "run", "-q", "--out", out, "--"] + cmd
+        cmd = [sys.executable, "-m", "whyidle", "run", "-q", "--out", out, *extra, "--"] + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -61,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--whyidle-args", default="", help="extra `whyidle run` options, e.g. '--stack-hz 0'")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "keras_workload.py")
@@ -69,7 +70,7 @@ def main() -> None:
         plain, watched = [], []
         for r in range(args.rounds):
             plain.append(run(script, args.steps, False, ""))
-            watched.append(run(script, args.steps, True, os.path.join(tmp, f"run{r}")))
+            watched.append(run(script, args.steps, True, os.path.join(tmp, f"run{r}"), args.whyidle_args.split()))
             print(f"round {r + 1}: plain {plain[-1]['median_s'] * 1000:.2f} ms/step, {plain[-1]['fit_s']:.2f} s fit; "
                   f"whyidle {watched[-1]['median_s'] * 1000:.2f} ms/step, {watched[-1]['fit_s']:.2f} s fit")
     step_ratio = statistics.median(w["median_s"] for w in watched) / statistics.median(p["median_s"] for p in plain)
