@@ -38,8 +38,7 @@ def is_tf(facts: dict) -> bool:
     return facts.get("framework") in ("keras", "tensorflow")
 
 
-def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool, trainer_cores: float | None,
-               python: bool) -> dict:
+def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool, trainer_cores: float | None) -> dict:
     """What the fix should give, per step (seconds).
 
     - ``fetch_s``: loading work per step: the wait itself without prefetch; wait + the rest of
@@ -48,13 +47,14 @@ def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool, trainer_c
       process's CPU per step (``trainer_cores`` × step) less the rest of the step (assumed to keep
       at least one core busy), 0–1; None without host samples.
     - ``parallel``: how much faster loading gets. Parallel causes: up to ``cores`` calls
-      (tf.data's AUTOTUNE never runs more than its thread pool, sized to the cores); a map
-      calling Python runs its CPU part one call at a time under the GIL, so only the waiting part
-      overlaps: min(cores, 1 / CPU share). ``python_in_pipeline`` with Python that mostly waits
-      (I/O): explicit parallelism beyond the cores, min(``IO_PARALLEL_CALLS`` / cores, 1 / CPU
-      share) over today's. Otherwise 1.
-    - ``cpu_floor_s``: the process's CPU work per step spread over every core: no fix makes the
-      step shorter than that.
+      (tf.data's AUTOTUNE never runs more than its thread pool, sized to the cores).
+      ``python_in_pipeline`` with Python that mostly waits (I/O): explicit parallelism beyond the
+      cores, min(``IO_PARALLEL_CALLS`` / cores, 1 / CPU share) over today's. Otherwise 1. The
+      CPU share is not used to limit a map calling Python: TensorFlow's thread pools spin while
+      they wait, which inflates the process's CPU (cases.md C03's sleep-bound map shows 0.8
+      cores), so it only bounds the step through the floor below.
+    - ``cpu_floor_s``: the process's CPU per step spread over every core: no fix makes the step
+      shorter than that (conservative for the same reason).
     - ``predicted_step_s`` = max(rest, fetch / parallel, floor), at most today's step.
     """
     mean = step["step_time_s"]["mean"]
@@ -67,8 +67,6 @@ def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool, trainer_c
     parallel = 1.0
     if cause in _PARALLEL_CAUSES:
         parallel = float(max(1, cores))
-        if python and cpu_share is not None:
-            parallel = min(parallel, 1.0 / max(cpu_share, 1.0 / parallel))
     elif cause == "python_in_pipeline" and cpu_share is not None and cpu_share < T.LOADER_OFF_CPU:
         parallel = max(1.0, min(IO_PARALLEL_CALLS / max(1, cores), 1.0 / max(cpu_share, 1e-3)))
     predicted = min(mean, max(rest, fetch / parallel, floor))
@@ -124,11 +122,7 @@ def input_bound(facts: dict) -> dict | None:
     ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
     python = any(s["kind"] in ("py_function_map", "generator_source") for s in smells)
     prefetched = bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells)
-    model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"), python)
-    if cause in _PARALLEL_CAUSES and python and (model["load_cpu_share"] or 0) >= T.LOADER_OFF_CPU:
-        # the map's Python computes (holds the GIL) more than it waits: parallel calls cannot help
-        cause = "python_in_pipeline"
-        model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"), python)
+    model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"))
     removed = speedup_if_removed(share)
     io_python = cause == "python_in_pipeline" and model["parallel"] > 1
     # Parallel calls and prefetching are what the fix changes for the parallel causes and for Python
@@ -154,6 +148,10 @@ def input_bound(facts: dict) -> dict | None:
         if any(s["kind"] == "py_function_map" for s in smells):
             text += (" The map calls Python (tf.py_function / tf.numpy_function): parallel calls overlap its I/O and "
                      "GIL-releasing work only, so CPU-heavy Python there needs rewriting in TensorFlow ops.")
+            if (model["load_cpu_share"] or 0) >= T.LOADER_OFF_CPU:
+                text += (f" Here about {_pct(model['load_cpu_share'])} of the loading time looks like CPU work (the "
+                         f"process used {host.get('trainer_cores'):.1f} cores): if the parallel map gains little, "
+                         "that Python is the limit.")
     elif io_python:
         text = (f"The pipeline's Python mostly waits (I/O: {_pct(model['load_cpu_share'])} of its time on a CPU), so "
                 f"more parallel calls than the {cores} cores overlap more of it: "
