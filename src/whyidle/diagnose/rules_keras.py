@@ -120,7 +120,6 @@ def input_bound(facts: dict) -> dict | None:
     if cause is None:
         cause = "cpu_preprocessing" if pipeline and not pipeline.get("error") else "unknown"
     ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
-    python = any(s["kind"] in ("py_function_map", "generator_source") for s in smells)
     prefetched = bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells)
     model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"))
     removed = speedup_if_removed(share)
