@@ -98,6 +98,7 @@ class KerasInstrument:
         self.keras_proc: dict | None = None  # written at the first fit/evaluate/predict
         self.described_iterator = False  # a custom loop's dataset is described once
         self.it_count = 0  # next() calls on the current iterator
+        self.backend: str | None = None  # Keras backend, once Keras is imported
 
     # -- errors ----------------------------------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
@@ -182,7 +183,6 @@ class KerasInstrument:
                 cur = inst.cur
                 if cur is not None:
                     cur["fn"] += t1 - t0
-                    cur["calls"] += 1
                 inst.calls += 1
 
         train_function._whyidle = True
@@ -196,7 +196,7 @@ class KerasInstrument:
         w = self.window
         if w is not None and not self.off and w.before_call(self.calls, now):
             now = monotonic_ns()  # the profiler's own start / stop-and-save is in no step
-        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "calls": 0, "i": self.step_i,
+        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "i": self.step_i,
                     "first": self.cur_first, "profiled": w is not None and w.active}
         self.cur_first = False
         self.step_i += 1
@@ -290,8 +290,8 @@ class KerasInstrument:
 
     # -- stacks ----------------------------------------------------------------------------------
     def _start_stacks(self) -> None:
-        if self.stacks is not None or self.agent.stack_hz <= 0:
-            return
+        if self.stacks is not None or self.agent.stack_hz <= 0 or self.backend == "torch":
+            return  # on the PyTorch backend, the PyTorch instrumentation samples the same thread
         from whyidle.instrument.stacks import StackSampler
 
         self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase,
@@ -479,6 +479,7 @@ def install_keras(agent, keras) -> KerasInstrument:
         backend = keras.backend.backend()
     except Exception:
         pass
+    inst.backend = backend
     inst.keras_proc = {"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": list(getattr(sys, "argv", [])),
                        "python": sys.version.split()[0], "framework": "keras",
                        "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend}
