@@ -147,3 +147,18 @@ def test_tensorflow_is_never_imported_for_the_program(tmp_path):
     proc, report, _ = observe(tmp_path, [sys.executable, "-c", code], name="plain")
     assert proc.returncode == 0
     assert "TF False False" in proc.stdout
+
+
+def test_a_keras_without_the_hooks_gives_one_notice_and_a_report(tmp_path):
+    # a "keras" whose Model has no fit/evaluate/predict (an unknown or broken version)
+    pkg = tmp_path / "fakekeras" / "keras"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '9.0'\nclass Model:\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fakekeras"))
+    code = "import keras, time; t = time.time()\nwhile time.time() - t < 0.5: pass\nprint('trained')"
+    proc, report, run_dir = observe(tmp_path, [sys.executable, "-c", code], name="fake", env=env)
+    assert proc.returncode == 0 and "trained" in proc.stdout
+    assert report is not None and report["verdict"] == "unknown"
+    notices = [n for n in report["notes"] if "Keras instrumentation disabled" in n]
+    assert len(notices) == 1, report["notes"]
+    assert proc.stderr.count("[whyidle] Keras instrumentation disabled") == 1

@@ -69,6 +69,7 @@ class Agent:
             return
         self._notices.add(msg)
         self.record({"k": "notice", "t": time.monotonic_ns(), "msg": msg})
+        self.start_background()  # a notice is kept even when nothing else gets instrumented
         try:
             sys.stderr.write(f"[whyidle] {msg}\n")
         except Exception:
