@@ -190,44 +190,28 @@ class _HookedLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-def _install_torch(module) -> None:
-    agent = _AGENT
-    if agent is None or agent.disabled:
-        return
-    try:
-        from whyidle.instrument import torch as torch_instrument
+def _installer(instrument: str, function: str, label: str):
+    """A post-import hook that calls ``whyidle.instrument.<instrument>.<function>(agent, module)``
+    and turns any failure into one notice."""
 
-        torch_instrument.install(agent, module)
-    except Exception as exc:
-        agent.notice(f"PyTorch instrumentation disabled: {exc!r}")
+    def install(module) -> None:
+        agent = _AGENT
+        if agent is None or agent.disabled:
+            return
+        try:
+            mod = importlib.import_module(f"whyidle.instrument.{instrument}")
+            getattr(mod, function)(agent, module)
+        except Exception as exc:
+            agent.notice(f"{label} instrumentation disabled: {exc!r}")
 
-
-def _install_tensorflow(module) -> None:
-    agent = _AGENT
-    if agent is None or agent.disabled:
-        return
-    try:
-        from whyidle.instrument import keras as keras_instrument
-
-        keras_instrument.install_tensorflow(agent, module)
-    except Exception as exc:
-        agent.notice(f"TensorFlow instrumentation disabled: {exc!r}")
+    return install
 
 
-def _install_keras(module) -> None:
-    agent = _AGENT
-    if agent is None or agent.disabled:
-        return
-    try:
-        from whyidle.instrument import keras as keras_instrument
-
-        keras_instrument.install_keras(agent, module)
-    except Exception as exc:
-        agent.notice(f"Keras instrumentation disabled: {exc!r}")
-
-
+_install_keras = _installer("keras", "install_keras", "Keras")
 #: Framework modules whose import installs their instrumentation (post-import hooks).
-_INSTALLERS = {"torch": _install_torch, "tensorflow": _install_tensorflow, "keras": _install_keras,
+_INSTALLERS = {"torch": _installer("torch", "install", "PyTorch"),
+               "tensorflow": _installer("keras", "install_tensorflow", "TensorFlow"),
+               "keras": _install_keras,
                "tf_keras": _install_keras}  # tf_keras: Keras 2 behind tf.keras with TF_USE_LEGACY_KERAS=1
 
 
