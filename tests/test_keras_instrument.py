@@ -162,3 +162,30 @@ def test_a_keras_without_the_hooks_gives_one_notice_and_a_report(tmp_path):
     notices = [n for n in report["notes"] if "Keras instrumentation disabled" in n]
     assert len(notices) == 1, report["notes"]
     assert proc.stderr.count("[whyidle] Keras instrumentation disabled") == 1
+
+
+def test_an_error_in_a_hook_turns_the_instrumentation_off_once():
+    from whyidle.instrument.keras import KerasInstrument, _safe
+
+    class Agent:
+        def __init__(self):
+            self.notices, self.records = [], []
+
+        def notice(self, msg):
+            self.notices.append(msg)
+
+        def record(self, rec):
+            self.records.append(rec)
+
+    agent = Agent()
+    inst = KerasInstrument(agent)
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    _safe(inst, broken)
+    _safe(inst, broken)  # off now: not run again
+    assert inst.off and calls == [1]
+    assert len(agent.notices) == 1 and "RuntimeError('boom')" in agent.notices[0]

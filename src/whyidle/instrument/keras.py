@@ -430,6 +430,9 @@ def _make_callback(keras, inst: KerasInstrument):
 
 
 def _safe(inst: KerasInstrument, fn, *args) -> None:
+    """Runs one hook; once the instrumentation is off (an earlier error), none runs."""
+    if inst.off:
+        return
     try:
         fn(*args)
     except Exception as exc:
