@@ -60,6 +60,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 import keras
+from keras_common import StepTimer, interleaved
 
 BATCH = 32
 IMAGE = (32, 32, 3)
@@ -124,25 +125,6 @@ def make_model():
     return model
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Wall time between consecutive batch ends, skipping the first ``skip`` (tracing, warm-up)."""
-
-    def __init__(self, skip=3):
-        super().__init__()
-        self.skip = skip
-        self.ends = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
-    def result(self, batch_size):
-        ends = self.ends[self.skip:]
-        if len(ends) < 2:
-            ends = self.ends
-        steady = (ends[-1] - ends[0]) / max(1, len(ends) - 1)
-        return batch_size / steady, steady
-
-
 def measure(steps, fixed):
     """Standalone calibration, three timings per batch (medians):
 
@@ -176,14 +158,7 @@ def measure(steps, fixed):
     it = iter(make_dataset(3 * steps + 10, fixed))
     for _ in range(3):
         step(next(it))["loss"].numpy()
-    waits, t_step = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        batch = next(it)
-        t1 = time.perf_counter()
-        step(batch)["loss"].numpy()
-        waits.append(t1 - t0)
-        t_step.append(time.perf_counter() - t0)
+    waits, t_step = interleaved(step, it, steps)
     print(f"MEASURE variant={'fixed' if fixed else 'faulty'} input_per_batch_ms={1e3 * np.median(t_in):.1f} "
           f"compute_per_batch_ms={1e3 * np.median(t_c):.1f} loop_step_ms={1e3 * np.mean(t_step):.1f} "
           f"input_wait_share={sum(waits) / sum(t_step):.2f} samples_per_s={BATCH * len(t_step) / sum(t_step):.1f}")

@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 import keras
+from keras_common import StepTimer, interleaved
 
 BATCH = 32
 FEATURES = 64
@@ -83,23 +84,6 @@ def make_model():
     return model
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Wall time between consecutive batch ends, skipping the first ``skip`` (tracing, warm-up)."""
-
-    def __init__(self, skip=3):
-        super().__init__()
-        self.skip = skip
-        self.ends = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
-    def result(self, batch_size):
-        ends = self.ends[self.skip:] if len(self.ends) > self.skip + 1 else self.ends
-        steady = (ends[-1] - ends[0]) / max(1, len(ends) - 1)
-        return batch_size / steady, steady
-
-
 def measure(steps):
     """Standalone: per batch, the generator alone, the compiled train step alone, and the two
     interleaved as ``fit`` does (input wait share = time in ``next(it)`` / loop time)."""
@@ -121,14 +105,7 @@ def measure(steps):
     it = iter(make_dataset(steps + 3))
     for _ in range(3):
         step(next(it))["loss"].numpy()
-    waits, t_step = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        batch = next(it)
-        t1 = time.perf_counter()
-        step(batch)["loss"].numpy()
-        waits.append(t1 - t0)
-        t_step.append(time.perf_counter() - t0)
+    waits, t_step = interleaved(step, it, steps)
     print(f"MEASURE generator_per_batch_ms={1e3 * t_gen:.1f} compute_per_batch_ms={1e3 * np.median(t_c):.1f} "
           f"loop_step_ms={1e3 * np.mean(t_step):.1f} input_wait_share={sum(waits) / sum(t_step):.2f}")
 

@@ -29,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 import keras
+from keras_common import StepTimer
 
 BATCH = 32
 IMAGE = (32, 32, 3)
@@ -109,23 +110,6 @@ class ExperimentLogger(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.log_file.close()
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Wall time between consecutive batch ends, skipping the first ``skip`` (tracing, warm-up)."""
-
-    def __init__(self, skip=3):
-        super().__init__()
-        self.skip = skip
-        self.ends = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
-    def result(self, batch_size):
-        ends = self.ends[self.skip:] if len(self.ends) > self.skip + 1 else self.ends
-        steady = (ends[-1] - ends[0]) / max(1, len(ends) - 1)
-        return batch_size / steady, steady
 
 
 def main(argv=None):

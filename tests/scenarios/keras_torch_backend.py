@@ -15,32 +15,15 @@ Process ~6 s (TF and torch imports).
 import argparse
 import os
 import sys
-import time
 
 os.environ["KERAS_BACKEND"] = "torch"
 
 import numpy as np
 import keras
+from keras_common import StepTimer
 
 BATCH = 32
 FEATURES = 128
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Wall time between consecutive batch ends, skipping the first ``skip`` (warm-up)."""
-
-    def __init__(self, skip=3):
-        super().__init__()
-        self.skip = skip
-        self.ends = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
-    def result(self, batch_size):
-        ends = self.ends[self.skip:] if len(self.ends) > self.skip + 1 else self.ends
-        steady = (ends[-1] - ends[0]) / max(1, len(ends) - 1)
-        return batch_size / steady, steady
 
 
 def main(argv=None):
