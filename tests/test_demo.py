@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import pytest
 from PIL import Image
@@ -43,4 +44,13 @@ def test_demo_finds_input_bound_and_the_fix_is_faster(tmp_path):
     assert after["loader"]["num_workers"] == ib["evidence"]["suggested_num_workers"]  # the report's fix was applied
     assert after["metrics"]["shares"]["data_wait"] < before["metrics"]["shares"]["data_wait"] / 2
     assert after["metrics"]["samples_per_s"] >= 1.15 * before["metrics"]["samples_per_s"]
-    assert "before / after" in proc.stdout and "faster" in proc.stdout
+    # the demo ends with `whyidle compare` of its two runs: the speed-up with its interval
+    assert "speed-up vs A" in proc.stdout
+    assert re.search(r"B \(demo-after\) is \d+\.\d\d× faster than A \(demo-before\) \(95 % CI "
+                     r"\d+\.\d\d–\d+\.\d\d\)", " ".join(proc.stdout.split())), proc.stdout[-2000:]
+    # the training script reported its validation accuracy (whyidle.log_metric, n = held-out images)
+    assert before["logged_metrics"]["val_accuracy"]["n"] == 160
+    assert 0.5 <= after["logged_metrics"]["val_accuracy"]["last"] <= 1
+    for run_dir in (before_dir, after_dir):  # both HTML reports and timelines are written
+        assert os.path.getsize(os.path.join(run_dir, "report.html")) > 100_000
+        assert os.path.getsize(os.path.join(run_dir, "timeline.json")) > 1000

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from conftest import observe
+from whyidle.record.steptable import PHASE_CODES
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorflow")
@@ -72,6 +73,12 @@ def test_window_measures_input_wait_with_steps_per_execution(tmp_path):
     assert report["framework"] == "keras" and report["keras"]["input_wait"]["method"] == "tf_profiler"
     assert report["metrics"]["shares"]["data_wait"] > 0.6
     assert report["verdict"] == "input_bound"
+    # phase spans: each step is in the train function from near its start, then back to other
+    compute, other = PHASE_CODES.index("compute"), PHASE_CODES.index("other")
+    assert all(s["ph"][0::2][:2] == [compute, other] and s["ph"][1] <= s["ph"][3] for s in steps)
+    # Keras's epoch-end logs (what History holds) become logged metrics
+    assert report["logged_metrics"]["loss"]["count"] == 2 and report["logged_metrics"]["loss"]["source"] == "keras"
+    assert report["logged_metrics"]["loss"]["epoch"] == 1
 
 
 def test_tensorboard_profiling_makes_the_window_step_aside(tmp_path):
@@ -133,6 +140,8 @@ def test_custom_loop_steps_from_the_iterator(tmp_path):
     waits = sorted(s["data"] for s in later)
     assert waits[len(waits) // 2] >= 0.5 * 16e6, waits
     assert all(s["comp"] > 0 for s in later)
+    data = PHASE_CODES.index("data")
+    assert all(s["ph"][:2] == [data, 0] for s in later)  # a step starts in next()
     assert report["framework"] == "tensorflow"  # a Keras model, but the loop is the program's own
     pipeline = report["keras"]["pipeline"]  # described at the loop's 3rd next()
     assert [st["op"] for st in pipeline] == ["range", "map", "batch"]

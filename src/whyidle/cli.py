@@ -75,7 +75,8 @@ def run(out, name, json_path, interval, stack_hz, quiet, command) -> None:
 @main.command(context_settings=CONTEXT)
 @click.argument("run_dir", metavar="RUN_DIR")
 @click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
-def report(run_dir, json_path) -> None:
+@click.option("--html", "html_path", metavar="FILE", help="Write the report as one self-contained HTML page to FILE.")
+def report(run_dir, json_path, html_path) -> None:
     """Re-render a saved run directory without re-running anything."""
     from whyidle.record.reader import RunDirError
     from whyidle.run.session import finish_report
@@ -91,6 +92,13 @@ def report(run_dir, json_path) -> None:
         _fail(str(exc), 2)
     except OSError as exc:
         _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
+    if html_path:
+        from whyidle.report.html import write_run_html
+
+        try:
+            write_run_html(run_dir, html_path, rep)
+        except OSError as exc:
+            _fail(f"cannot write {html_path}: {exc.strerror or exc}", 2)
     _show(rep, json_path)
 
 
@@ -122,6 +130,39 @@ def trace(path, json_path, rank) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@click.option("--data", "data_path", metavar="PATH",
+              help="Dataset folder or file: is it on a network or FUSE file system, made of small files?")
+@click.option("--json", "as_json", is_flag=True, help="Print the result (whyidle.env/1) as one JSON object on stdout.")
+def env(data_path, as_json) -> None:
+    """Check this machine: can each framework see the GPU, driver vs CUDA builds, what the GPU can do.
+
+    Exit code: 0 all good, 1 a warning or critical finding, 2 usage errors (e.g. a missing --data path).
+    """
+    import contextlib
+    import json
+
+    from whyidle.env import DataPathError, check, exit_code
+
+    status = contextlib.nullcontext()
+    if not as_json and sys.stderr.isatty():
+        from rich.console import Console
+
+        status = Console(stderr=True).status("probing PyTorch, TensorFlow, JAX and the GPU…")
+    try:
+        with status:
+            result = check(data_path)
+    except DataPathError as exc:
+        _fail(str(exc), 2)
+    if as_json:
+        click.echo(json.dumps(result, indent=1, default=str))
+    else:
+        from whyidle.report import env_report
+
+        env_report.render(result)
+    sys.exit(exit_code(result))
+
+
+@main.command(context_settings=CONTEXT)
 @click.option("--out", "out", metavar="DIR", default="whyidle-runs", show_default=True,
               help="Where the demo's two run directories go.")
 @click.option("--data", "data_dir", metavar="DIR", help="Image folder cache (default: ~/.cache/whyidle/demo-images).")
@@ -131,3 +172,37 @@ def demo(out, data_dir, steps) -> None:
     from whyidle.demo import run_demo
 
     sys.exit(run_demo(out_dir=out, data_dir=data_dir, steps=steps))
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("run_dirs", nargs=-1, metavar="RUN_A RUN_B [RUN ...]")
+@click.option("--json", "json_path", metavar="FILE", help="Write the comparison (whyidle.compare/1) to FILE ('-' = stdout).")
+def compare(run_dirs, json_path) -> None:
+    """Compare saved runs (A = the baseline): throughput with bootstrap intervals, data wait, GPU, metrics.
+
+    \b
+    Example:  whyidle compare whyidle-runs/...-before whyidle-runs/...-after
+    """
+    from whyidle.record.writer import write_json_atomic
+    from whyidle.report.compare import CompareError, compare_runs
+    from whyidle.report.compare_terminal import render
+
+    if len(run_dirs) < 2:
+        _fail("compare needs at least two run directories (usage: whyidle compare RUN_A RUN_B [RUN ...])", 2)
+    try:
+        result = compare_runs(list(run_dirs))
+    except CompareError as exc:
+        _fail(str(exc), 2)
+    if json_path == "-":
+        import json
+
+        click.echo(json.dumps(result, indent=1))
+    else:
+        if json_path:
+            try:
+                write_json_atomic(json_path, result)
+            except OSError as exc:
+                _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
+        render(result)
+    if not result["comparable"]:
+        _fail("no run could be compared with the baseline " + result["baseline"], 2)

@@ -214,6 +214,45 @@ def _stats(values: list[float]) -> dict | None:
     return {"p50": float(np.median(arr)), "mean": float(arr.mean()), "max": float(arr.max())}
 
 
+def _prepare(records: list[dict]) -> tuple[dict, dict] | None:
+    """The marks in host-time order and their intervals (:func:`_intervals`), or None with fewer
+    than two marks."""
+    m = _marks(records)
+    if m is None or len(m["h"]) < 2:
+        return None
+    order = np.argsort(m["h"], kind="stable")
+    if np.any(order != np.arange(len(order))):  # records from one thread are in order already
+        new_index = np.empty_like(order)
+        new_index[order] = np.arange(len(order))
+        m = {"h": m["h"][order], "g": m["g"][order], "phase": [m["phase"][i] for i in order],
+             "kind": [m["kind"][i] for i in order],
+             "extra": {int(new_index[i]): v for i, v in m["extra"].items()}}
+    return m, _intervals(m, lags(m["h"], m["g"]))
+
+
+def starved_ranges(records: list[dict]) -> dict | None:
+    """Where on the host clock the GPU was starved, and why, for timelines.
+
+    Args:
+        records: one trainer's ``proc-<pid>.jsonl`` records (only ``gpu_marks`` are read).
+    Returns:
+        None without at least two marks; else ``{"t0", "t1"`` (int64 arrays, monotonic ns: one
+        range per interval between consecutive marks with starved time, placed at the interval's
+        end as in :func:`gpu_idle`), ``"cause"`` (list of str, one of :data:`CAUSES`)``}``, in
+        time order. Their sum over any window is what :func:`gpu_idle` reports for it.
+    """
+    prepared = _prepare(records)
+    if prepared is None:
+        return None
+    m, iv = prepared
+    b = m["h"][1:]
+    starved = iv["starved"]
+    keep = starved > 0
+    t1 = b[keep].astype(np.int64)
+    t0 = t1 - np.rint(starved[keep]).astype(np.int64)
+    return {"t0": t0, "t1": t1, "cause": [c for c, k in zip(iv["cause"], keep.tolist()) if k]}
+
+
 def gpu_idle(records: list[dict], window: tuple[int, int] | None = None, steps: list | None = None,
              source_root: str | None = None) -> dict | None:
     """GPU starvation of one trainer over ``window`` (monotonic ns; None = all marks).
@@ -242,19 +281,11 @@ def gpu_idle(records: list[dict], window: tuple[int, int] | None = None, steps: 
           idle); ``idle_s_by_cause``: mean seconds per step by cause;
         * ``steps``, ``marks``, ``method`` (``"cuda_events"``).
     """
-    m = _marks(records)
-    if m is None or len(m["h"]) < 2:
+    prepared = _prepare(records)
+    if prepared is None:
         return None
-    order = np.argsort(m["h"], kind="stable")
-    if np.any(order != np.arange(len(order))):  # records from one thread are in order already
-        new_index = np.empty_like(order)
-        new_index[order] = np.arange(len(order))
-        m = {"h": m["h"][order], "g": m["g"][order], "phase": [m["phase"][i] for i in order],
-             "kind": [m["kind"][i] for i in order],
-             "extra": {int(new_index[i]): v for i, v in m["extra"].items()}}
+    m, iv = prepared
     h = m["h"]
-    lag = lags(h, m["g"])
-    iv = _intervals(m, lag)
     if window is None:
         window = (int(h[0]), int(h[-1]))
     w0, w1 = window

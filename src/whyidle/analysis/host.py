@@ -76,6 +76,24 @@ def _mp_helpers(records: list[dict], parents: dict[int, int], trainers: set[int]
     return helpers
 
 
+def process_roles(records: list[dict], trainers) -> tuple[dict[int, int], set[int], set[int]]:
+    """Who is who in the observed tree: ``(parents, workers, helpers)``.
+
+    ``parents`` maps pid → the first parent seen (a process orphaned later is re-parented to
+    whyidle, a subreaper, and a DataLoader worker whose trainer exited first must still count as
+    that trainer's worker); ``workers`` are the trainers' descendants (DataLoader workers) less
+    ``helpers``, multiprocessing's resource trackers and forkservers.
+    """
+    parents: dict[int, int] = {}
+    for rec in records:
+        if rec.get("k") in ("host", "host_proc"):
+            for pid, ppid in ([(rec["pid"], rec["ppid"])] if rec["k"] == "host_proc"
+                              else [(r[PID], r[PPID]) for r in rec["procs"]]):
+                parents.setdefault(pid, ppid)
+    helpers = _mp_helpers(records, parents, set(trainers))
+    return parents, descendants(parents, set(trainers)) - helpers, helpers
+
+
 def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: set[int],
                  primary: int | None, whyidle_pid: int | None, samples_in_window: float | None = None,
                  loader_in_main: bool = True, num_workers: int | None = None) -> dict | None:
@@ -120,16 +138,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         for r in rec["procs"]:
             rows_b[r[PID]] = r
     alive = {r[PID] for r in b["procs"]}
-    # First parent seen: a process orphaned later is re-parented to whyidle (a subreaper), and
-    # a DataLoader worker whose trainer exited first must still count as that trainer's worker.
-    parents: dict[int, int] = {}
-    for rec in records:
-        if rec.get("k") in ("host", "host_proc"):
-            for pid, ppid in ([(rec["pid"], rec["ppid"])] if rec["k"] == "host_proc"
-                              else [(r[PID], r[PPID]) for r in rec["procs"]]):
-                parents.setdefault(pid, ppid)
-    helpers = _mp_helpers(records, parents, set(trainers))
-    workers = descendants(parents, set(trainers)) - helpers
+    parents, workers, helpers = process_roles(records, trainers)
 
     def delta(pid: int, idx: int) -> float:
         """Counter growth of ``pid`` in the window; a process born inside it counts from 0."""

@@ -12,6 +12,7 @@ from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis import keras as keras_analysis
+from whyidle.analysis import logged as logged_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
@@ -78,7 +79,10 @@ def analyze(run: RunData) -> dict:
     a framework); ``other_trainers`` (per extra trainer: pid, steps, samples_per_s); Keras /
     TensorFlow: ``input_wait`` (how the input wait inside the compiled step was measured,
     :func:`whyidle.analysis.keras.input_wait`, or None), ``tfdata`` (the tf.data pipeline given to
-    ``fit``), ``tf_devices`` (GPUs TensorFlow sees, its build, the dtype policy), ``keras_calls``.
+    ``fit``), ``tf_devices`` (GPUs TensorFlow sees, its build, the dtype policy), ``keras_calls``;
+    ``logged`` (metrics the program reported, :func:`whyidle.analysis.logged.logged_metrics`);
+    ``step_rows`` (all steps of the primary trainer, warm-up and boundaries included) and
+    ``analyzed_steps`` (those the metrics are over) — step records or ``StepView`` rows.
     """
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
@@ -177,4 +181,7 @@ def analyze(run: RunData) -> dict:
         "host_mem_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
         "tf_devices": _last(recs, "tf_devices"),
         "keras_calls": [r for r in recs if r.get("k") == "keras_call"],
+        "logged": logged_analysis.logged_metrics(procs),
+        "step_rows": step_lists[primary] if primary is not None else [],
+        "analyzed_steps": analyzed,
     }

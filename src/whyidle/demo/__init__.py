@@ -2,7 +2,9 @@
 
 Both runs go through :func:`whyidle.run.session.observe`, the code path of ``whyidle run``: the
 training script (:mod:`whyidle.demo.train`) is an ordinary PyTorch program that knows nothing
-about whyidle. The fix applied in the second run is the one the first run's report recommends.
+about whyidle (it reports its validation accuracy with ``whyidle.log_metric``, a no-op without
+whyidle). The fix applied in the second run is the one the first run's report recommends; the demo
+ends with ``whyidle compare`` of the two runs.
 """
 
 from __future__ import annotations
@@ -12,42 +14,8 @@ import os
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
 from whyidle.run.launcher import LaunchError
-
-
-def _row(report: dict) -> dict:
-    m = report.get("metrics") or {}
-    return {
-        "samples_per_s": m.get("samples_per_s"),
-        "step_p50": (m.get("step_time_s") or {}).get("p50"),
-        "data_wait": (m.get("shares") or {}).get("data_wait"),
-        "verdict": report.get("verdict"),
-    }
-
-
-def comparison_table(before: dict, after: dict) -> tuple[Table, str]:
-    """The before/after table and a one-line statement of the measured change."""
-    b, a = _row(before), _row(after)
-    table = Table(title="before / after (measured, steady-state steps)", title_justify="left")
-    for col in ("", "beginner (num_workers=0)", "with the fix", "change"):
-        table.add_column(col, justify="right" if col else "left")
-
-    def ratio(x, y):
-        return f"{y / x:.2f}×" if x and y else "n/a"
-
-    table.add_row("samples/s", f"{b['samples_per_s']:.1f}", f"{a['samples_per_s']:.1f}", ratio(b["samples_per_s"], a["samples_per_s"]))
-    table.add_row("step time p50", f"{b['step_p50'] * 1000:.1f} ms", f"{a['step_p50'] * 1000:.1f} ms",
-                  f"{(a['step_p50'] / b['step_p50'] - 1) * 100:+.0f} %")
-    table.add_row("data-wait share", f"{b['data_wait']:.0%}", f"{a['data_wait']:.0%}",
-                  f"{(a['data_wait'] - b['data_wait']) * 100:+.0f} pt")
-    table.add_row("verdict", b["verdict"], a["verdict"], "")
-    speed = a["samples_per_s"] / b["samples_per_s"]
-    line = (f"The fixed pipeline trains {speed:.2f}× {'faster' if speed >= 1 else 'slower'} "
-            f"({b['samples_per_s']:.0f} → {a['samples_per_s']:.0f} samples/s); "
-            f"data wait {b['data_wait']:.0%} → {a['data_wait']:.0%} of each step.")
-    return table, line
 
 
 def run_demo(out_dir: str = "whyidle-runs", data_dir: str | None = None, steps: int = 100, stream=None) -> int:
@@ -60,7 +28,8 @@ def run_demo(out_dir: str = "whyidle-runs", data_dir: str | None = None, steps: 
         stream: output (default stdout).
     """
     from whyidle.demo.data import ensure_images
-    from whyidle.report import terminal
+    from whyidle.report import compare_terminal, terminal
+    from whyidle.report.compare import CompareError, compare_runs
     from whyidle.run.session import RunOptions, observe
 
     stream = stream or sys.stdout
@@ -106,9 +75,13 @@ def run_demo(out_dir: str = "whyidle-runs", data_dir: str | None = None, steps: 
         console.print(f"whyidle: the fixed training run failed ({status}).")
         return 1
     terminal.render_brief(after, file=stream)
-    table, line = comparison_table(before, after)
-    console.print()
-    console.print(table)
-    console.print(f"[bold]{line}[/]")
-    console.print(f"[dim]runs: {before_dir}  {after_dir}[/]")
+    console.print("\n[bold]Before / after[/], measured (whyidle compare on the two run directories):")
+    try:
+        result = compare_runs([before_dir, after_dir])
+    except CompareError as exc:
+        console.print(f"whyidle: {exc}")
+        return 1
+    compare_terminal.render(result, file=stream)
+    console.print(f"[dim]HTML reports: {os.path.join(before_dir, 'report.html')}  "
+                  f"{os.path.join(after_dir, 'report.html')}[/]")
     return 0

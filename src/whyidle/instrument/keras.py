@@ -40,6 +40,9 @@ import sys
 import threading
 from time import monotonic_ns, thread_time_ns
 
+from whyidle.instrument.user_metrics import record_epoch_logs
+from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
+
 #: Training batches (train-function calls) before the profiler window opens: the first call
 #: traces and compiles the function, the next ones fill tf.data's buffers and autotune
 #: (the TensorFlow profiler guide's own advice is to skip the first steps).
@@ -183,6 +186,7 @@ class KerasInstrument:
                 cur = inst.cur
                 if cur is not None:
                     cur["fn"] += t1 - t0
+                    _spans(cur, t0, t1, COMPUTE)
                 inst.calls += 1
 
         train_function._whyidle = True
@@ -196,7 +200,7 @@ class KerasInstrument:
         w = self.window
         if w is not None and not self.off and w.before_call(self.calls, now):
             now = monotonic_ns()  # the profiler's own start / stop-and-save is in no step
-        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "i": self.step_i,
+        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "i": self.step_i, "ph": [],
                     "first": self.cur_first, "profiled": w is not None and w.active}
         self.cur_first = False
         self.step_i += 1
@@ -207,7 +211,7 @@ class KerasInstrument:
         self.agent.record({
             "k": "step", "t": now, "i": cur["i"], "t0": cur["t0"], "t1": now, "by": "keras",
             "fn": cur["fn"], "batches": self.spe, "samples": samples, "cpu": thread_time_ns() - cur["c0"],
-            "boundary": bool(boundary or cur["first"]), "profiled": cur["profiled"],
+            "boundary": bool(boundary or cur["first"]), "profiled": cur["profiled"], "ph": cur["ph"],
         })
 
     def on_epoch_begin(self) -> None:
@@ -261,7 +265,7 @@ class KerasInstrument:
             self.agent.record({
                 "k": "step", "t": t0, "i": cur["i"], "t0": cur["t0"], "t1": t0, "by": "iterator",
                 "data": cur["data"], "comp": cur["comp"], "grad": cur["grad"], "batches": 1, "samples": cur["samples"],
-                "cpu": thread_time_ns() - cur["c0"], "boundary": cur["new"] or stopped,
+                "cpu": thread_time_ns() - cur["c0"], "boundary": cur["new"] or stopped, "ph": cur["ph"],
             })
         if stopped:
             self.it_step = None
@@ -269,7 +273,8 @@ class KerasInstrument:
             return
         new = iterator is not self.it_last
         self.it_step = {"i": self.step_i, "t0": t0, "data": t1 - t0, "comp": 0, "grad": 0, "c0": thread_time_ns(),
-                        "samples": _samples_of(element), "new": new}
+                        "samples": _samples_of(element), "new": new, "ph": []}
+        _spans(self.it_step, t0, t1, DATA)
         self.step_i += 1
         self.it_last = iterator
         self.it_count = 1 if new else self.it_count + 1
@@ -281,6 +286,7 @@ class KerasInstrument:
         cur = self.it_step
         if cur is not None:
             cur["comp"] += t1 - t0
+            _spans(cur, t0, t1, COMPUTE)
 
     def on_gradient(self) -> None:
         """An eager ``GradientTape.gradient`` call: the loop trains (not just reads data)."""
@@ -401,6 +407,8 @@ def _make_callback(keras, inst: KerasInstrument):
 
         def on_epoch_end(self, epoch, logs=None):
             _safe(inst, inst.on_epoch_end)
+            if self._method == "fit" and not inst.off:
+                _safe(inst, record_epoch_logs, inst.agent, epoch, logs)
 
         def on_train_batch_begin(self, batch, logs=None):
             if not inst.off and threading.get_ident() == inst.tid:
@@ -543,6 +551,16 @@ def _watch_profiler(inst: KerasInstrument) -> None:
             tf.profiler.experimental.start = start
     except Exception:
         pass
+
+
+DATA, OTHER, COMPUTE = (PHASE_CODES.index(p) for p in ("data", "other", "compute"))
+
+
+def _spans(step: dict, t0: int, t1: int, code: int) -> None:
+    """Adds the phase span [t0, t1] (ns) of ``code`` to a step's ``ph`` values, then back to other."""
+    ph = step["ph"]
+    if len(ph) < MAX_PH_VALUES:
+        ph += (code, (t0 - step["t0"]) // 1000, OTHER, (t1 - step["t0"]) // 1000)
 
 
 def _watch_iterators(inst: KerasInstrument, tf) -> None:

@@ -36,7 +36,14 @@ import sys
 import threading
 from time import monotonic_ns, thread_time_ns
 
-from whyidle.instrument.cuda import MAX_SYNCS_PER_STEP, MIN_MARKED_STEP_S, STRIDE_WINDOW, CudaTimeline, SyncWatch
+from whyidle.instrument.cuda import (
+    MAX_SYNCS_PER_STEP,
+    MIN_MARKED_STEP_S,
+    STRIDE_WINDOW,
+    CudaTimeline,
+    SyncWatch,
+)
+from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
 
 #: Steps during which global forward hooks watch for top-level modules before being replaced by
 #: per-module hooks on those roots (global hooks force every submodule off PyTorch's fast path).
@@ -55,6 +62,7 @@ MAX_GRAPH_NODES = 50_000
 GRAPH_COUNT_STEPS = (2, 5, 10)
 
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
+PHASE_CODE = {name: code for code, name in enumerate(PHASE_CODES)}
 
 _INSTANCE: "TorchInstrument | None" = None
 
@@ -136,6 +144,7 @@ class TorchInstrument:
         self.tid = threading.main_thread().ident
         self.native_tid = threading.main_thread().native_id
         self.phase = "setup"
+        self.ph: list[int] = []
         self.t_phase = monotonic_ns()
         self.saved: list[str] = []
         self.acc = dict.fromkeys(PHASES, 0)
@@ -175,6 +184,7 @@ class TorchInstrument:
         self.t_phase = now
         self.phase = "other"
         self.saved = []
+        self.ph = []  # phase changes: code, µs since t0 (docs/run-format.md)
         self.acc = dict.fromkeys(PHASES, 0)
         self.cpu0 = thread_time_ns()
         self.data_cpu = 0
@@ -200,6 +210,8 @@ class TorchInstrument:
         self.saved.append(self.phase)
         self.phase = phase
         self.t_phase = now
+        if len(self.ph) < MAX_PH_VALUES:
+            self.ph += (PHASE_CODE[phase], (now - self.t0) // 1000)
         tl = self.timeline
         if self.marking and tl is not None:
             tl.mark(phase, "phase", self.step)
@@ -209,6 +221,8 @@ class TorchInstrument:
         self.acc[self.phase] += now - self.t_phase
         self.phase = self.saved.pop() if self.saved else "other"
         self.t_phase = now
+        if self.t0 is not None and len(self.ph) < MAX_PH_VALUES:
+            self.ph += (PHASE_CODE[self.phase], (now - self.t0) // 1000)
         tl = self.timeline
         if self.marking and tl is not None:
             tl.mark(self.phase, "phase", self.step)
@@ -226,6 +240,7 @@ class TorchInstrument:
             "opt": acc["optimizer"], "eval": acc["eval"],
             "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
             "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
+            "ph": self.ph,
         }
         self.agent.record(rec)
         if self.transfers is not None:

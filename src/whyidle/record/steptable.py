@@ -16,6 +16,12 @@ _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", 
 _BY = ("optimizer", "loader", None, "keras", "iterator")
 _NONE = -(2**63)  # stands for null in an int column
 
+#: Phase codes of a step's ``ph`` spans (docs/run-format.md): index → phase name.
+PHASE_CODES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other", "compute")
+#: Most ``ph`` values (two per phase change) a step record holds; later changes are not recorded
+#: (``ph_cut``). 64 values = 32 phase changes, several times a plain loop's 8–10.
+MAX_PH_VALUES = 64
+
 
 class StepTable:
     """Append-only table of step records (``k == "step"``) plus per-step GPU times."""
@@ -26,6 +32,8 @@ class StepTable:
         self.boundary = array.array("b")
         self.profiled = array.array("b")
         self.gpu_ms = array.array("d")
+        self.ph = array.array("q")  # all steps' ph values, concatenated
+        self.ph_end = array.array("q")  # row → end of its values in ``ph`` (start = previous end)
         self._row_of_step: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -41,6 +49,10 @@ class StepTable:
         self.boundary.append(1 if rec.get("boundary") else 0)
         self.profiled.append(1 if rec.get("profiled") else 0)
         self.gpu_ms.append(math.nan)
+        ph = rec.get("ph")
+        if isinstance(ph, list) and len(ph) % 2 == 0:
+            self.ph.extend(int(v) for v in ph)
+        self.ph_end.append(len(self.ph))
         self._row_of_step[int(rec.get("i", len(self.by) - 1))] = len(self.by) - 1
 
     def add_gpu(self, rec: dict) -> None:
@@ -59,7 +71,7 @@ class StepView(collections.abc.Mapping):
 
     __slots__ = ("_table", "_row")
 
-    _KEYS = _INT_FIELDS + ("by", "boundary", "profiled", "gpu_ms", "k")
+    _KEYS = _INT_FIELDS + ("by", "boundary", "profiled", "gpu_ms", "ph", "k")
 
     def __init__(self, table: StepTable, row: int) -> None:
         self._table = table
@@ -80,6 +92,9 @@ class StepView(collections.abc.Mapping):
         if key == "gpu_ms":
             v = t.gpu_ms[r]
             return None if math.isnan(v) else v
+        if key == "ph":
+            start = t.ph_end[r - 1] if r else 0
+            return list(t.ph[start:t.ph_end[r]]) or None
         if key == "k":
             return "step"
         raise KeyError(key)

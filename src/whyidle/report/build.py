@@ -169,6 +169,8 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "metrics": metrics,
         "loader": {k: v for k, v in facts["loader"].items() if k not in ("k", "t", "id")} if facts.get("loader") else None,
         "keras": keras_of(facts),
+        "logged_metrics": {name: {k: v for k, v in m.items() if k != "values"}
+                           for name, m in (facts.get("logged") or {}).items()},
         "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
         "notes": notes_of(facts, problems or []),
     })

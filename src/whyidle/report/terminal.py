@@ -206,5 +206,9 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         for note in notes:
             table.add_row("[dim]note[/]", Text(note, style="dim"))
         console.print(table)
+    if run.get("html"):
+        console.print(f"[dim]HTML report: {escape(run['html'])}[/]")
+    if run.get("timeline"):
+        console.print(f"[dim]timeline (ui.perfetto.dev, chrome://tracing): {escape(run['timeline'])}[/]")
     if run.get("run_dir"):
         console.print(f"[dim]run directory: {escape(run['run_dir'])}  (re-render: whyidle report {escape(run['run_dir'])})[/]")

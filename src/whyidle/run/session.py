@@ -220,6 +220,7 @@ def finish_report(run_dir: str, json_path: str | None = None) -> dict:
     verdict, findings = diagnose(facts)
     report = build_report(facts, verdict, findings, run.problems)
     report["run"]["run_dir"] = run_dir
+    report["run"].update(write_views(run_dir, report, facts, run))
     try:
         write_json_atomic(os.path.join(run_dir, "report.json"), report)
     except OSError:
@@ -227,3 +228,32 @@ def finish_report(run_dir: str, json_path: str | None = None) -> dict:
     if json_path:
         write_json_atomic(json_path, report)
     return report
+
+
+def write_views(run_dir: str, report: dict, facts: dict, run) -> dict:
+    """Writes ``report.html`` and ``timeline.json`` (Perfetto) into the run directory.
+
+    Returns ``{"html": path, "timeline": path}`` for the files written; a file that cannot be
+    written (read-only directory, a rendering error) is left out and named in the report's notes,
+    so the terminal and JSON reports never depend on it.
+    """
+    written = {}
+
+    def html(path):
+        from whyidle.report.html import write_html
+
+        write_html(path, report, facts, run)
+
+    def timeline(path):
+        from whyidle.report.perfetto import write_timeline
+
+        write_timeline(path, facts, run)
+
+    for key, name, write in (("html", "report.html", html), ("timeline", "timeline.json", timeline)):
+        path = os.path.join(run_dir, name)
+        try:
+            write(path)
+            written[key] = path
+        except Exception as exc:  # a view must never cost the report
+            report.setdefault("notes", []).append(f"{name} not written: {exc!r}")
+    return written

@@ -1,0 +1,194 @@
+"""Run records → time series on the run's clock, for plots and timelines (pure; numpy only).
+
+Every time here is **seconds since the run's origin**: the first clock anchor of ``meta.json``
+(``whyidle run`` took it just before starting the command), or the earliest record when the
+anchor is missing. The origin in monotonic ns is returned with each series so a renderer can go
+back to the recorded clock (``t_ns = origin_ns + t_s * 1e9``).
+
+Series are *per interval* between two consecutive samples, never one snapshot: a CPU value is
+the CPU-seconds used between two host ticks divided by the seconds between them (``cores``,
+1.0 = one core busy), plotted at the end of the interval.
+"""
+
+from __future__ import annotations
+
+from whyidle.analysis import host as host_analysis
+from whyidle.analysis.steps import COMPUTE_KEY, PHASE_KEYS
+
+#: Phase columns of a step series, in the order a step runs them: name → step record key.
+STEP_PHASES = tuple((name, key) for name, key in PHASE_KEYS) + (COMPUTE_KEY,)
+
+
+def run_origin(meta: dict, *record_lists: list[dict]) -> int:
+    """The run's time origin in monotonic ns: ``meta["anchors"][0]["monotonic_ns"]``, else the
+    smallest ``t`` of the given records, else 0."""
+    anchors = meta.get("anchors") or []
+    if anchors and anchors[0].get("monotonic_ns") is not None:
+        return int(anchors[0]["monotonic_ns"])
+    ts = [r["t"] for records in record_lists for r in records if isinstance(r.get("t"), int)]
+    return min(ts) if ts else 0
+
+
+def step_series(steps: list, origin_ns: int) -> dict:
+    """Per-step columns of a step list (records or :class:`~whyidle.record.steptable.StepView`).
+
+    Returns a dict of equal-length lists: ``i``; ``t0_s`` (start, s since origin); ``step_s``
+    (step time, s); one column per phase in :data:`STEP_PHASES` (``data_wait``, ``forward``,
+    ``backward``, ``optimizer``, ``eval``, ``compute``; seconds, 0 when not measured);
+    ``other_host`` (the rest of the step, s); ``samples`` (None when unknown); ``boundary`` and
+    ``profiled`` (bools); ``gpu_ms`` (GPU time of the step, ms, None when not measured). Empty
+    lists for no steps. ``has`` lists the phase names measured in at least one step.
+    """
+    out: dict = {k: [] for k in ("i", "t0_s", "step_s", "other_host", "samples", "boundary", "profiled", "gpu_ms")}
+    for name, _ in STEP_PHASES:
+        out[name] = []
+    has = set()
+    for s in steps:
+        dur = (s["t1"] - s["t0"]) / 1e9
+        out["i"].append(s["i"])
+        out["t0_s"].append((s["t0"] - origin_ns) / 1e9)
+        out["step_s"].append(dur)
+        used = 0.0
+        for name, key in STEP_PHASES:
+            v = s.get(key)
+            if v is not None:
+                has.add(name)
+            sec = (v or 0) / 1e9
+            out[name].append(sec)
+            used += sec
+        out["other_host"].append(max(0.0, dur - used))
+        out["samples"].append(s.get("samples"))
+        out["boundary"].append(bool(s.get("boundary")))
+        out["profiled"].append(bool(s.get("profiled")))
+        out["gpu_ms"].append(s.get("gpu_ms"))
+    out["has"] = [name for name, _ in STEP_PHASES if name in has]
+    return out
+
+
+def cpu_series(records: list[dict], trainers, whyidle_pid: int | None, origin_ns: int) -> dict:
+    """CPU and memory between consecutive host ticks, by role.
+
+    Args:
+        records: ``host.jsonl`` records.
+        trainers: pids that ran training steps (the roles are those of
+            :func:`whyidle.analysis.host.process_roles`).
+        whyidle_pid: the whyidle process, reported apart.
+        origin_ns: the run's origin (:func:`run_origin`).
+    Returns:
+        A dict of equal-length lists, one entry per interval, at its end time: ``t_s``;
+        ``trainer``, ``workers`` (DataLoader workers and other descendants of the trainers),
+        ``tree_other`` (the rest of the observed command), ``whyidle``, ``other`` (the rest of the
+        machine: busy time of all cores minus the above, floored at 0) — all in cores;
+        ``mem_used_bytes`` (machine), ``tree_rss_bytes`` (resident memory of the observed
+        command's processes); and ``cores`` (logical CPUs, an int). A worker that exits between
+        two ticks loses the CPU of its last interval here (the run's totals recover it,
+        :func:`whyidle.analysis.host.host_metrics`).
+    """
+    P = host_analysis
+    ticks = [r for r in records if r.get("k") == "host"]
+    static = next((r for r in records if r.get("k") == "host_static"), {})
+    keys = ("t_s", "trainer", "workers", "tree_other", "whyidle", "other", "mem_used_bytes", "tree_rss_bytes")
+    out: dict = {k: [] for k in keys}
+    out["cores"] = static.get("cpu_count") or (len(ticks[0].get("percpu_busy_s") or []) if ticks else 0) or 1
+    if len(ticks) < 2:
+        return out
+    trainer_set = set(trainers)
+    _, workers, _ = P.process_roles(records, trainer_set)
+    prev = {r[P.PID]: r[P.CPU_S] for r in ticks[0]["procs"]}
+    for a, b in zip(ticks, ticks[1:]):
+        dt = (b["t"] - a["t"]) / 1e9
+        if dt <= 0:
+            continue
+        roles = {"trainer": 0.0, "workers": 0.0, "tree_other": 0.0, "whyidle": 0.0}
+        now = {}
+        for r in b["procs"]:
+            pid, cpu = r[P.PID], r[P.CPU_S]
+            now[pid] = cpu
+            used = max(0.0, cpu - prev.get(pid, 0.0))
+            role = ("whyidle" if pid == whyidle_pid else "trainer" if pid in trainer_set
+                    else "workers" if pid in workers else "tree_other")
+            roles[role] += used
+        prev = now
+        busy = sum(max(0.0, y - x) for x, y in zip(a.get("percpu_busy_s") or [], b.get("percpu_busy_s") or []))
+        out["t_s"].append((b["t"] - origin_ns) / 1e9)
+        for role, used in roles.items():
+            out[role].append(used / dt)
+        out["other"].append(max(0.0, busy - sum(roles.values())) / dt)
+        out["mem_used_bytes"].append(b.get("mem_used_bytes"))
+        out["tree_rss_bytes"].append(sum(r[P.RSS] or 0 for r in b["procs"] if r[P.PID] != whyidle_pid))
+    return out
+
+
+def gpu_series(records: list[dict], origin_ns: int) -> list[dict]:
+    """Per GPU device, its recorded time series at the finest resolution recorded.
+
+    Returns a list (one per device of ``gpu_static``) of ``{"index", "name", "util"`` (NVML
+    duty-cycle samples from the driver's buffer: list of ``[t_s, percent]``, time-sorted; the
+    ``gpu_state`` snapshots when the buffer gave none), ``"mem_util"`` (same for memory
+    read/write activity, percent), ``"sm_active"`` (GPM windows: list of ``[t0_s, t1_s,
+    fraction]``), ``"tensor_active"`` (same), ``"mem_used_bytes"`` (list of ``[t_s, bytes]``),
+    ``"power_w"`` (list of ``[t_s, watts]``)``}``. Empty list without NVML.
+    """
+    static = next((r for r in records if r.get("k") == "gpu_static"), None)
+    if static is None:
+        return []
+
+    def sec(t: int) -> float:
+        return (t - origin_ns) / 1e9
+
+    devices = []
+    for d in static.get("devices") or []:
+        dev = d.get("index")
+        util: dict[str, set] = {"gpu": set(), "mem": set()}
+        snaps: dict[str, list] = {"gpu": [], "mem": []}
+        sm, tensor, mem, power = [], [], [], []
+        for r in records:
+            if r.get("dev") != dev:
+                continue
+            k = r.get("k")
+            if k == "gpu_util" and r.get("type") in util:
+                util[r["type"]].update((s[0], s[1]) for s in r.get("samples") or [])
+            elif k == "gpu_state":
+                if r.get("util_pct") is not None:
+                    snaps["gpu"].append([sec(r["t"]), r["util_pct"]])
+                if r.get("mem_util_pct") is not None:
+                    snaps["mem"].append([sec(r["t"]), r["mem_util_pct"]])
+                if r.get("mem_used_bytes") is not None:
+                    mem.append([sec(r["t"]), r["mem_used_bytes"]])
+                if r.get("power_w") is not None:
+                    power.append([sec(r["t"]), r["power_w"]])
+            elif k == "gpm":
+                if r.get("sm_active") is not None:
+                    sm.append([sec(r["t0"]), sec(r["t1"]), r["sm_active"]])
+                if r.get("tensor_active") is not None:
+                    tensor.append([sec(r["t0"]), sec(r["t1"]), r["tensor_active"]])
+
+        def series(kind: str) -> list:
+            pts = sorted(util[kind])
+            return [[sec(t), v] for t, v in pts] if pts else sorted(snaps[kind])
+
+        devices.append({"index": dev, "name": d.get("name"), "util": series("gpu"), "mem_util": series("mem"),
+                        "sm_active": sorted(sm), "tensor_active": sorted(tensor), "mem_used_bytes": mem,
+                        "power_w": power})
+    return devices
+
+
+def left_out_steps(rows: list, analyzed: list, warmup: int = 0) -> list[str | None]:
+    """Why each step of ``rows`` is not among the ``analyzed`` steps (matched by ``i``), one entry per
+    row: ``"warm-up"`` (the first ``warmup`` rows, see :func:`whyidle.analysis.steps.select_steps`),
+    ``"boundary"`` (holds an epoch boundary or evaluation), ``"profiled"`` (ran under whyidle's
+    TensorFlow profiler window), ``"other"``; None for an analyzed step."""
+    kept = {s["i"] for s in analyzed}
+    out: list[str | None] = []
+    for n, s in enumerate(rows):
+        if s["i"] in kept:
+            out.append(None)
+        elif n < warmup:
+            out.append("warm-up")
+        elif s.get("boundary"):
+            out.append("boundary")
+        elif s.get("profiled"):
+            out.append("profiled")
+        else:
+            out.append("other")
+    return out

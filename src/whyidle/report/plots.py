@@ -1,0 +1,387 @@
+"""Figure builders of the HTML report: plain series in, plotly figures out (no page assembly).
+
+Each builder takes the series of :mod:`whyidle.analysis.series` (times in seconds since the run's
+origin) and returns a :class:`Plot`: a ``plotly.graph_objects.Figure``, or ``figure=None`` with one
+sentence (``why``) saying why the data is missing. Long series are reduced so a trace holds at most
+:data:`MAX_POINTS` points (min/max per bin for lines, which keeps spikes; means for stacked CPU, so
+the stack still adds up), and per-step bars are binned to at most :data:`MAX_BARS`; a plot says so
+in its ``notes``.
+
+Strings that came from the run (device names) are HTML-escaped before they reach plotly, which
+interprets a subset of HTML in labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+from markupsafe import escape
+from plotly.subplots import make_subplots
+
+#: Most points one trace of a time series holds: ~5,000 keeps a page with a few long traces at a few
+#: MB and plotly's drawing under a second, still finer than a 1920 px wide plot can show.
+MAX_POINTS = 5000
+#: Most bars of the per-step phase plot: beyond a few hundred, bars get thinner than a pixel.
+MAX_BARS = 300
+
+#: Phase → (label, colour), in the order a step runs them (the terminal report's order).
+PHASES = {
+    "data_wait": ("data wait", "#d62728"),
+    "forward": ("forward", "#2ca02c"),
+    "backward": ("backward", "#1f77b4"),
+    "optimizer": ("optimizer", "#9467bd"),
+    "eval": ("eval", "#17becf"),
+    "compute": ("compute (train step)", "#8c564b"),
+    "other_host": ("other host", "#ff9f1c"),
+}
+#: CPU roles of :func:`whyidle.analysis.series.cpu_series` → (label, colour), bottom of the stack first.
+CPU_ROLES = {
+    "trainer": ("trainer", "#1f77b4"),
+    "workers": ("DataLoader workers", "#ff7f0e"),
+    "tree_other": ("rest of the command", "#2ca02c"),
+    "whyidle": ("whyidle", "#bcbd22"),
+    "other": ("other processes", "#7f7f7f"),
+}
+#: GPU idle causes (``metrics.gpu.idle_s_by_cause``) → (label, colour).
+IDLE_CAUSES = {
+    "data": ("data (waiting for the next batch)", "#d62728"),
+    "sync": ("sync (after a host↔device sync)", "#9467bd"),
+    "host": ("host (Python between launches)", "#ff9f1c"),
+    "launch": ("launch (host slower than the kernels)", "#1f77b4"),
+    "other": ("other", "#7f7f7f"),
+}
+#: Why a step is left out of the metrics → marker colour.
+LEFT_OUT = {"warm-up": "#7f7f7f", "boundary": "#e377c2", "profiled": "#17becf", "other": "#bbbbbb"}
+
+_TIME_AXIS = "seconds since the command started"
+_LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=64, r=24, t=36, b=48),
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, traceorder="normal"),
+               hovermode="x unified", font=dict(size=12))
+
+
+@dataclasses.dataclass
+class Plot:
+    """One plot of the report: ``figure`` (plotly) or, when the data was not recorded, ``why``
+    (one sentence). ``notes``: sentences about reductions (binning) shown under the plot."""
+
+    key: str
+    title: str
+    caption: str
+    figure: go.Figure | None = None
+    why: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _clean(values, digits: int) -> list:
+    """Floats → rounded Python floats, NaN/None → None (plotly draws a gap)."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        v = float(v)
+        out.append(None if math.isnan(v) else round(v, digits))
+    return out
+
+
+def _floats(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def minmax_indices(y, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Indices of ``y`` to draw so at most ``max_points`` remain: per bin of consecutive points its
+    minimum and maximum (in order), plus the first and last point. All indices when short enough."""
+    y = _floats(y)
+    n = len(y)
+    if n <= max_points:
+        return np.arange(n)
+    k = math.ceil(n / max(1, (max_points - 2) // 2))  # points per bin
+    nb = math.ceil(n / k)
+    pad = nb * k - n
+    lo = np.concatenate([np.where(np.isnan(y), np.inf, y), np.full(pad, np.inf)]).reshape(nb, k)
+    hi = np.concatenate([np.where(np.isnan(y), -np.inf, y), np.full(pad, -np.inf)]).reshape(nb, k)
+    base = np.arange(nb) * k
+    idx = np.concatenate([base + lo.argmin(axis=1), base + hi.argmax(axis=1), [0, n - 1]])
+    return np.unique(np.clip(idx, 0, n - 1))
+
+
+def bin_reduce(x, columns: dict, max_points: int = MAX_POINTS, how: dict | None = None):
+    """Averages consecutive points of equal-length columns into at most ``max_points`` bins.
+
+    Args:
+        x: positions (e.g. seconds); each bin is placed at the mean of its ``x``.
+        columns: name → values (None = missing).
+        how: name → ``"mean"`` (default) or ``"max"``.
+    Returns:
+        (x, columns, k): the reduced series and the points per bin (1 = unchanged).
+    """
+    n = len(x)
+    if n <= max_points:
+        return list(x), {c: list(v) for c, v in columns.items()}, 1
+    k = math.ceil(n / max_points)
+    nb = n // k  # the last partial bin is averaged on its own below
+    def red(values, fn):
+        a = _floats(values)
+        head = a[: nb * k].reshape(nb, k)
+        with np.errstate(all="ignore"):
+            out = list(fn(head, axis=1))
+            if nb * k < n:
+                out.append(fn(a[nb * k:]))
+        return out
+    xs = red(x, np.nanmean)
+    cols = {c: red(v, np.nanmax if (how or {}).get(c) == "max" else np.nanmean) for c, v in columns.items()}
+    return xs, cols, k
+
+
+def _layout(fig: go.Figure, **kw) -> go.Figure:
+    fig.update_layout(**{**_LAYOUT, **kw})
+    return fig
+
+
+def _shade_window(fig: go.Figure, window_s, **kw) -> None:
+    """Shades the analyzed steps' window (the one the metrics cover) on a time axis."""
+    if window_s:
+        fig.add_vrect(x0=window_s[0], x1=window_s[1], fillcolor="#4c78a8", opacity=0.07, line_width=0,
+                      layer="below", **kw)
+
+
+def gpu_util_plot(devices: list[dict], why: str, window_s=None) -> Plot:
+    """GPU activity over time, one trace per device and measure.
+
+    Args:
+        devices: :func:`whyidle.analysis.series.gpu_series` (NVML duty-cycle samples in percent,
+            GPM windows as fractions).
+        why: the sentence shown when there is nothing to draw.
+        window_s: (start, end) of the analyzed steps, seconds since the origin, shaded.
+    """
+    plot = Plot("gpu_util", "GPU utilization",
+                "NVML “GPU util” (percent of each driver sample period in which any kernel ran, at the "
+                "driver’s sample rate) and, on Hopper and newer, GPM SM activity and tensor-core activity "
+                "(percent of the SMs / tensor pipes busy over each GPM window). Shaded: the analyzed steps.")
+    fig = go.Figure()
+    drawn = 0
+    reduced = False
+    for d in devices:
+        name = str(escape(f"GPU {d.get('index')}" + (f" ({d['name']})" if d.get("name") else "")))
+        if d.get("util"):
+            t, v = zip(*d["util"])
+            keep = minmax_indices(v)
+            reduced |= len(keep) < len(v)
+            fig.add_trace(go.Scatter(x=_clean(np.asarray(t)[keep], 3), y=_clean(np.asarray(v, float)[keep], 1),
+                                     mode="lines", line_shape="vh", name=f"{name} NVML util",
+                                     hovertemplate="%{y:.0f}%"))
+            drawn += 1
+        for key, label, dash in (("sm_active", "SM active (GPM)", "solid"), ("tensor_active", "tensor cores (GPM)", "dot")):
+            wins = d.get(key) or []
+            if not wins:
+                continue
+            xs, ys = [], []
+            for t0, t1, frac in wins:  # each window as a flat segment
+                xs += [t0, t1]
+                ys += [frac * 100, frac * 100]
+            keep = minmax_indices(ys)
+            reduced |= len(keep) < len(ys)
+            fig.add_trace(go.Scatter(x=_clean(np.asarray(xs)[keep], 3), y=_clean(np.asarray(ys)[keep], 1),
+                                     mode="lines", line=dict(dash=dash), name=f"{name} {label}",
+                                     hovertemplate="%{y:.0f}%"))
+            drawn += 1
+    if not drawn:
+        plot.why = why if not devices else ("NVML saw the GPU but gave no utilization samples and no GPM windows "
+                                            "during the run.")
+        return plot
+    if reduced:
+        plot.notes.append(f"Long series reduced to at most {MAX_POINTS:,} points per trace (minimum and maximum "
+                          "of each bin kept, so short dips and spikes stay visible).")
+    _shade_window(fig, window_s)
+    _layout(fig, xaxis_title=_TIME_AXIS, yaxis=dict(title="percent", range=[0, 105]))
+    plot.figure = fig
+    return plot
+
+
+def cpu_plot(cpu: dict, window_s=None, interval_s: float | None = None) -> Plot:
+    """CPU by role (stacked, in cores) with the machine's core count, and memory below.
+
+    Args:
+        cpu: :func:`whyidle.analysis.series.cpu_series`.
+        window_s: the analyzed steps' window (seconds since the origin), shaded.
+        interval_s: the host sampling period, for the sentence when there are too few samples.
+    """
+    plot = Plot("cpu", "CPU and memory",
+                "CPU-seconds per second (1.0 = one core busy) between consecutive host samples, stacked by "
+                "role: the training process, its DataLoader workers, the rest of the observed command, whyidle "
+                "itself and every other process of the machine; the dashed line is the number of logical "
+                "CPUs. Below: memory used by the machine and resident memory of the command’s processes (GiB). "
+                "Shaded: the analyzed steps.")
+    if len(cpu.get("t_s") or []) < 1:
+        every = f" every {interval_s:g} s" if interval_s else ""
+        plot.why = (f"Fewer than two host samples were recorded (the host is sampled{every}; the command "
+                    "ended sooner), so there is no CPU interval to show.")
+        return plot
+    cols = {role: cpu[role] for role in CPU_ROLES}
+    cols["mem_used"] = [None if b is None else b / 2**30 for b in cpu["mem_used_bytes"]]
+    cols["rss"] = [None if b is None else b / 2**30 for b in cpu["tree_rss_bytes"]]
+    t, cols, k = bin_reduce(cpu["t_s"], cols, how={"mem_used": "max", "rss": "max"})
+    if k > 1:
+        plot.notes.append(f"{len(cpu['t_s']):,} host intervals averaged in bins of {k} (memory: the maximum of "
+                          "each bin).")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.06)
+    tx = _clean(t, 3)
+    for role, (label, colour) in CPU_ROLES.items():
+        fig.add_trace(go.Scatter(x=tx, y=_clean(cols[role], 3), mode="lines", stackgroup="cpu", name=label,
+                                 line=dict(width=0.5, color=colour), hovertemplate="%{y:.2f} cores"), row=1, col=1)
+    cores = cpu.get("cores") or 1
+    fig.add_trace(go.Scatter(x=[tx[0], tx[-1]], y=[cores, cores], mode="lines", name=f"{cores} cores",
+                             line=dict(dash="dash", color="black", width=1), hoverinfo="skip"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=tx, y=_clean(cols["mem_used"], 3), mode="lines", name="machine memory used",
+                             line=dict(color="#555"), hovertemplate="%{y:.2f} GiB"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=tx, y=_clean(cols["rss"], 3), mode="lines", name="command RSS",
+                             line=dict(color="#1f77b4", dash="dot"), hovertemplate="%{y:.2f} GiB"), row=2, col=1)
+    _shade_window(fig, window_s, row="all", col=1)
+    _layout(fig, height=440)
+    fig.update_yaxes(title_text="cores", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="GiB", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text=_TIME_AXIS, row=2, col=1)
+    plot.figure = fig
+    return plot
+
+
+def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No training steps were recorded.") -> Plot:
+    """Step time and data wait per step (ms) over the step index, marking left-out steps.
+
+    Args:
+        steps: :func:`whyidle.analysis.series.step_series` of all the primary trainer's steps.
+        left_out: per step, why the metrics leave it out (``"warm-up"``, ``"boundary"``,
+            ``"profiled"``) or None.
+        why: the sentence shown when there are no steps.
+    """
+    plot = Plot("steps", "Step time and data wait per step",
+                "Wall time of each training step and the part of it spent waiting for the next batch "
+                "(DataLoader or tf.data iterator), in milliseconds. Marked steps are left out of the "
+                "metrics: warm-up, steps holding an epoch boundary or evaluation, steps run under the "
+                "TensorFlow profiler window.")
+    n = len(steps.get("i") or [])
+    if not n:
+        plot.why = why
+        return plot
+    i = np.asarray(steps["i"])
+    step_ms = np.asarray(steps["step_s"], float) * 1000
+    wait_ms = np.asarray(steps["data_wait"], float) * 1000
+    fig = go.Figure()
+    keep_s, keep_w = minmax_indices(step_ms), minmax_indices(wait_ms)
+    if len(keep_s) < n:
+        plot.notes.append(f"{n:,} steps reduced to at most {MAX_POINTS:,} points per line (minimum and maximum of "
+                          "each bin of consecutive steps).")
+    fig.add_trace(go.Scatter(x=i[keep_s].tolist(), y=_clean(step_ms[keep_s], 3), mode="lines", name="step time",
+                             line=dict(color="#1f77b4"), hovertemplate="%{y:.1f} ms"))
+    if "data_wait" in steps.get("has", []):
+        fig.add_trace(go.Scatter(x=i[keep_w].tolist(), y=_clean(wait_ms[keep_w], 3), mode="lines", name="data wait",
+                                 line=dict(color=PHASES["data_wait"][1]), fill="tozeroy",
+                                 hovertemplate="%{y:.1f} ms"))
+    for reason, colour in LEFT_OUT.items():
+        rows = np.array([n_ for n_, r in enumerate(left_out) if r == reason], dtype=int)
+        if not len(rows):
+            continue
+        if len(rows) > MAX_POINTS:
+            rows = rows[minmax_indices(step_ms[rows])]
+        fig.add_trace(go.Scatter(x=i[rows].tolist(), y=_clean(step_ms[rows], 3), mode="markers",
+                                 name=f"left out: {reason}", marker=dict(color=colour, size=7, symbol="x"),
+                                 hovertemplate="%{y:.1f} ms"))
+    _layout(fig, xaxis_title="step", yaxis=dict(title="ms", rangemode="tozero"))
+    plot.figure = fig
+    return plot
+
+
+def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
+               why: str = "No training steps were recorded.") -> Plot:
+    """Step time by phase: the overall shares (one 100 % bar) and a stacked bar per step (ms).
+
+    Args:
+        steps: :func:`whyidle.analysis.series.step_series` of all the primary trainer's steps.
+        left_out: per step, why it is left out of the metrics, or None.
+        shares: ``metrics.shares`` (fractions of summed step time over the analyzed steps).
+        why: the sentence shown when there are no steps.
+    Long runs are binned into at most :data:`MAX_BARS` bars, each the mean step of the bin's
+    analyzed steps (all of its steps when none is analyzed).
+    """
+    plot = Plot("phases", "Step time by phase",
+                "Top: shares of the summed step time of the analyzed steps (the report’s shares). Below: "
+                "each step split into its phases, in milliseconds; “other host” is the rest of the step "
+                "(logging, metrics, copies, syncs). Faded bars are steps left out of the metrics.")
+    n = len(steps.get("i") or [])
+    if not n:
+        plot.why = why
+        return plot
+    phases = [p for p in PHASES if p in steps.get("has", []) and p != "other_host"] + ["other_host"]
+    cols = {p: np.asarray(steps[p], float) * 1000 for p in phases}
+    i = np.asarray(steps["i"])
+    keep = np.array([r is None for r in left_out])
+    if n <= MAX_BARS:
+        x = i.tolist()
+        values = cols
+        opacity = [1.0 if k else 0.35 for k in keep]
+        width = None
+        hover = [f"step {s}" + (f" (left out: {r})" if r else "") for s, r in zip(steps["i"], left_out)]
+    else:
+        k = math.ceil(n / MAX_BARS)
+        x, values, opacity, hover = [], {p: [] for p in phases}, [], []
+        for a in range(0, n, k):
+            b = min(n, a + k)
+            sel = np.arange(a, b)
+            use = sel[keep[a:b]] if keep[a:b].any() else sel
+            x.append(float(i[a] + i[b - 1]) / 2)
+            for p in phases:
+                values[p].append(float(cols[p][use].mean()))
+            opacity.append(1.0 if keep[a:b].any() else 0.35)
+            hover.append(f"steps {i[a]}–{i[b - 1]}: mean of {len(use)} step(s)")
+        width = k * 0.9
+        plot.notes.append(f"{n:,} steps binned into {len(x)} bars of {k} steps; each bar is the mean step of its "
+                          "analyzed steps.")
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.16, 0.84], vertical_spacing=0.12)
+    for p in phases:
+        label, colour = PHASES[p]
+        share = (shares or {}).get(p)
+        if share is not None:
+            fig.add_trace(go.Bar(y=["share"], x=[round(share * 100, 2)], orientation="h", name=label,
+                                 legendgroup=p, showlegend=False, marker_color=colour,
+                                 text=[f"{share:.0%}" if share >= 0.04 else ""], textposition="inside",
+                                 hovertemplate=f"{label}: %{{x:.1f}}%<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Bar(x=x, y=_clean(values[p], 3), name=label, legendgroup=p, width=width,
+                             marker=dict(color=colour, opacity=opacity, line_width=0), customdata=hover,
+                             hovertemplate=f"%{{customdata}}<br>{label}: %{{y:.1f}} ms<extra></extra>"), row=2, col=1)
+    _layout(fig, height=460, barmode="stack", bargap=0.05, hovermode="closest")
+    fig.update_xaxes(range=[0, 100], title_text="percent of step time (analyzed steps)", row=1, col=1)
+    fig.update_yaxes(showticklabels=False, row=1, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_yaxes(title_text="ms", row=2, col=1)
+    plot.figure = fig
+    return plot
+
+
+def idle_cause_plot(gpu: dict | None, why: str) -> Plot:
+    """Seconds the GPU was starved, by cause (``metrics.gpu.idle_s_by_cause``), as horizontal bars.
+
+    Args:
+        gpu: ``metrics.gpu`` of the report (or None).
+        why: the sentence shown when idle by cause was not measured.
+    """
+    plot = Plot("idle", "GPU idle by cause",
+                "Seconds of the analyzed steps in which the GPU had no queued work from the training stream "
+                "(measured with CUDA events, never a synchronize), by what the host was doing meanwhile.")
+    by = (gpu or {}).get("idle_s_by_cause")
+    if not by:
+        plot.why = why
+        return plot
+    causes = [c for c in IDLE_CAUSES if by.get(c) is not None]
+    shares = (gpu or {}).get("idle_share_by_cause") or {}
+    fig = go.Figure(go.Bar(
+        y=[IDLE_CAUSES[c][0] for c in causes], x=[round(by[c], 4) for c in causes], orientation="h",
+        marker_color=[IDLE_CAUSES[c][1] for c in causes],
+        text=[f"{by[c]:.2f} s" + (f" ({shares[c]:.0%} of step time)" if shares.get(c) is not None else "")
+              for c in causes], textposition="auto", hovertemplate="%{x:.3f} s<extra></extra>"))
+    _layout(fig, height=80 + 44 * len(causes), showlegend=False, hovermode="closest",
+            xaxis=dict(title="seconds starved", rangemode="tozero"), yaxis=dict(autorange="reversed"))
+    plot.figure = fig
+    return plot
