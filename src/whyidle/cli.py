@@ -79,26 +79,18 @@ def run(out, name, json_path, interval, stack_hz, quiet, command) -> None:
 def report(run_dir, json_path, html_path) -> None:
     """Re-render a saved run directory without re-running anything."""
     from whyidle.record.reader import RunDirError
-    from whyidle.run.session import finish_report
-
     from whyidle.run.launcher import LaunchError
-    from whyidle.run.session import check_writable_file
+    from whyidle.run.session import check_writable_file, finish_report
 
     try:
-        if json_path not in (None, "-"):
-            check_writable_file(json_path)
-        rep = finish_report(run_dir, json_path if json_path not in (None, "-") else None)
+        for option, path in (("--json", json_path), ("--html", html_path)):
+            if path not in (None, "-"):
+                check_writable_file(path, option)
+        rep = finish_report(run_dir, json_path if json_path not in (None, "-") else None, html_path)
     except (RunDirError, LaunchError) as exc:
         _fail(str(exc), 2)
     except OSError as exc:
-        _fail(f"cannot write {json_path}: {exc.strerror or exc}", 2)
-    if html_path:
-        from whyidle.report.html import write_run_html
-
-        try:
-            write_run_html(run_dir, html_path, rep)
-        except OSError as exc:
-            _fail(f"cannot write {html_path}: {exc.strerror or exc}", 2)
+        _fail(f"cannot write {exc.filename or json_path or html_path}: {exc.strerror or exc}", 2)
     _show(rep, json_path)
 
 

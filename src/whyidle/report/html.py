@@ -272,12 +272,15 @@ def render_html(report: dict, facts: dict, run: RunData) -> str:
         tool_version=report.get("tool_version"), schema=report.get("schema"))
 
 
-def write_html(path: str, report: dict, facts: dict, run: RunData) -> None:
-    """Writes :func:`render_html` to ``path`` atomically (temporary file + ``os.replace``).
+def write_html(paths: str | list[str], report: dict, facts: dict, run: RunData) -> None:
+    """Renders :func:`render_html` once and writes it to each path atomically (temporary file +
+    ``os.replace``).
 
-    Errors: ``OSError`` when ``path``'s directory is not writable.
+    Errors: ``OSError`` when a path's directory is not writable (paths before it are written).
     """
-    _write_atomic(path, render_html(report, facts, run))
+    page = render_html(report, facts, run)
+    for path in [paths] if isinstance(paths, str) else paths:
+        _write_atomic(path, page)
 
 
 def _write_atomic(path: str, page: str) -> None:
@@ -292,35 +295,3 @@ def _write_atomic(path: str, page: str) -> None:
         except OSError:
             pass
         raise
-
-
-def write_run_html(run_dir: str, path: str, report: dict | None = None) -> dict:
-    """Writes the HTML report of ``run_dir`` to ``path``; returns the report.
-
-    For callers that do not hold the facts (``whyidle report --html``). When ``report`` (from
-    :func:`whyidle.run.session.finish_report`) names the ``report.html`` it just wrote
-    (``report["run"]["html"]``), that page is copied; otherwise the run is loaded, analyzed (and
-    diagnosed, without ``report``) and rendered.
-
-    Errors: :class:`whyidle.record.reader.RunDirError`; ``OSError`` when ``path`` cannot be written.
-    """
-    from whyidle.analysis.run import analyze
-    from whyidle.record.reader import load_run
-
-    written = ((report or {}).get("run") or {}).get("html")
-    if written and os.path.isfile(written):
-        if os.path.abspath(written) != os.path.abspath(path):
-            with open(written, encoding="utf-8") as f:
-                _write_atomic(path, f.read())
-        return report
-    run = load_run(run_dir)
-    facts = analyze(run)
-    if report is None:
-        from whyidle.diagnose import diagnose
-        from whyidle.report.build import build_report
-
-        verdict, findings = diagnose(facts)
-        report = build_report(facts, verdict, findings, run.problems)
-        report["run"]["run_dir"] = run_dir
-    write_html(path, report, facts, run)
-    return report

@@ -88,18 +88,18 @@ def prepare_run_dir(cmd: list[str], opts: RunOptions) -> str:
     return path
 
 
-def check_writable_file(path: str) -> None:
-    """Checks before the command starts that ``path`` can be written (``--json``).
+def check_writable_file(path: str, option: str = "--json") -> None:
+    """Checks before any work that ``path`` (the value of ``option``) can be written.
 
-    Errors: LaunchError (exit 2) naming the problem.
+    Errors: LaunchError (exit 2) naming the option and the problem.
     """
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise LaunchError(f"--json {path}: is a directory", 2)
+        raise LaunchError(f"{option} {path}: is a directory", 2)
     if not os.path.isdir(folder):
-        raise LaunchError(f"--json {path}: no such directory {folder}", 2)
+        raise LaunchError(f"{option} {path}: no such directory {folder}", 2)
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise LaunchError(f"--json {path}: not writable", 2)
+        raise LaunchError(f"{option} {path}: not writable", 2)
 
 
 def _anchor() -> dict:
@@ -204,11 +204,12 @@ def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start):
     return report, status, run_dir
 
 
-def finish_report(run_dir: str, json_path: str | None = None) -> dict:
-    """Analyzes a run directory, writes ``report.json`` (and ``json_path``), returns the report.
+def finish_report(run_dir: str, json_path: str | None = None, html_path: str | None = None) -> dict:
+    """Analyzes a run directory, writes ``report.json``, ``report.html`` and ``timeline.json``
+    (and ``json_path``, ``html_path``), returns the report.
 
     Errors: :class:`whyidle.record.reader.RunDirError` for a missing or corrupt directory;
-    ``OSError`` when ``json_path`` cannot be written.
+    ``OSError`` when ``json_path`` or ``html_path`` cannot be written.
     """
     from whyidle.analysis.run import analyze
     from whyidle.diagnose import diagnose
@@ -221,6 +222,10 @@ def finish_report(run_dir: str, json_path: str | None = None) -> dict:
     report = build_report(facts, verdict, findings, run.problems)
     report["run"]["run_dir"] = run_dir
     report["run"].update(write_views(run_dir, report, facts, run))
+    if html_path:
+        from whyidle.report.html import write_html
+
+        write_html(html_path, report, facts, run)
     try:
         write_json_atomic(os.path.join(run_dir, "report.json"), report)
     except OSError:
