@@ -22,14 +22,15 @@ def _dump(f, rec: dict) -> None:
 
 def write_run(path, steps: int = 60, gpu: bool = False, command: list[str] | None = None,
               site: str = "train.py:40 __getitem__", interval_s: float = 0.25, seed: int = 0,
-              epoch_steps: int = 25, workers: int = 0) -> str:
+              epoch_steps: int = 25, workers: int = 0, ph: bool = False) -> str:
     """Writes a run directory at ``path`` and returns it.
 
     Steps take ~50 ms (data ~25, forward 12, backward 9, optimizer 1, rest 3 ms, with noise);
     every ``epoch_steps``-th step holds an epoch boundary (slower). ``workers``: DataLoader worker
     processes (0 or 1; with 0 the trainer loads and uses about one core). ``gpu`` adds one fake H200 with
     NVML utilization samples every 1/6 s and GPM windows every 0.25 s. ``site`` names the
-    hottest data-loading source line of the stack samples.
+    hottest data-loading source line of the stack samples. ``ph`` gives each step phase spans like a
+    real PyTorch step's (8 per step: data, other, forward, other, backward, other, optimizer, other).
     """
     rng = random.Random(seed)
     path = str(path)
@@ -47,9 +48,17 @@ def write_run(path, steps: int = 60, gpu: bool = False, command: list[str] | Non
         if boundary:
             data += 60 * MS
         dur = data + fwd + bwd + opt + rest
-        step_recs.append({"k": "step", "t": t + dur, "i": i, "t0": t, "t1": t + dur, "by": "optimizer",
-                          "data": max(0, data), "fwd": fwd, "bwd": bwd, "opt": opt, "eval": 0, "batches": 1,
-                          "samples": 32, "cpu": dur // 2, "data_cpu": 0, "boundary": boundary})
+        rec = {"k": "step", "t": t + dur, "i": i, "t0": t, "t1": t + dur, "by": "optimizer",
+               "data": max(0, data), "fwd": fwd, "bwd": bwd, "opt": opt, "eval": 0, "batches": 1,
+               "samples": 32, "cpu": dur // 2, "data_cpu": 0, "boundary": boundary}
+        if ph:  # [code, µs after t0, ...]: 1 data, 2 forward, 3 backward, 4 optimizer, 6 other
+            spans, off = [], 0
+            for code, d in ((1, max(0, data)), (6, rest // 6), (2, fwd), (6, rest // 6), (3, bwd), (6, rest // 6), (4, opt),
+                            (6, None)):
+                spans += [code, off // 1000]
+                off += d or 0
+            rec["ph"] = spans
+        step_recs.append(rec)
         t += dur
     end = t + 200 * MS
     meta = {"format": "whyidle.run/1", "tool_version": "0.1.0", "name": "synthetic", "command": command,

@@ -107,11 +107,12 @@ def run_whyidle(args):
     return _run_whyidle(args, env={**os.environ, "COLUMNS": "200"})
 
 
-def write_run(path, step_s, samples=32, script="train.py", metrics=(), steps=40, fmt="whyidle.run/1", pid=4242):
+def write_run(path, step_s, samples=32, script="train.py", metrics=(), steps=40, fmt="whyidle.run/1", pid=4242,
+              name=None):
     """A run directory as `whyidle run` writes it: meta.json and one trainer's proc file."""
     os.makedirs(path)
     t0 = 10**12
-    meta = {"format": fmt, "tool_version": "0.1.0", "name": os.path.basename(path), "command": ["python", script],
+    meta = {"format": fmt, "tool_version": "0.1.0", "name": name or os.path.basename(path), "command": ["python", script],
             "cpu_count": 2, "anchors": [{"monotonic_ns": t0, "time_ns": 1_700_000_000 * 10**9}], "whyidle_pid": 1}
     with open(os.path.join(path, "meta.json"), "w") as f:
         json.dump(meta, f)
@@ -144,6 +145,7 @@ def test_compare_two_runs_statement_and_json(tmp_path):
     assert comp["primary_metric"] == "val_accuracy"
     st = comp["statement"]
     assert st.startswith("B (after) is 2.") and "× faster than A (before) (95 % CI 2." in st
+    assert "within these runs)" in st and comp["speedup"]["within_run"] and comp["speedup"]["claim"] == "faster"
     assert "data wait 50% → 50%" in st and "val_accuracy unchanged within 0.2 pt (91.2 % → 91.0 %)" in st
     proc = run_whyidle(["compare", a, b, "--json", "-"])
     assert proc.returncode == 0, proc.stderr
@@ -193,6 +195,47 @@ def test_different_batch_sizes_are_compared_per_sample(tmp_path):
     assert "faster per sample" in comp["statement"]
     proc = run_whyidle(["compare", a, b])
     assert "batch sizes differ (32 vs 128): compared per sample (samples/s), not per step" in proc.stdout
+
+
+def test_a_run_against_itself_is_not_a_change(tmp_path):
+    """Each variant resamples independently: the same run twice gives an interval around 1, no claim."""
+    a = write_run(tmp_path / "a", 0.05)
+    sp = compare_runs([a, a])["comparisons"][0]["speedup"]
+    assert sp["ratio"] == pytest.approx(1.0) and sp["ci"][0] < 0.995 < 1.005 < sp["ci"][1]
+    assert sp["claim"] == "none"
+
+
+def test_single_runs_claim_nothing_under_the_noise_floor(tmp_path):
+    a = write_run(tmp_path / "a", 0.050, steps=400)
+    b = write_run(tmp_path / "b", 0.0485, steps=400)  # 3 % faster: outside the within-run interval
+    comp = compare_runs([a, b])["comparisons"][0]
+    assert comp["speedup"]["ci"][0] > 1.0 and comp["speedup"]["claim"] == "none"
+    assert "is not measurably faster or slower than A (a): 1.03×" in comp["statement"]
+    assert "changes under 5% are run-to-run noise" in comp["statement"]
+
+
+def test_repeated_runs_give_intervals_over_runs(tmp_path):
+    """Comma-separated runs are repeats of one variant: run-to-run variation widens the interval."""
+    a = [write_run(tmp_path / f"a{i}", s, name="train") for i, s in enumerate((0.095, 0.100, 0.106))]
+    b = [write_run(tmp_path / f"b{i}", s, name="train") for i, s in enumerate((0.049, 0.050, 0.052))]
+    result = compare_runs([",".join(a), ",".join(b)])
+    va, vb = result["runs"]
+    assert va["stats"]["runs"] == 3 and len(va["stats"]["per_run"]) == 3 and va["run_dirs"] == a
+    assert (va["name"], vb["name"]) == ("a0", "b0")  # both named "train": told apart by directory
+    comp = result["comparisons"][0]
+    assert "over 3 and 3 runs)" in comp["statement"] and comp["speedup"]["claim"] == "faster"
+    lo, hi = comp["speedup"]["ci"]
+    assert lo < 2.0 < hi
+    single = compare_runs([a[1], b[1]])["comparisons"][0]["speedup"]["ci"]
+    assert hi - lo > 2 * (single[1] - single[0])  # the spread between runs shows in the interval
+
+
+def test_a_metric_that_is_not_finite_is_said(tmp_path):
+    a = write_run(tmp_path / "a", 0.1, metrics=[("val_loss", 0.4, None)])
+    b = write_run(tmp_path / "b", 0.05, metrics=[("val_loss", None, None)])  # log_metric(nan) → null
+    comp = compare_runs([a, b])["comparisons"][0]
+    assert comp["nonfinite"] == ["val_loss"]
+    assert comp["statement"].endswith("val_loss is not a finite number in B (b).")
 
 
 # -- whyidle.log_metric -----------------------------------------------------------------------

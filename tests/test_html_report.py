@@ -114,6 +114,35 @@ def test_long_series_are_capped_and_keep_extremes():
     assert len(x) <= plots.MAX_POINTS + 1 and k == 5 and set(cols["a"]) == {1.0} and cols["m"][-1] == 20_000
 
 
+def test_step_columns_of_step_table_rows_equal_those_of_records(tmp_path):
+    """``series.step_columns`` reads ``StepView`` rows straight from the step table's columns; the
+    values (and ``step_series``' lists, ``left_out_steps``) equal those of the same steps as dicts."""
+    import numpy as np
+
+    from whyidle.analysis import series
+
+    run = load_run(write_run(tmp_path / "run", steps=200, ph=True))
+    facts = analyze(run)
+    rows = facts["step_rows"]
+    assert type(rows[0]).__name__ == "StepView"
+    records = [dict(r) for r in rows]
+    records[5]["samples"] = None
+    rows_cols, rec_cols = series.step_columns(rows, 7), series.step_columns(records, 7)
+    for key in series.STEP_COLUMNS:
+        if key != "samples":
+            assert np.array_equal(rows_cols[key], rec_cols[key], equal_nan=True), key
+    assert rows_cols["has"] == rec_cols["has"] == ["data_wait", "forward", "backward", "optimizer", "eval"]
+    listed = series.step_series(records, 7)
+    assert listed["samples"][5] is None and listed["samples"][4] == 32 and listed["gpu_ms"][0] is None
+    assert listed["step_s"] == rows_cols["step_s"].tolist() and series.step_series(rows, 7)["i"] == list(range(200))
+    part = series.step_columns(rows[10:20], 0, ("i", "other_host"))
+    assert set(part) == {"i", "other_host", "has"} and part["i"].tolist() == list(range(10, 20))
+    analyzed = facts["analyzed_steps"]
+    left = series.left_out_steps(rows, analyzed, 2)
+    assert left == series.left_out_steps(records, [dict(r) for r in analyzed], 2)
+    assert left[:2] == ["warm-up"] * 2 and left[25] == "boundary" and left[26] is None
+
+
 def test_100k_step_run_stays_small(tmp_path):
     """A long run: every trace ≤ MAX_POINTS, ≤ MAX_BARS bars, the page a few MB."""
     page, _ = render(write_run(tmp_path / "run", steps=100_000, gpu=True))

@@ -227,11 +227,12 @@ def test_real_torch_run_steps_phases_and_counters(torch_run, tmp_path):
     # no GPU here: no GPU process, no starved track
     assert not any(p >= pf.GPU_PID_BASE for p in shown["processes"])
     assert (pid, "GPU starved (CUDA timeline)") not in shown["tracks"]
-    # written atomically, and what is written is what was built
+    # written atomically, and what is streamed to the file is what was built
     path = str(tmp_path / "timeline.json")
     written = pf.write_timeline(path, facts, run)
     with open(path) as f:
-        assert json.load(f) == json.loads(msgspec.json.encode(written))
+        assert json.load(f) == json.loads(msgspec.json.encode(obj))
+    assert written == {**{k: v for k, v in obj.items() if k != "traceEvents"}, "events": len(obj["traceEvents"])}
     assert os.listdir(tmp_path) == ["timeline.json"]
 
 
@@ -560,13 +561,75 @@ def test_large_run_size_and_time(tmp_path):
     size = os.path.getsize(path)
     counts = obj["otherData"]["counts"]["trainers"][str(synthetic_run.TRAINER)]
     assert counts["steps"] == 100_000 and counts["phase_slices"] == 600_000
-    print(f"100k steps: {size / 1e6:.1f} MB, {elapsed:.1f} s, {len(obj['traceEvents'])} events")
+    print(f"100k steps: {size / 1e6:.1f} MB, {elapsed:.1f} s, {obj['events']} events")
     assert size < 100_000 * 1_000
     assert elapsed < 60
-    del obj
     with open(path, "rb") as f:
-        shown = check_trace(msgspec.json.decode(f.read()))
+        written = msgspec.json.decode(f.read())
+    assert written["otherData"] == obj["otherData"] and len(written["traceEvents"]) == obj["events"]
+    shown = check_trace(written)
     assert len(shown["tracks"][(synthetic_run.TRAINER, "steps")]) == 100_000
+
+
+def test_write_timeline_memory_stays_flat(tmp_path):
+    """Streaming: writing 20,000 steps with 8 phase slices each (~200,000 events, ~80 MB as dicts)
+    allocates a few MB at a time."""
+    import tracemalloc
+
+    run_dir = synthetic_run.write_run(tmp_path / "run", steps=20_000, gpu=True, ph=True)
+    run = load_run(run_dir)
+    facts = analyze(run)
+    path = os.path.join(run_dir, "timeline.json")
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        obj = pf.write_timeline(path, facts, run)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert obj["otherData"]["counts"]["trainers"][str(synthetic_run.TRAINER)]["phase_slices"] == 20_000 * 8
+    assert obj["events"] > 180_000
+    assert peak < 15e6, f"{peak / 1e6:.1f} MB"
+
+
+def test_streamed_file_equals_the_built_object(tmp_path, monkeypatch):
+    """``write_timeline`` streams in chunks; what it writes parses to :func:`build_timeline`'s
+    object, on a run with every kind of event: sequential steps and phases (streamed), a trainer
+    whose steps overlap (kept, sorted and cut), DataLoader regions, notices, CPU and GPU counters."""
+    monkeypatch.setattr(pf, "STEP_CHUNK", 7)
+    monkeypatch.setattr(pf, "WRITE_CHUNK", 5)
+    run_dir = synthetic_run.write_run(tmp_path / "run", steps=40, gpu=True, ph=True)
+    other = synthetic_run.TRAINER + 100
+    with open(os.path.join(run_dir, f"proc-{synthetic_run.TRAINER}.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    for r in recs:
+        if r.get("k") == "step" and r["i"] % 5 == 3:  # every 5th step ends 2 ms into the next one
+            r["t1"] += 2_000_000
+    append_records(run_dir, other, recs)
+    append_records(run_dir, synthetic_run.TRAINER, [
+        {"k": "notice", "t": synthetic_run.T0 + 10**9, "msg": "a notice"},
+        {"k": "iter", "t": synthetic_run.T0 + 10**9, "loader": 1, "t0": synthetic_run.T0 + 5 * 10**8,
+         "t1": synthetic_run.T0 + 10**9}])
+    run = load_run(run_dir)
+    facts = analyze(run)
+    kept = collections.Counter()
+    add = pf._Track.add
+    monkeypatch.setattr(pf._Track, "add", lambda self, ev: (kept.update([(ev["pid"], ev["name"].split()[0])]),
+                                                            add(self, ev)))
+    built = pf.build_timeline(facts, run)
+    shown = check_trace(built)
+    assert facts["primary"] == synthetic_run.TRAINER
+    assert not kept[(synthetic_run.TRAINER, "step")] and not kept[(synthetic_run.TRAINER, "forward")]  # streamed
+    assert kept[(other, "step")] == 40 and kept[(other, "forward")] == 40  # overlapping: kept and sorted
+    cut = [a for *_, a in shown["tracks"][(other, "steps")] if a.get("cut")]
+    assert len(cut) == 8  # each step after one that ends late is cut at that one's end
+    path = str(tmp_path / "timeline.json")
+    written = pf.write_timeline(path, facts, run)
+    with open(path, "rb") as f:
+        assert msgspec.json.decode(f.read()) == built
+    assert written["events"] == len(built["traceEvents"]) and written["otherData"] == built["otherData"]
+    kinds = collections.Counter(e["ph"] for e in built["traceEvents"])
+    assert kinds["X"] > 40 * 9 and kinds["C"] > 0 and kinds["i"] == 1 and kinds["M"] > 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -609,7 +672,9 @@ def test_trace_processor_loads_the_timeline(tmp_path):
     run = load_run(run_dir)
     facts = analyze(run)
     path = os.path.join(run_dir, "timeline.json")
-    obj = pf.write_timeline(path, facts, run)
+    pf.write_timeline(path, facts, run)
+    with open(path) as f:
+        obj = json.load(f)
     shown = check_trace(obj)
     events = obj["traceEvents"]
     n_slices = sum(1 for e in events if e["ph"] in ("X", "i"))  # instants are 0-length slices

@@ -6,6 +6,7 @@ errors and unreadable input; 127 command not found; 126 not executable.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -90,7 +91,8 @@ def report(run_dir, json_path, html_path) -> None:
     except (RunDirError, LaunchError) as exc:
         _fail(str(exc), 2)
     except OSError as exc:
-        _fail(f"cannot write {exc.filename or json_path or html_path}: {exc.strerror or exc}", 2)
+        where = re.sub(r"\.tmp\d+$", "", str(exc.filename or json_path or html_path))  # not the temporary file
+        _fail(f"cannot write {where}: {exc.strerror or exc}", 2)
     _show(rep, json_path)
 
 
@@ -167,13 +169,16 @@ def demo(out, data_dir, steps) -> None:
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("run_dirs", nargs=-1, metavar="RUN_A RUN_B [RUN ...]")
+@click.argument("run_dirs", nargs=-1, metavar="RUN_A[,RUN_A2...] RUN_B[,RUN_B2...] [...]")
 @click.option("--json", "json_path", metavar="FILE", help="Write the comparison (whyidle.compare/1) to FILE ('-' = stdout).")
 def compare(run_dirs, json_path) -> None:
     """Compare saved runs (A = the baseline): throughput with bootstrap intervals, data wait, GPU, metrics.
 
+    Runs joined by commas are repeats of one variant: their interval includes run-to-run variation.
+
     \b
     Example:  whyidle compare whyidle-runs/...-before whyidle-runs/...-after
+              whyidle compare before1,before2,before3 after1,after2,after3
     """
     from whyidle.record.writer import write_json_atomic
     from whyidle.report.compare import CompareError, compare_runs

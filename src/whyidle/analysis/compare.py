@@ -34,7 +34,8 @@ CI_LEVEL = 0.95
 MIN_STEPS_FOR_CI = 5
 #: Resampled values held in memory at once (rows × steps), ~80 MB of float64.
 _MAX_CELLS = 10_000_000
-_SEED = 20261130
+#: Seed of the bootstrap generators, so a comparison re-renders identically.
+SEED = 20261130
 
 
 def block_length(n: int) -> int:
@@ -113,7 +114,7 @@ def run_stats(step_times_s, samples, rng: np.random.Generator | None = None) -> 
     }
     if n < MIN_STEPS_FOR_CI:
         return stats
-    rng = rng or np.random.default_rng(_SEED)
+    rng = rng or np.random.default_rng(SEED)
     boot = _resample(times, sam if known.all() else None, rng)
     if not known.all() and known.sum() >= MIN_STEPS_FOR_CI:
         boot["samples_per_s"] = _resample(s_times, s_samples, rng)["samples_per_s"]
@@ -121,6 +122,70 @@ def run_stats(step_times_s, samples, rng: np.random.Generator | None = None) -> 
                    "samples_per_s": _ci(boot["samples_per_s"])}
     stats["_boot"] = boot
     return stats
+
+
+def _run_sums(times: np.ndarray, samples: np.ndarray, known: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Within-run bootstrap sums of one run, shape (3, B): summed step time, summed time of the
+    steps with a known batch size, summed samples."""
+    n = len(times)
+    out = np.empty((3, BOOTSTRAP_RESAMPLES))
+    t_known, s_known = np.where(known, times, 0.0), np.where(known, samples, 0.0)
+    chunk = max(1, _MAX_CELLS // n)
+    for start in range(0, BOOTSTRAP_RESAMPLES, chunk):
+        rows = min(chunk, BOOTSTRAP_RESAMPLES - start)
+        idx = _block_indexes(rng, n, rows, block_length(n))
+        part = slice(start, start + rows)
+        out[0, part] = times[idx].sum(axis=1)
+        out[1, part] = t_known[idx].sum(axis=1)
+        out[2, part] = s_known[idx].sum(axis=1)
+    return out
+
+
+def variant_stats(runs: list[tuple[list, list]], rng: np.random.Generator | None = None) -> dict:
+    """Statistics of one variant: one run, or repeated runs of the same configuration.
+
+    Args:
+        runs: per run, ``(step_times_s, samples)`` as for :func:`run_stats` (each ≥ 1 step).
+        rng: numpy generator (default: a fixed seed).
+    Returns:
+        :func:`run_stats` of all the runs' steps pooled, plus ``"runs"`` (count) and
+        ``"per_run"`` (``[{steps, steps_per_s, samples_per_s}]``). With two or more runs the
+        throughput intervals (and ``_boot``) come from a two-stage bootstrap — runs resampled with
+        replacement, then each chosen run's steps block-resampled (Davison & Hinkley 1997,
+        "Bootstrap Methods and their Application", §3.8, hierarchical data) — so they include
+        run-to-run variation; p50/p90 intervals stay over the pooled steps.
+    Errors: ``ValueError`` for no runs or a run without steps.
+    """
+    if not runs or any(len(t) == 0 for t, _ in runs):
+        raise ValueError("no steps")
+    rng = rng or np.random.default_rng(SEED)
+    pooled = run_stats([t for ts, _ in runs for t in ts], [x for _, ss in runs for x in ss], rng)
+    pooled["runs"] = len(runs)
+    pooled["per_run"] = []
+    arrays = []
+    for ts, ss in runs:
+        t = np.asarray(ts, dtype=float)
+        known = np.array([x is not None for x in ss], dtype=bool)
+        sam = np.array([x if x is not None else 0 for x in ss], dtype=float)
+        pooled["per_run"].append({"steps": len(t), "steps_per_s": float(len(t) / t.sum()),
+                                  "samples_per_s": float(sam[known].sum() / t[known].sum()) if known.any() else None})
+        arrays.append((t, sam, known))
+    if len(runs) < 2 or pooled["_boot"] is None:
+        return pooled
+    k, B = len(runs), BOOTSTRAP_RESAMPLES
+    sums = np.stack([_run_sums(t, sam, known, rng) for t, sam, known in arrays])  # (k, 3, B)
+    steps = np.array([len(t) for t, _, _ in arrays], dtype=float)
+    picks = rng.integers(0, k, size=(B, k))
+    # the j-th pick of resample b uses within-run resample (b + j·stride) of its run, so a run
+    # picked twice does not repeat one within-run resample
+    cols = (np.arange(B)[:, None] + np.arange(k)[None, :] * (B // k + 1)) % B
+    total, total_known, total_samples = (sums[picks, i, cols].sum(axis=1) for i in range(3))
+    boot = pooled["_boot"]
+    boot["steps_per_s"] = steps[picks].sum(axis=1) / total
+    boot["samples_per_s"] = np.where(total_known > 0, total_samples / np.where(total_known > 0, total_known, 1), np.nan)
+    pooled["ci"]["steps_per_s"] = _ci(boot["steps_per_s"])
+    pooled["ci"]["samples_per_s"] = _ci(boot["samples_per_s"]) if pooled["samples_per_s"] is not None else None
+    return pooled
 
 
 def comparison_basis(a: dict, b: dict) -> tuple[str | None, str]:
@@ -143,15 +208,25 @@ def _num(x) -> str:
     return "unknown" if x is None else f"{x:g}"
 
 
+#: With one run per variant the interval holds only the variation within those runs, not between
+#: runs (another process, clocks, file-cache state, data order); a change smaller than this is not
+#: claimed. Identical runs on a shared 2-core machine differed by 2–9 % in throughput (A/A trial,
+#: 5 runs), within-run intervals were ±1–2 %.
+SINGLE_RUN_NOISE = 0.05
+
+
 def speedup(base: dict, other: dict, basis: str) -> dict:
-    """Throughput ratio other / base with its bootstrap interval.
+    """Throughput ratio other / base with its bootstrap interval, and what may be claimed.
 
     Args:
-        base, other: :func:`run_stats` results.
+        base, other: :func:`variant_stats` (or :func:`run_stats`) results.
         basis: ``"step"`` (steps/s) or ``"sample"`` (samples/s).
     Returns:
         ``{"ratio", "ci"`` ([low, high] or None), ``"metric"`` (``"steps_per_s"`` or
-        ``"samples_per_s"``)``}``; ratio None when a throughput is missing.
+        ``"samples_per_s"``), ``"within_run"`` (True when a side has a single run: the interval
+        leaves out run-to-run variation), ``"noise_floor"`` (:data:`SINGLE_RUN_NOISE` then, else
+        0), ``"claim"`` (``"faster"`` / ``"slower"`` when the interval clears 1 ± the noise
+        floor, else ``"none"``)``}``; ratio None when a throughput is missing.
     """
     key = "steps_per_s" if basis == "step" else "samples_per_s"
     a, b = base.get(key), other.get(key)
@@ -159,7 +234,17 @@ def speedup(base: dict, other: dict, basis: str) -> dict:
     ci = None
     if ratio is not None and base.get("_boot") is not None and other.get("_boot") is not None:
         ci = _ci(other["_boot"][key] / base["_boot"][key])
-    return {"ratio": ratio, "ci": ci, "metric": key}
+    within = min(base.get("runs", 1), other.get("runs", 1)) < 2
+    floor = SINGLE_RUN_NOISE if within else 0.0
+    lo, hi = ci if ci else (ratio, ratio) if ratio is not None else (None, None)
+    claim = "none"
+    if lo is not None and lo > 1 + floor:
+        claim = "faster"
+    elif hi is not None and hi < 1 / (1 + floor):
+        claim = "slower"
+    if ci is None:
+        claim = "none"  # too few steps: no claim either way
+    return {"ratio": ratio, "ci": ci, "metric": key, "within_run": within, "noise_floor": floor, "claim": claim}
 
 
 #: A validation accuracy-like metric whose last value moved by at most this many percentage points

@@ -130,7 +130,7 @@ def main() -> None:
         loader_args["prefetch_factor"] = args.prefetch_factor or 2
     loader = DataLoader(dataset, **loader_args)
     model = make_model(len(classes)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     step = 0

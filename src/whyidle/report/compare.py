@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from whyidle.analysis import compare as cmp
 from whyidle.analysis.gpu import util_series
 
@@ -34,15 +36,18 @@ def _script(command: list) -> str | None:
 def summarize_run(path: str) -> dict:
     """Loads and analyzes one run directory into the per-run part of a comparison.
 
-    Returns ``{"label", "run_dir", "command", "script", "framework", "device", "batch_size",
-    "stats"`` (:func:`whyidle.analysis.compare.run_stats`), ``"data_wait_share"``, ``"verdict"``,
-    ``"gpu"`` (``{"util_mean", "util_trend"}`` in percent, or None without a GPU), ``"metrics"``
-    (name → last logged value), ``"metrics_n"`` (name → examples behind it, when logged)``}``.
+    Returns ``{"name", "run_dir", "command", "script", "framework", "device", "batch_size",
+    "times"``, ``"samples"`` (step times in s and samples per step of the analyzed steps),
+    ``"data_wait_share"``, ``"verdict"``, ``"gpu"`` (``{"util_mean", "util_trend"}`` in percent,
+    or None without a GPU), ``"metrics"`` (name → last logged value, None when not finite),
+    ``"metrics_n"`` (name → examples behind it, when logged), ``"confounded"`` (a sentence when
+    other processes took CPU the job needed, else None), ``"problems"``}``.
     Errors: :class:`whyidle.record.reader.RunDirError` (missing, older format, corrupt);
     ``ValueError`` when the run has no analyzable steps.
     """
     from whyidle.analysis.run import analyze
     from whyidle.diagnose import diagnose
+    from whyidle.diagnose.thresholds import OTHER_PROCS_MIN_CORES
     from whyidle.record.reader import load_run
     from whyidle.report.build import gpu_metrics_of
 
@@ -53,27 +58,72 @@ def summarize_run(path: str) -> dict:
         total = (facts.get("steps_info") or {}).get("total", 0)
         raise ValueError(f"{path}: no training steps to compare ({total} step(s) recorded)"
                          if total else f"{path}: no training steps were recorded")
-    verdict, _ = diagnose(facts)
+    verdict, findings = diagnose(facts)
     step = facts["step"]
     gpu = gpu_metrics_of(facts)
     trend = [round(v, 1) for _, v in util_series(run.gpu, tuple(step["window"]), max_points=GPU_TREND_PARTS)]
     meta = run.meta
+    others = (facts.get("host") or {}).get("other_procs_cores") or 0.0
+    contention = next((f for f in findings if f["id"] == "cpu_contention"), None)
+    confounded = None
+    if others >= OTHER_PROCS_MIN_CORES or (contention and contention["evidence"].get("cause") == "other_processes"):
+        confounded = (f"other processes used {others:.1f} cores during its steps"
+                      + (f" and the trainer waited for a CPU {contention['evidence']['run_delay_share']:.0%} of the time"
+                         if contention and contention["evidence"].get("run_delay_share") is not None else "")
+                      + ": its speed reflects the machine as much as the change")
+    logged = facts.get("logged") or {}
     return {
-        "label": meta.get("name") or os.path.basename(os.path.normpath(path)),
+        "name": meta.get("name") or os.path.basename(os.path.normpath(path)),
         "run_dir": path,
         "command": meta.get("command") or [],
         "script": _script(meta.get("command") or []),
         "framework": facts.get("framework"),
         "device": (facts.get("device") or {}).get("name"),
         "batch_size": step.get("batch_size"),
-        "stats": cmp.run_stats([(s["t1"] - s["t0"]) / 1e9 for s in steps], [s.get("samples") for s in steps]),
+        "times": [(s["t1"] - s["t0"]) / 1e9 for s in steps],
+        "samples": [s.get("samples") for s in steps],
         "data_wait_share": (step.get("shares") or {}).get("data_wait"),
         "verdict": verdict,
         "gpu": {"util_mean": gpu.get("util_mean"), "util_trend": trend} if gpu else None,
-        "metrics": {name: m["last"] for name, m in (facts.get("logged") or {}).items()},
-        "metrics_n": {name: m["n"] for name, m in (facts.get("logged") or {}).items() if m.get("n")},
+        "metrics": {name: m["last"] for name, m in logged.items()},
+        "metrics_n": {name: m["n"] for name, m in logged.items() if m.get("n")},
+        "confounded": confounded,
         "problems": list(run.problems),
     }
+
+
+def _mean(values):
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize_variant(runs: list[dict], rng) -> dict:
+    """Several :func:`summarize_run` results of one configuration (repeats) → one column.
+
+    Throughput and its interval come from :func:`whyidle.analysis.compare.variant_stats`; the
+    data-wait share, GPU utilization and each logged metric are the means over the runs (a
+    metric's ``n`` adds up). Returns the per-run keys of the first run with ``run_dirs``,
+    ``stats``, ``verdicts`` and ``confounded`` (list of ``[run_dir, sentence]``).
+    """
+    first = runs[0]
+    out = {k: first[k] for k in ("name", "command", "script", "framework", "device", "batch_size")}
+    out["run_dir"] = first["run_dir"]
+    out["run_dirs"] = [r["run_dir"] for r in runs]
+    out["stats"] = cmp.variant_stats([(r["times"], r["samples"]) for r in runs], rng)
+    out["data_wait_share"] = _mean([r["data_wait_share"] for r in runs])
+    out["verdict"] = first["verdict"]
+    out["verdicts"] = [r["verdict"] for r in runs]
+    gpus = [r["gpu"] for r in runs if r["gpu"]]
+    out["gpu"] = None if not gpus else {
+        "util_mean": _mean([g["util_mean"] for g in gpus]),
+        "util_trend": [round(sum(col) / len(col), 1) for col in zip(*[g["util_trend"] for g in gpus])],
+    }
+    names = [n for r in runs for n in r["metrics"]]
+    out["metrics"] = {n: _mean([r["metrics"].get(n) for r in runs]) for n in dict.fromkeys(names)}
+    out["metrics_n"] = {n: sum(r["metrics_n"].get(n, 0) for r in runs) for n in dict.fromkeys(names)
+                        if all(r["metrics_n"].get(n) for r in runs)}
+    out["confounded"] = [[r["run_dir"], r["confounded"]] for r in runs if r["confounded"]]
+    return out
 
 
 def _pct(x) -> str:
@@ -89,6 +139,8 @@ def metric_phrase(change: dict) -> str:
     """One phrase for a metric's move, e.g. ``val_accuracy unchanged within 0.4 pt (91.2 % → 90.8 %)``."""
     name, a, b = change["name"], _metric_value(change, "a"), _metric_value(change, "b")
     size = f"{abs(change['change']):.1f} pt" if change["unit"] == "pt" else f"{abs(change['change']):.1%}"
+    if change["unchanged"] and abs(change["change"]) < 0.05:
+        return f"{name} unchanged ({a} → {b})"
     if change["unchanged"]:
         noise = (f"; differences up to {change['tolerance']:.1f} pt are noise on this many examples"
                  if change["tolerance_from"] == "binomial" else "")
@@ -103,75 +155,106 @@ def _who(run: dict) -> str:
 
 
 def statement(base: dict, other: dict, comp: dict) -> str:
-    """The plain sentence for one comparison, e.g. "B is 2.3× faster (95 % CI 2.1–2.5), data wait
-    61 % → 4 %, val_accuracy unchanged within 0.2 pt (…)"."""
+    """The plain sentence for one comparison, e.g. "B is 2.3× faster (95 % CI 2.1–2.5 over 3 and
+    3 runs), data wait 61 % → 4 %, val_accuracy unchanged within 0.2 pt (…)"."""
     sp = comp["speedup"]
     who, ref = _who(other), _who(base)
     if sp["ratio"] is None:
-        head = f"{who} cannot be compared with {ref}: {comp['basis_reason']}"
+        return f"{who} cannot be compared with {ref}: {comp['basis_reason']}."
+    r, ci = sp["ratio"], sp["ci"]
+    n_a, n_b = base["stats"]["runs"], other["stats"]["runs"]
+    where = (("within these runs" if n_a == n_b == 1 else "within the runs") if sp["within_run"]
+             else f"over {n_a} and {n_b} runs")
+
+    def interval(lo_hi) -> str:
+        return f" (95 % CI {lo_hi[0]:.2f}–{lo_hi[1]:.2f} {where})" if lo_hi else " (too few steps for an interval)"
+
+    per = " per sample" if comp["basis"] == "sample" else ""
+    if sp["claim"] == "faster":
+        head = f"{who} is {r:.2f}× faster{per} than {ref}{interval(ci)}"
+    elif sp["claim"] == "slower":
+        head = f"{who} is {1 / r:.2f}× slower{per} than {ref}{interval([1 / ci[1], 1 / ci[0]])}"
     else:
-        r, ci = sp["ratio"], sp["ci"]
-        ci_text = f" (95 % CI {ci[0]:.2f}–{ci[1]:.2f})" if ci else " (too few steps for an interval)"
-        per = " per sample" if comp["basis"] == "sample" else ""
-        if ci and ci[0] <= 1 <= ci[1]:
-            head = f"{who} is not measurably faster or slower than {ref}{per}: {r:.2f}×{ci_text}"
-        elif r >= 1:
-            head = f"{who} is {r:.2f}× faster{per} than {ref}{ci_text}"
-        else:
-            inv = f" (95 % CI {1 / ci[1]:.2f}–{1 / ci[0]:.2f})" if ci else ""
-            head = f"{who} is {1 / r:.2f}× slower{per} than {ref}{inv}"
+        head = f"{who} is not measurably faster or slower than {ref}{per}: {r:.2f}×{interval(ci)}"
+        if ci and sp["noise_floor"]:
+            head += (f"; with one run each, changes under {sp['noise_floor']:.0%} are run-to-run noise — "
+                     "repeat each run (RUN1,RUN2,...) to resolve it")
     parts = [head]
     if base["data_wait_share"] is not None and other["data_wait_share"] is not None:
         parts.append(f"data wait {_pct(base['data_wait_share'])} → {_pct(other['data_wait_share'])}")
-    primary = next((c for c in comp["metrics"] if c["name"] == comp.get("primary_metric")), None)
-    if primary:
-        parts.append(metric_phrase(primary))
+    for c in comp["metrics"]:
+        if c["name"] == comp.get("primary_metric") or c["better"] is False:
+            parts.append(metric_phrase(c))
+    parts += [f"{m} is not a finite number in {who if m in other['nonfinite'] else ref}" for m in comp["nonfinite"]]
     return ", ".join(parts) + "."
 
 
-def compare_runs(paths: list[str]) -> dict:
-    """Compares saved runs; the first usable one is the baseline.
+def compare_runs(args: list[str]) -> dict:
+    """Compares saved runs; the first usable variant is the baseline A.
 
-    Returns the ``whyidle.compare/1`` dict: ``runs`` (per run: :func:`summarize_run` without
-    bootstrap internals; ``label`` is its letter A, B, ... and ``name`` the run's name),
-    ``comparable`` (False when no run could be compared with A), ``comparisons`` (per other run: ``{"run", "basis"`` (``"step"``,
-    ``"sample"`` or None), ``"basis_reason"``, ``"speedup"`` ({ratio, ci, metric}),
-    ``"metrics"`` (:func:`whyidle.analysis.compare.metric_change` of each metric both runs
-    logged), ``"primary_metric"``, ``"statement"``}), ``problems`` (one line per run left out
-    or metric not comparable).
-    Errors: :class:`CompareError` when fewer than two runs are usable (26 at most).
+    Args:
+        args: one entry per variant: a run directory, or several separated by commas (repeated
+            runs of one configuration, which give intervals that include run-to-run variation).
+    Returns the ``whyidle.compare/1`` dict: ``runs`` (per variant: :func:`summarize_variant`
+    without bootstrap internals; ``label`` is its letter A, B, ... and ``name`` the run's
+    name, or its directory when names repeat), ``comparable`` (False when no variant could be
+    compared with A), ``comparisons`` (per other variant: ``{"run", "basis"`` (``"step"``,
+    ``"sample"`` or None), ``"basis_reason"``, ``"speedup"``
+    (:func:`whyidle.analysis.compare.speedup`), ``"metrics"``
+    (:func:`whyidle.analysis.compare.metric_change` of each metric both logged), ``"nonfinite"``
+    (metrics logged as NaN/inf by either side), ``"primary_metric"``, ``"statement"``}),
+    ``problems`` (runs left out, runs of one variant that differ, confounded runs, metrics
+    logged by one side only).
+    Errors: :class:`CompareError` when fewer than two variants are usable (26 at most).
     """
     from whyidle.record.reader import RunDirError
 
-    runs, problems = [], []
-    for path in paths[:len(_LETTERS)]:
-        try:
-            runs.append(summarize_run(path))
-        except (RunDirError, ValueError) as exc:
-            problems.append(f"{exc}; left out")
-    if len(runs) < 2:
+    problems: list[str] = []
+    groups: list[list[dict]] = []
+    for arg in args[:len(_LETTERS)]:
+        runs = []
+        for path in [p for p in arg.split(",") if p]:
+            try:
+                runs.append(summarize_run(path))
+            except (RunDirError, ValueError) as exc:
+                problems.append(f"{exc}; left out")
+        if runs:
+            groups.append(runs)
+    if len(groups) < 2:
         raise CompareError("nothing to compare: " + ("; ".join(problems) if problems else "give at least two run directories")
-                           + (f" ({len(runs)} usable run)" if runs else ""))
-    for letter, r in zip(_LETTERS, runs):
-        r["name"], r["label"] = r["label"], letter
-    base = runs[0]
+                           + (f" ({len(groups)} usable run)" if groups else ""))
+    seeds = np.random.SeedSequence(cmp.SEED).spawn(len(groups))  # independent resamples per variant
+    variants = [summarize_variant(g, np.random.default_rng(seq)) for g, seq in zip(groups, seeds)]
+    names = [v["name"] for v in variants]
+    for letter, v, g in zip(_LETTERS, variants, groups):
+        v["label"] = letter
+        if names.count(v["name"]) > 1:  # e.g. every run of train.py is called "train"
+            v["name"] = os.path.basename(os.path.normpath(v["run_dir"]))
+        if len({(r["script"], r["batch_size"]) for r in g}) > 1:
+            problems.append(f"{letter}: its runs differ in script or batch size; compared as one variant anyway")
+        problems += [f"{letter}: {d}: {text}" for d, text in v["confounded"]]
+        problems += [f"{letter}: {p}" for r in g for p in r["problems"]]
+    base = variants[0]
     comparisons = []
-    for other in runs[1:]:
+    for other in variants[1:]:
         basis, reason = cmp.comparison_basis(base, other)
         sp = cmp.speedup(base["stats"], other["stats"], basis) if basis else {"ratio": None, "ci": None, "metric": None}
         common = sorted(set(base["metrics"]) & set(other["metrics"]))
         for name in sorted(set(base["metrics"]) ^ set(other["metrics"])):
             where = other["label"] if name in other["metrics"] else base["label"]
             problems.append(f"metric {name!r} was logged in {where} only; not compared")
+        base["nonfinite"] = [n for n in common if base["metrics"][n] is None]
+        other["nonfinite"] = [n for n in common if other["metrics"][n] is None]
         changes = [c for c in (cmp.metric_change(n, base["metrics"][n], other["metrics"][n], base["metrics_n"].get(n),
                                                  other["metrics_n"].get(n)) for n in common) if c]
         comp = {"run": other["label"], "basis": basis, "basis_reason": reason, "speedup": sp, "metrics": changes,
+                "nonfinite": sorted(set(base["nonfinite"]) | set(other["nonfinite"])),
                 "primary_metric": cmp.primary_metric([c["name"] for c in changes])}
         comp["statement"] = statement(base, other, comp)
         comparisons.append(comp)
-    for r in runs:
-        r["stats"] = {k: v for k, v in r["stats"].items() if not k.startswith("_")}
-        problems += [f"{r['label']}: {p}" for p in r.pop("problems")]
-    return {"schema": SCHEMA, "baseline": base["label"], "runs": runs, "comparisons": comparisons,
+    for v in variants:
+        v["stats"] = {k: val for k, val in v["stats"].items() if not k.startswith("_")}
+        v.pop("nonfinite", None)
+    return {"schema": SCHEMA, "baseline": base["label"], "runs": variants, "comparisons": comparisons,
             "comparable": any(c["speedup"]["ratio"] is not None for c in comparisons),
             "ci_level": cmp.CI_LEVEL, "bootstrap_resamples": cmp.BOOTSTRAP_RESAMPLES, "problems": problems}

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from whyidle.analysis.compare import metric_kind
+
 
 def _ms(x) -> str:
     return "n/a" if x is None else f"{x * 1000:.1f} ms"
@@ -18,15 +20,19 @@ def _ci(ci, fmt) -> str:
     return f" [{fmt(ci[0])}–{fmt(ci[1])}]" if ci else ""
 
 
-def _metric(v) -> str:
-    return "—" if v is None else f"{v:.4g}"
+def _metric(name: str, v) -> str:
+    """A logged metric's value: accuracy-like fractions as percent."""
+    if v is None:
+        return "—"
+    return f"{v:.1%}" if metric_kind(name) == "higher" and 0 <= v <= 1 else f"{v:.4g}"
 
 
 def comparison_table(result: dict) -> Table:
     """The table: a row per measure, a column per run (A first); intervals in brackets."""
     runs = result["runs"]
     level = round(result.get("ci_level", 0.95) * 100)
-    table = Table(title=f"whyidle compare  (brackets: {level} % bootstrap CI)", title_justify="left")
+    table = Table(title="whyidle compare", title_justify="left", caption_justify="left",
+                  caption=f"in brackets: {level} % bootstrap CI · n.s.: not a measurable change")
     table.add_column("")
     for r in runs:
         table.add_column(escape(f"{r['label']} · {r['name']}"), justify="right")
@@ -36,7 +42,8 @@ def comparison_table(result: dict) -> Table:
         table.add_row(label, *[fn(r) for r in runs])
 
     row("batch size", lambda r: "unknown" if r["batch_size"] is None else f"{r['batch_size']:g}")
-    row("steps analyzed", lambda r: str(r["stats"]["steps"]))
+    row("steps analyzed", lambda r: str(r["stats"]["steps"])
+        + (f" ({r['stats']['runs']} runs)" if r["stats"]["runs"] > 1 else ""))
     row("samples/s", lambda r: "n/a" if r["stats"]["samples_per_s"] is None else
         f"{r['stats']['samples_per_s']:.1f}" + _ci(r["stats"]["ci"]["samples_per_s"], lambda x: f"{x:.1f}"))
     row("step time p50", lambda r: _ms(r["stats"]["p50_s"]) + _ci(r["stats"]["ci"]["p50_s"], lambda x: f"{x * 1000:.1f}"))
@@ -49,7 +56,7 @@ def comparison_table(result: dict) -> Table:
             + (" %" if r["gpu"] and r["gpu"]["util_trend"] else "—"))
     row("verdict", lambda r: r["verdict"])
     for name in sorted({n for r in runs for n in r["metrics"]}):
-        row(escape(name), lambda r, n=name: _metric(r["metrics"].get(n)))
+        row(escape(name), lambda r, n=name: _metric(n, r["metrics"].get(n)))
 
     def speed(r):
         c = by_run.get(r["label"])
@@ -59,7 +66,8 @@ def comparison_table(result: dict) -> Table:
         if sp["ratio"] is None:
             return "not comparable"
         per = " /sample" if c["basis"] == "sample" else ""
-        return f"{sp['ratio']:.2f}×{per}" + _ci(sp["ci"], lambda x: f"{x:.2f}")
+        mark = "" if sp["claim"] != "none" else " (n.s.)"
+        return f"{sp['ratio']:.2f}×{per}" + _ci(sp["ci"], lambda x: f"{x:.2f}") + mark
 
     row(f"speed-up vs {runs[0]['label']}", speed)
     return table
@@ -70,7 +78,7 @@ def render(result: dict, file: IO | None = None) -> None:
     console = Console(file=file, highlight=False, soft_wrap=False)
     console.print(comparison_table(result))
     for r in result["runs"]:
-        console.print(f"[dim]{r['label']}: {escape(shlex.join(r['command']))}  ({escape(r['run_dir'])})[/]")
+        console.print(f"[dim]{r['label']}: {escape(shlex.join(r['command']))}  ({escape(', '.join(r['run_dirs']))})[/]")
     for c in result["comparisons"]:
         if c["basis"] == "sample":
             console.print(f"[dim]{escape(c['run'])}: {escape(c['basis_reason'])}.[/]")

@@ -14,13 +14,16 @@ evaluated.
 from __future__ import annotations
 
 import json
+import math
 import os
+import pkgutil
 import re
+import secrets
 import shlex
 
 import jinja2
+import numpy as np
 import plotly
-import plotly.io as pio
 from markupsafe import Markup, escape
 
 from whyidle.analysis import series
@@ -34,20 +37,29 @@ _VERDICT_TEXT = {"device_bound": "DEVICE-BOUND: nothing upstream limits the devi
                  "unknown": "UNKNOWN: not enough data to judge"}
 #: Rows of the hotspot / idle-site tables.
 MAX_TABLE_ROWS = 12
-_PLOTLY_JS: str | None = None
+_PLOTLY_JS: bytes | None = None
+
+
+def _plotly_js_bytes() -> bytes:
+    """plotly.js (minified, UTF-8) from the plotly package, checked once to be safe inside
+    ``<script>``. Kept as bytes: as a ``str`` it would take ~10 MB (it holds non-Latin-1 characters)
+    and every page built around it as much again."""
+    global _PLOTLY_JS
+    if _PLOTLY_JS is None:
+        js = pkgutil.get_data("plotly", "package_data/plotly.min.js")
+        if js is None:  # not a plain package directory: the public accessor
+            from plotly.offline import get_plotlyjs
+
+            js = get_plotlyjs().encode("utf-8")
+        if re.search(rb"</script", js, re.I):  # never seen; would end the inline block early
+            js = re.sub(rb"</(script)", rb"<\\/\1", js, flags=re.I)
+        _PLOTLY_JS = js
+    return _PLOTLY_JS
 
 
 def _plotly_js() -> str:
-    """plotly.js (minified) from the plotly package, checked once to be safe inside ``<script>``."""
-    global _PLOTLY_JS
-    if _PLOTLY_JS is None:
-        from plotly.offline import get_plotlyjs
-
-        js = get_plotlyjs()
-        if "</script" in js.lower():  # never seen; would end the inline block early
-            js = js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
-        _PLOTLY_JS = js
-    return _PLOTLY_JS
+    """:func:`_plotly_js_bytes` as text."""
+    return _plotly_js_bytes().decode("utf-8")
 
 
 def safe_json(obj) -> str:
@@ -70,8 +82,32 @@ def inline_code(text) -> Markup:
 _ENV.filters["code"] = inline_code
 
 
-def _figure_json(fig) -> str:
-    return safe_json(pio.to_json(fig, validate=False, pretty=False, engine="json"))
+def _figure_json(fig: dict) -> str:
+    """A :mod:`~whyidle.report.plots` figure as JSON for ``JSON.parse`` (numpy values as plain
+    numbers; NaN and infinities, which JSON lacks, as null: plotly draws a gap)."""
+    try:
+        text = json.dumps(fig, separators=(",", ":"), allow_nan=False, default=_plain)
+    except ValueError:  # a NaN got past the builders
+        text = json.dumps(_finite(fig), separators=(",", ":"), allow_nan=False, default=_plain)
+    return safe_json(text)
+
+
+def _plain(obj):
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return _finite(obj.tolist())
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def _finite(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return _finite(obj.tolist())
+    return obj
 
 
 def _pct(x) -> str:
@@ -210,7 +246,7 @@ def build_plots(report: dict, facts: dict, run: RunData) -> list[plots.Plot]:
     window = (facts.get("step") or {}).get("window")
     window_s = ((window[0] - origin) / 1e9, (window[1] - origin) / 1e9) if window else None
     rows = facts.get("step_rows") or []
-    steps = series.step_series(rows, origin)
+    steps = series.step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(plots.PHASES))
     left_out = series.left_out_steps(rows, facts.get("analyzed_steps") or [],
                                      (facts.get("steps_info") or {}).get("warmup") or 0)
     framework = report.get("framework")
@@ -254,6 +290,13 @@ def render_html(report: dict, facts: dict, run: RunData) -> str:
         facts: :func:`whyidle.analysis.run.analyze` of ``run``.
         run: the loaded run directory (:func:`whyidle.record.reader.load_run`).
     """
+    head, js, tail = _render_parts(report, facts, run)
+    return head + js.decode("utf-8") + tail
+
+
+def _render_parts(report: dict, facts: dict, run: RunData) -> tuple[str, bytes, str]:
+    """The page as (text before plotly.js, plotly.js as UTF-8 bytes, text after it), so a writer
+    never holds the whole page as one string."""
     figures, views = [], []
     for n, p in enumerate(build_plots(report, facts, run)):
         view = {"key": p.key, "title": p.title, "caption": p.caption, "why": p.why, "notes": p.notes,
@@ -261,33 +304,40 @@ def render_html(report: dict, facts: dict, run: RunData) -> str:
         if p.figure is not None:
             view["fig_id"] = f"fig-{n}-{p.key}"
             figures.append({"id": view["fig_id"], "json": Markup(_figure_json(p.figure))})
+            p.figure = None
         if p.key == "idle":
             view["table"] = _idle_table((report.get("metrics") or {}).get("gpu"), report)
         views.append(view)
     text, gain, ok = _verdict(report)
-    return _ENV.get_template("report.html.j2").render(
+    mark = f"plotly.js-{secrets.token_hex(16)}"  # a placeholder no run string can hold
+    page = _ENV.get_template("report.html.j2").render(
         name=report.get("name"), verdict_text=text, verdict_gain=gain, verdict_ok=ok, header=_header(report),
         notes=[str(n) for n in report.get("notes") or []], findings=_findings(report), plots=views,
-        figures=figures, plotlyjs=Markup(_plotly_js()), plotly_version=plotly.__version__,
+        figures=figures, plotlyjs=Markup(mark), plotly_version=plotly.__version__,
         tool_version=report.get("tool_version"), schema=report.get("schema"))
+    head, tail = page.split(mark)
+    return head, _plotly_js_bytes(), tail
 
 
 def write_html(paths: str | list[str], report: dict, facts: dict, run: RunData) -> None:
-    """Renders :func:`render_html` once and writes it to each path atomically (temporary file +
-    ``os.replace``).
+    """Renders the page once (:func:`render_html`) and writes it to each path atomically
+    (temporary file + ``os.replace``).
 
     Errors: ``OSError`` when a path's directory is not writable (paths before it are written).
     """
-    page = render_html(report, facts, run)
+    head, js, tail = _render_parts(report, facts, run)
+    parts = (head.encode("utf-8"), js, tail.encode("utf-8"))
+    del head, tail
     for path in [paths] if isinstance(paths, str) else paths:
-        _write_atomic(path, page)
+        _write_atomic(path, parts)
 
 
-def _write_atomic(path: str, page: str) -> None:
+def _write_atomic(path: str, parts: tuple[bytes, ...]) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -20,15 +20,22 @@ The layout (tracks, names, units, the clock) is documented in ``docs/run-format.
 
 Pure: :func:`build_timeline` takes the facts of :func:`whyidle.analysis.run.analyze` and the
 :class:`~whyidle.record.reader.RunData` they came from and returns a dict; :func:`write_timeline`
-writes it atomically with msgspec.
+writes the same object atomically, streaming: a 100,000-step run has ~10^6 events, which as
+Python dicts would take ~0.5 GB, so events are encoded with msgspec a few thousand at a time as
+they are made (:class:`_Timeline` makes them for both). Only the small tracks (DataLoader, Keras,
+TensorFlow profiler, and steps that overlap, which never happens by construction) are kept in
+memory until the end, to be sorted and nested.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+from collections.abc import Iterator
 
 import msgspec
+import numpy as np
 
 from whyidle import __version__
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
@@ -78,6 +85,10 @@ CPU_ROLES = (("trainer", "trainer"), ("workers", "workers"), ("tree_other", "res
 #: one (~100 bytes per phase slice, 6–9 slices per step).
 MAX_PHASE_STEPS = 100_000
 
+#: Steps converted from numpy columns to Python values at a time, and events encoded per write.
+STEP_CHUNK = 4096
+WRITE_CHUNK = 4096
+
 GIB = 2**30
 
 
@@ -120,39 +131,54 @@ def _meta_event(name: str, pid: int, tid: int, args: dict) -> dict:
     return {"name": name, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
 
-class _Tracks:
-    """Collects slices per (pid, tid) and emits them properly nested on each track."""
+def _slice(pid: int, tid: int, ts: int, end: int, name: str, cat: str | None = None, args: dict | None = None) -> dict:
+    ev = {"name": name, "ph": "X", "ts": ts, "dur": max(0, end - ts), "pid": pid, "tid": tid}
+    if cat:
+        ev["cat"] = cat
+    if args:
+        ev["args"] = args
+    return ev
+
+
+class _Track:
+    """The slices of one (pid, tid) track, emitted properly nested: a slice that starts inside
+    another and ends after it is cut at the other's end (``args.cut``), so slices either nest or
+    follow one another.
+
+    Two ways in, one rule: :meth:`put` takes slices already in ``(ts, -dur)`` order and returns each
+    at once (long sequential tracks — steps, phases — stream to the file without being kept);
+    :meth:`add` keeps them and :meth:`flush` sorts and emits them (small tracks of any order).
+    """
+
+    __slots__ = ("items", "open_ends", "used")
 
     def __init__(self) -> None:
-        self.slices: dict[tuple[int, int], list[dict]] = {}
+        self.items: list[dict] = []
+        self.open_ends: list[int] = []
+        self.used = False
 
-    def add(self, pid: int, tid: int, ts: int, end: int, name: str, cat: str | None = None,
-            args: dict | None = None) -> None:
-        ev = {"name": name, "ph": "X", "ts": ts, "dur": max(0, end - ts), "pid": pid, "tid": tid}
-        if cat:
-            ev["cat"] = cat
-        if args:
-            ev["args"] = args
-        self.slices.setdefault((pid, tid), []).append(ev)
+    def put(self, ev: dict) -> dict:
+        ts = ev["ts"]
+        open_ends = self.open_ends
+        while open_ends and open_ends[-1] <= ts:
+            open_ends.pop()
+        if open_ends and ts + ev["dur"] > open_ends[-1]:
+            ev["dur"] = open_ends[-1] - ts
+            ev["args"] = dict(ev.get("args") or {}, cut=True)
+        open_ends.append(ts + ev["dur"])
+        self.used = True
+        return ev
 
-    def events(self) -> list[dict]:
-        """All slices; on each track a slice that starts inside another and ends after it is cut
-        at the other's end (``args.cut``), so slices either nest or follow one another."""
-        out: list[dict] = []
-        for items in self.slices.values():
-            if any(a["ts"] > b["ts"] for a, b in zip(items, items[1:])):
-                items.sort(key=lambda e: (e["ts"], -e["dur"]))
-            open_ends: list[int] = []
-            for ev in items:
-                ts = ev["ts"]
-                while open_ends and open_ends[-1] <= ts:
-                    open_ends.pop()
-                if open_ends and ts + ev["dur"] > open_ends[-1]:
-                    ev["dur"] = open_ends[-1] - ts
-                    ev["args"] = dict(ev.get("args") or {}, cut=True)
-                out.append(ev)
-                open_ends.append(ts + ev["dur"])
-        return out
+    def add(self, ev: dict) -> None:
+        self.items.append(ev)
+        self.used = True
+
+    def flush(self) -> Iterator[dict]:
+        items, self.items = self.items, []
+        if any(a["ts"] > b["ts"] for a, b in zip(items, items[1:])):
+            items.sort(key=lambda e: (e["ts"], -e["dur"]))
+        for ev in items:
+            yield self.put(ev)
 
 
 def _phase_spans(t0_us: int, t1_us: int, ph: list[int]) -> list[tuple[int, int, str]]:
@@ -171,179 +197,356 @@ def _phase_spans(t0_us: int, t1_us: int, ph: list[int]) -> list[tuple[int, int, 
     return spans
 
 
-def _steps(tracks: _Tracks, clock: _Clock, pid: int, steps: list, analyzed_ids: set, warmup: int,
-           origin_ns: int) -> dict:
-    """Step and phase slices of one trainer; returns counts."""
-    cols = series.step_series(steps, origin_ns)
-    has = cols["has"]
-    stride = -(-len(steps) // MAX_PHASE_STEPS) if len(steps) > MAX_PHASE_STEPS else 1
-    n_phase = 0
-    with_ph = 0
-    tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
-    for n, s in enumerate(steps):
-        i = s["i"]
-        t0, t1 = clock.us(s["t0"]), clock.us(s["t1"])
-        args = {"step_ms": round(cols["step_s"][n] * 1e3, 3)}
-        if s.get("samples") is not None:
-            args["samples"] = s["samples"]
-        for name in has:
-            v = cols[name][n]
-            if v:
-                args[name + "_ms"] = round(v * 1e3, 3)
-        if cols["other_host"][n]:
-            args["other_host_ms"] = round(cols["other_host"][n] * 1e3, 3)
-        if s.get("gpu_ms") is not None:
-            args["gpu_ms"] = round(s["gpu_ms"], 3)
-        args["analyzed"] = i in analyzed_ids
-        if n < warmup:
-            args["warmup"] = True
-        if s.get("boundary"):
-            args["boundary"] = True
-        if s.get("profiled"):
-            args["profiled"] = True
-        ph = s.get("ph")
-        if ph and n % stride:
-            args["phases"] = False  # left out to keep the file small (``phase_stride``)
-        elif ph:
-            with_ph += 1
-            if len(ph) >= MAX_PH_VALUES:
-                args["phases_cut"] = True  # later phase changes of this step were not recorded
-            for ts, end, phase in _phase_spans(t0, t1, ph):
-                tracks.add(pid, tid_p, ts, end, PHASE_NAMES[phase])
-                n_phase += 1
-        tracks.add(pid, tid_s, t0, t1, f"step {i}", "step", args)
-    return {"steps": len(steps), "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": stride}
+def _sequential(t0, t1) -> bool:
+    """Whether int ns ranges follow one another in order without overlapping (then their slices
+    are in ``(ts, -dur)`` order and can stream)."""
+    t0, t1 = np.asarray(t0, dtype=np.int64), np.asarray(t1, dtype=np.int64)
+    return bool(np.all(t0 <= t1) and np.all(t1[:-1] <= t0[1:]))
 
 
-def _starved(tracks: _Tracks, clock: _Clock, pid: int, records: list) -> int:
-    """GPU-starved slices from the CUDA timeline (adjacent ranges of one cause merged)."""
-    ranges = gpu_idle_analysis.starved_ranges(records)
-    if ranges is None:
-        return 0
-    tid = _vtid(pid, STARVED)
-    merged: list[list] = []
-    for a, b, cause in zip(ranges["t0"].tolist(), ranges["t1"].tolist(), ranges["cause"]):
-        a, b = clock.us(a), clock.us(b)
-        if b <= a:
-            continue
-        if merged and merged[-1][2] == cause and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b, cause])
-    for a, b, cause in merged:
-        tracks.add(pid, tid, a, b, STARVED_NAMES.get(cause, "GPU starved"), "gpu_starved", {"cause": cause})
-    return len(merged)
+class _Timeline:
+    """One run's timeline: :meth:`events` yields every trace event once, in an order that lets the
+    long tracks stream (steps and phase slices of each trainer as they are made; the small tracks,
+    kept and nested, after them; name metadata last: viewers read events in any order), counting
+    what it wrote; then :meth:`header` gives the rest of the object. :func:`build_timeline` and
+    :func:`write_timeline` both use it."""
 
+    def __init__(self, facts: dict, run: RunData, base_ns: int | None) -> None:
+        self.facts, self.run = facts, run
+        self.meta = run.meta or {}
+        self.origin = series.run_origin(self.meta, run.host, run.gpu)
+        self.clock = _Clock(self.meta, self.origin, base_ns)
+        self.primary = facts.get("primary")
+        self.trainers = list(facts.get("trainers") or [])
+        self.tracks: dict[tuple[int, int], _Track] = {}
+        self.counts: dict = {"trainers": {}}
+        self.machine = False  # an event was written on the machine pseudo-process
+        self.done = False
 
-def _host_regions(tracks: _Tracks, clock: _Clock, pid: int, records: list) -> None:
-    """DataLoader iterator creations, Keras fit/evaluate/predict, the TensorFlow profiler window."""
-    loaders = {r.get("id"): r for r in records if r.get("k") == "loader"}
-    for r in records:
-        k = r.get("k")
-        if k == "iter" and r.get("t0") is not None and r.get("t1") is not None:
-            ld = loaders.get(r.get("loader")) or {}
-            workers = ld.get("num_workers") or 0
-            starting = workers and not ld.get("persistent_workers")
-            name = "DataLoader iter" + (f" ({workers} worker{'s' if workers > 1 else ''} start)" if starting else "")
-            tracks.add(pid, _vtid(pid, LOADER), clock.us(r["t0"]), clock.us(r["t1"]), name, "loader",
-                       {"loader": r.get("loader"), "num_workers": workers,
-                        "persistent_workers": ld.get("persistent_workers"), "ms": _ms(r["t1"] - r["t0"])})
-        elif k == "keras_call" and r.get("t0") is not None and r.get("t1") is not None:
-            args = {key: r.get(key) for key in ("fn", "input", "epochs", "batch_size", "steps_per_epoch",
-                                                "steps_per_execution", "validation", "batches")
-                    if r.get(key) is not None}
-            tracks.add(pid, _vtid(pid, KERAS), clock.us(r["t0"]), clock.us(r["t1"]), f"keras {r.get('fn')}",
-                       "keras", args)
-        elif k == "tf_window" and r.get("t0") is not None and r.get("t1") is not None:
-            args = {"calls": len(r.get("calls") or []), "file": r.get("file"), "first_call": r.get("first_call")}
-            if r.get("error"):
-                args["error"] = r["error"]
-            tracks.add(pid, _vtid(pid, TF), clock.us(r["t0"]), clock.us(r["t1"]), "TensorFlow profiler window",
-                       "tf_profiler", args)
+    def track(self, pid: int, tid: int) -> _Track:
+        t = self.tracks.get((pid, tid))
+        if t is None:
+            t = self.tracks[(pid, tid)] = _Track()
+        return t
 
-
-def _counter(events: list, name: str, pid: int, ts: int, args: dict) -> None:
-    events.append({"name": name, "ph": "C", "ts": ts, "pid": pid, "tid": pid, "args": args})
-
-
-def _cpu_counters(events: list, clock: _Clock, run: RunData, trainers: list, origin_ns: int) -> int:
-    """CPU by role (cores, per interval, at the interval's start) and memory (GiB, per tick)."""
-    cpu = series.cpu_series(run.host, trainers, run.meta.get("whyidle_pid"), origin_ns)
-    if not cpu["t_s"]:
-        return 0
-    first = next((r["t"] for r in run.host if r.get("k") == "host"), None)
-    starts = [first] + [origin_ns + round(t * 1e9) for t in cpu["t_s"][:-1]]
-    for n, start in enumerate(starts):
-        _counter(events, "CPU cores", MACHINE_PID, clock.us(start),
-                 {label: round(cpu[key][n], 3) for key, label in CPU_ROLES})
-    for n, t in enumerate(cpu["t_s"]):
-        args = {}
-        if cpu["mem_used_bytes"][n] is not None:
-            args["machine used GiB"] = round(cpu["mem_used_bytes"][n] / GIB, 3)
-        args["command RSS GiB"] = round(cpu["tree_rss_bytes"][n] / GIB, 3)
-        _counter(events, "memory", MACHINE_PID, clock.us(origin_ns + round(t * 1e9)), args)
-    return len(starts)
-
-
-def _gpu_counters(events: list, clock: _Clock, run: RunData, origin_ns: int) -> list[dict]:
-    """Per GPU: NVML utilization (%), GPM SM / tensor activity (%), memory used (GiB), power (W)."""
-    devices = series.gpu_series(run.gpu, origin_ns)
-    out = []
-
-    def us(t_s: float) -> int:
-        return clock.us(origin_ns + round(t_s * 1e9))
-
-    for d in devices:
-        pid = GPU_PID_BASE + int(d["index"] or 0)
-        from_buffer = any(r.get("k") == "gpu_util" and r.get("dev") == d["index"] and r.get("samples")
-                          for r in run.gpu)
-        counts = {}
-        for key, name in (("util", "GPU util"), ("mem_util", "memory read/write")):
-            pts = d[key]
-            if from_buffer and len(pts) >= 2:
-                # a driver sample is the duty cycle over the period *before* it: start it there
-                gaps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:]) if b[0] > a[0])
-                period = gaps[len(gaps) // 2] if gaps else 0.0
-                starts = [pts[0][0] - period] + [max(a[0], b[0] - period) for a, b in zip(pts, pts[1:])]
+    def events(self) -> Iterator[dict]:
+        run = self.run
+        for pid in self.trainers:
+            recs = run.procs.get(pid, [])
+            if pid == self.primary:
+                steps = self.facts.get("step_rows") or []
+                analyzed = self.facts.get("analyzed_steps") or []
+                warmup = (self.facts.get("steps_info") or {}).get("warmup", 0)
             else:
-                starts = [p[0] for p in pts]
-            for start, (_, v) in zip(starts, pts):
-                _counter(events, name, pid, us(start), {"%": v})
-            counts[key] = len(pts)
-        for key, name in (("sm_active", "SM active (GPM)"), ("tensor_active", "tensor active (GPM)")):
-            for t0, _t1, v in d[key]:
-                _counter(events, name, pid, us(t0), {"%": round(v * 100, 2)})
-            counts[key] = len(d[key])
-        for t, v in d["mem_used_bytes"]:
-            _counter(events, "memory used", pid, us(t), {"GiB": round(v / GIB, 3)})
-        counts["mem_used_bytes"] = len(d["mem_used_bytes"])
-        for t, v in d["power_w"]:
-            _counter(events, "power", pid, us(t), {"W": v})
-        counts["power_w"] = len(d["power_w"])
-        out.append({"index": d["index"], "name": d["name"], "pid": pid, "samples": counts})
-    return out
+                steps = step_analysis.steps_of(run.steps.get(pid, recs))
+                steps, _ = keras_analysis.input_wait(steps, recs)
+                analyzed, info = step_analysis.select_steps(steps)
+                warmup = info.get("warmup", 0)
+            c = yield from self._steps(pid, steps, analyzed, warmup)
+            c["starved_slices"] = yield from self._starved(pid, recs)
+            self._host_regions(pid, recs)
+            self.counts["trainers"][str(pid)] = c
+        for pid in run.procs:
+            if pid not in self.trainers:
+                self._host_regions(pid, run.procs[pid])
+        self.counts["notices"] = yield from self._notices()
+        self.counts["cpu_intervals"] = yield from self._cpu_counters()
+        self.counts["gpus"] = yield from self._gpu_counters()
+        for t in self.tracks.values():
+            yield from t.flush()
+        yield from self._names()
+        self.done = True
 
+    # -- slices ------------------------------------------------------------------------------------
 
-def _notices(events: list, clock: _Clock, run: RunData) -> int:
-    n = 0
-    for pid, records in run.procs.items():
-        for r in records:
-            if r.get("k") == "notice" and r.get("t") is not None:
-                msg = str(r.get("msg"))
-                events.append({"name": "notice: " + msg[:80], "ph": "i", "s": "p", "ts": clock.us(r["t"]),
-                               "pid": pid, "tid": pid, "cat": "notice", "args": {"msg": msg}})
-                n += 1
-    for r in run.gpu:
-        if r.get("k") == "gpu_notice" and r.get("t") is not None:
-            msg = str(r.get("msg"))
-            events.append({"name": "GPU notice: " + msg[:80], "ph": "i", "s": "p", "ts": clock.us(r["t"]),
-                           "pid": MACHINE_PID, "tid": MACHINE_PID, "cat": "notice", "args": {"msg": msg}})
+    def _steps(self, pid: int, steps: list, analyzed: list, warmup: int):
+        """Step and phase slices of one trainer (streamed when the steps follow one another, as
+        they do by construction); returns counts."""
+        clock = self.clock
+        n_steps = len(steps)
+        cols = series.step_columns(steps, self.origin, ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms",
+                                                        "boundary", "profiled")
+                                   + tuple(name for name, _ in series.STEP_PHASES))
+        is_analyzed = np.isin(cols["i"], series.step_ids(analyzed))
+        has = cols["has"]
+        stride = -(-n_steps // MAX_PHASE_STEPS) if n_steps > MAX_PHASE_STEPS else 1
+        tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
+        step_track, phase_track = self.track(pid, tid_s), self.track(pid, tid_p)
+        stream = _sequential(cols["t0"], cols["t1"])
+        phase_names = [(name + "_ms", name) for name in has]
+        n_phase = with_ph = 0
+        for a in range(0, n_steps, STEP_CHUNK):
+            b = min(n_steps, a + STEP_CHUNK)
+            ch = {k: cols[k][a:b].tolist() for k in ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms",
+                                                     "boundary", "profiled")}
+            ch_phases = [(key, cols[name][a:b].tolist()) for key, name in phase_names]
+            ch_analyzed = is_analyzed[a:b].tolist()
+            for m in range(b - a):
+                n = a + m
+                t0, t1 = clock.us(ch["t0"][m]), clock.us(ch["t1"][m])
+                args = {"step_ms": round(ch["step_s"][m] * 1e3, 3)}
+                if ch["samples"][m] >= 0:
+                    args["samples"] = ch["samples"][m]
+                for key, values in ch_phases:
+                    v = values[m]
+                    if v:
+                        args[key] = round(v * 1e3, 3)
+                if ch["other_host"][m]:
+                    args["other_host_ms"] = round(ch["other_host"][m] * 1e3, 3)
+                if ch["gpu_ms"][m] == ch["gpu_ms"][m]:  # not NaN
+                    args["gpu_ms"] = round(ch["gpu_ms"][m], 3)
+                args["analyzed"] = ch_analyzed[m]
+                if n < warmup:
+                    args["warmup"] = True
+                if ch["boundary"][m]:
+                    args["boundary"] = True
+                if ch["profiled"][m]:
+                    args["profiled"] = True
+                ph = steps[n].get("ph")
+                if ph and n % stride:
+                    args["phases"] = False  # left out to keep the file small (``phase_stride``)
+                elif ph:
+                    with_ph += 1
+                    if len(ph) >= MAX_PH_VALUES:
+                        args["phases_cut"] = True  # later phase changes of this step were not recorded
+                    for ts, end, phase in _phase_spans(t0, t1, ph):
+                        ev = {"name": PHASE_NAMES[phase], "ph": "X", "ts": ts, "dur": end - ts, "pid": pid,
+                              "tid": tid_p}
+                        n_phase += 1
+                        if stream:
+                            yield phase_track.put(ev)
+                        else:
+                            phase_track.add(ev)
+                ev = _slice(pid, tid_s, t0, t1, f"step {ch['i'][m]}", "step", args)
+                if stream:
+                    yield step_track.put(ev)
+                else:
+                    step_track.add(ev)
+        return {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": stride}
+
+    def _starved(self, pid: int, records: list):
+        """GPU-starved slices from the CUDA timeline (adjacent ranges of one cause merged); returns
+        their number."""
+        ranges = gpu_idle_analysis.starved_ranges(records)
+        if ranges is None:
+            return 0
+        clock = self.clock
+        tid = _vtid(pid, STARVED)
+        track = self.track(pid, tid)
+        stream = _sequential(ranges["t0"], ranges["t1"])
+        t0s, t1s, causes = ranges["t0"], ranges["t1"], ranges["cause"]
+        pending: list | None = None
+        n = 0
+        for lo in range(0, len(causes), STEP_CHUNK):
+            hi = lo + STEP_CHUNK
+            for a, b, cause in zip(t0s[lo:hi].tolist(), t1s[lo:hi].tolist(), causes[lo:hi]):
+                a, b = clock.us(a), clock.us(b)
+                if b <= a:
+                    continue
+                if pending and pending[2] == cause and a <= pending[1]:
+                    pending[1] = max(pending[1], b)
+                    continue
+                if pending:
+                    ev = _slice(pid, tid, pending[0], pending[1], STARVED_NAMES.get(pending[2], "GPU starved"),
+                                "gpu_starved", {"cause": pending[2]})
+                    n += 1
+                    if stream:
+                        yield track.put(ev)
+                    else:
+                        track.add(ev)
+                pending = [a, b, cause]
+        if pending:
+            ev = _slice(pid, tid, pending[0], pending[1], STARVED_NAMES.get(pending[2], "GPU starved"),
+                        "gpu_starved", {"cause": pending[2]})
             n += 1
-    return n
+            if stream:
+                yield track.put(ev)
+            else:
+                track.add(ev)
+        return n
+
+    def _host_regions(self, pid: int, records: list) -> None:
+        """DataLoader iterator creations, Keras fit/evaluate/predict, the TensorFlow profiler window."""
+        clock = self.clock
+        loaders = {r.get("id"): r for r in records if r.get("k") == "loader"}
+        for r in records:
+            k = r.get("k")
+            if k == "iter" and r.get("t0") is not None and r.get("t1") is not None:
+                ld = loaders.get(r.get("loader")) or {}
+                workers = ld.get("num_workers") or 0
+                starting = workers and not ld.get("persistent_workers")
+                name = "DataLoader iter" + (f" ({workers} worker{'s' if workers > 1 else ''} start)" if starting else "")
+                self.track(pid, _vtid(pid, LOADER)).add(_slice(
+                    pid, _vtid(pid, LOADER), clock.us(r["t0"]), clock.us(r["t1"]), name, "loader",
+                    {"loader": r.get("loader"), "num_workers": workers,
+                     "persistent_workers": ld.get("persistent_workers"), "ms": _ms(r["t1"] - r["t0"])}))
+            elif k == "keras_call" and r.get("t0") is not None and r.get("t1") is not None:
+                args = {key: r.get(key) for key in ("fn", "input", "epochs", "batch_size", "steps_per_epoch",
+                                                    "steps_per_execution", "validation", "batches")
+                        if r.get(key) is not None}
+                self.track(pid, _vtid(pid, KERAS)).add(_slice(
+                    pid, _vtid(pid, KERAS), clock.us(r["t0"]), clock.us(r["t1"]), f"keras {r.get('fn')}", "keras",
+                    args))
+            elif k == "tf_window" and r.get("t0") is not None and r.get("t1") is not None:
+                args = {"calls": len(r.get("calls") or []), "file": r.get("file"), "first_call": r.get("first_call")}
+                if r.get("error"):
+                    args["error"] = r["error"]
+                self.track(pid, _vtid(pid, TF)).add(_slice(
+                    pid, _vtid(pid, TF), clock.us(r["t0"]), clock.us(r["t1"]), "TensorFlow profiler window",
+                    "tf_profiler", args))
+
+    # -- counters and instants ---------------------------------------------------------------------
+
+    def _counter(self, name: str, pid: int, ts: int, args: dict) -> dict:
+        if pid == MACHINE_PID:
+            self.machine = True
+        return {"name": name, "ph": "C", "ts": ts, "pid": pid, "tid": pid, "args": args}
+
+    def _cpu_counters(self):
+        """CPU by role (cores, per interval, at the interval's start) and memory (GiB, per tick)."""
+        run, clock, origin_ns = self.run, self.clock, self.origin
+        cpu = series.cpu_series(run.host, self.trainers, run.meta.get("whyidle_pid"), origin_ns)
+        if not cpu["t_s"]:
+            return 0
+        first = next((r["t"] for r in run.host if r.get("k") == "host"), None)
+        starts = [first] + [origin_ns + round(t * 1e9) for t in cpu["t_s"][:-1]]
+        for n, start in enumerate(starts):
+            yield self._counter("CPU cores", MACHINE_PID, clock.us(start),
+                                {label: round(cpu[key][n], 3) for key, label in CPU_ROLES})
+        for n, t in enumerate(cpu["t_s"]):
+            args = {}
+            if cpu["mem_used_bytes"][n] is not None:
+                args["machine used GiB"] = round(cpu["mem_used_bytes"][n] / GIB, 3)
+            args["command RSS GiB"] = round(cpu["tree_rss_bytes"][n] / GIB, 3)
+            yield self._counter("memory", MACHINE_PID, clock.us(origin_ns + round(t * 1e9)), args)
+        return len(starts)
+
+    def _gpu_counters(self):
+        """Per GPU: NVML utilization (%), GPM SM / tensor activity (%), memory used (GiB), power (W);
+        returns the per-GPU counts."""
+        run, clock, origin_ns = self.run, self.clock, self.origin
+        devices = series.gpu_series(run.gpu, origin_ns)
+        out = []
+
+        def us(t_s: float) -> int:
+            return clock.us(origin_ns + round(t_s * 1e9))
+
+        for d in devices:
+            pid = GPU_PID_BASE + int(d["index"] or 0)
+            from_buffer = any(r.get("k") == "gpu_util" and r.get("dev") == d["index"] and r.get("samples")
+                              for r in run.gpu)
+            counts = {}
+            for key, name in (("util", "GPU util"), ("mem_util", "memory read/write")):
+                pts = d[key]
+                if from_buffer and len(pts) >= 2:
+                    # a driver sample is the duty cycle over the period *before* it: start it there
+                    gaps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:]) if b[0] > a[0])
+                    period = gaps[len(gaps) // 2] if gaps else 0.0
+                    starts = [pts[0][0] - period] + [max(a[0], b[0] - period) for a, b in zip(pts, pts[1:])]
+                else:
+                    starts = [p[0] for p in pts]
+                for start, (_, v) in zip(starts, pts):
+                    yield self._counter(name, pid, us(start), {"%": v})
+                counts[key] = len(pts)
+            for key, name in (("sm_active", "SM active (GPM)"), ("tensor_active", "tensor active (GPM)")):
+                for t0, _t1, v in d[key]:
+                    yield self._counter(name, pid, us(t0), {"%": round(v * 100, 2)})
+                counts[key] = len(d[key])
+            for t, v in d["mem_used_bytes"]:
+                yield self._counter("memory used", pid, us(t), {"GiB": round(v / GIB, 3)})
+            counts["mem_used_bytes"] = len(d["mem_used_bytes"])
+            for t, v in d["power_w"]:
+                yield self._counter("power", pid, us(t), {"W": v})
+            counts["power_w"] = len(d["power_w"])
+            out.append({"index": d["index"], "name": d["name"], "pid": pid, "samples": counts})
+        return out
+
+    def _notices(self):
+        clock = self.clock
+        n = 0
+        for pid, records in self.run.procs.items():
+            for r in records:
+                if r.get("k") == "notice" and r.get("t") is not None:
+                    msg = str(r.get("msg"))
+                    yield {"name": "notice: " + msg[:80], "ph": "i", "s": "p", "ts": clock.us(r["t"]),
+                           "pid": pid, "tid": pid, "cat": "notice", "args": {"msg": msg}}
+                    n += 1
+        for r in self.run.gpu:
+            if r.get("k") == "gpu_notice" and r.get("t") is not None:
+                msg = str(r.get("msg"))
+                self.machine = True
+                yield {"name": "GPU notice: " + msg[:80], "ph": "i", "s": "p", "ts": clock.us(r["t"]),
+                       "pid": MACHINE_PID, "tid": MACHINE_PID, "cat": "notice", "args": {"msg": msg}}
+                n += 1
+        return n
+
+    # -- names and the header ----------------------------------------------------------------------
+
+    def _names(self) -> Iterator[dict]:
+        """Process and track names and their order: trainers first (primary first), then other
+        processes, then the machine, then the GPUs."""
+        framework = self.facts.get("framework") or "none"
+        trainers, primary = self.trainers, self.primary
+        pids = trainers + sorted(p for p in self.run.procs if p not in trainers)
+        for order, pid in enumerate(pids):
+            role = "trainer" if pid in trainers else "python"
+            label = f"{role} {pid}" + (f" ({framework})" if pid == primary and framework != "none" else "")
+            yield _meta_event("process_name", pid, pid, {"name": label})
+            yield _meta_event("process_sort_index", pid, pid, {"sort_index": order})
+        for pid in pids:
+            for k, tname in enumerate(TRACKS):
+                t = self.tracks.get((pid, _vtid(pid, k)))
+                if t is not None and t.used:
+                    yield _meta_event("thread_name", pid, _vtid(pid, k), {"name": tname})
+                    yield _meta_event("thread_sort_index", pid, _vtid(pid, k), {"sort_index": k})
+        if self.counts["cpu_intervals"] or self.machine:
+            host = self.meta.get("hostname")
+            yield _meta_event("process_name", MACHINE_PID, MACHINE_PID,
+                              {"name": f"machine ({host})" if host else "machine"})
+            yield _meta_event("process_sort_index", MACHINE_PID, MACHINE_PID, {"sort_index": len(pids)})
+        for g in self.counts["gpus"]:
+            yield _meta_event("process_name", g["pid"], g["pid"], {"name": f"GPU {g['index']}: {g['name']}"})
+            yield _meta_event("process_sort_index", g["pid"], g["pid"],
+                              {"sort_index": len(pids) + 1 + int(g["index"] or 0)})
+
+    def header(self) -> dict:
+        """The object's keys other than ``traceEvents`` (after :meth:`events` has run)."""
+        assert self.done, "events() first"
+        meta, clock = self.meta, self.clock
+        other = {
+            "format": FORMAT, "tool_version": __version__, "run_name": meta.get("name"),
+            "command": meta.get("command"), "framework": self.facts.get("framework") or "none",
+            "primary_pid": self.primary, "trainers": self.trainers,
+            "clock": ("ts = (monotonic_ns + wall_minus_monotonic_ns - baseTimeNanoseconds) / 1000, integer us; "
+                      "wall clock = CLOCK_REALTIME as torch.profiler/Kineto stamps its events")
+            if clock.clock == "wall" else
+            "ts = (monotonic_ns - baseTimeNanoseconds) / 1000, integer us (no clock anchors: the run's own clock)",
+            "ts_unit": "us", "base_time_ns": clock.base, "origin_monotonic_ns": self.origin,
+            "wall_minus_monotonic_ns": clock.offset if clock.clock == "wall" else None,
+            "anchors": clock.anchors, "machine_pid": MACHINE_PID,
+            "vtid": f"{VTID_BASE} + pid * {VTID_STRIDE} + track ({', '.join(TRACKS)})",
+            "counts": self.counts,
+        }
+        if len(clock.anchors) > 1:
+            offs = [a["time_ns"] - a["monotonic_ns"] for a in clock.anchors]
+            other["anchor_spread_ns"] = max(offs) - min(offs)  # wall-clock steps during the run show here
+        return {"displayTimeUnit": "ms", "baseTimeNanoseconds": clock.base, "otherData": other}
+
+
+@contextlib.contextmanager
+def _no_gc():
+    enabled = gc.isenabled()
+    gc.disable()  # ~10^6 short-lived acyclic dicts for a long run: collections would only cost time
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def build_timeline(facts: dict, run: RunData, base_ns: int | None = None) -> dict:
-    """The run as a Chrome Trace Event Format object (pure).
+    """The run as a Chrome Trace Event Format object (pure), all in memory: for small runs and
+    tests; :func:`write_timeline` streams the same events to a file instead.
 
     Args:
         facts: :func:`whyidle.analysis.run.analyze` of ``run`` (``primary``, ``trainers``,
@@ -358,104 +561,37 @@ def build_timeline(facts: dict, run: RunData, base_ns: int | None = None) -> dic
         wall clock; ``otherData`` holds the clock (``origin_monotonic_ns``,
         ``wall_minus_monotonic_ns``, ``anchors``), the pids and the counts of what was written.
     """
-    enabled = gc.isenabled()
-    gc.disable()  # ~10^6 small acyclic dicts for a long run: collections would only cost time
-    try:
-        return _build(facts, run, base_ns)
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _build(facts: dict, run: RunData, base_ns: int | None) -> dict:
-    meta = run.meta or {}
-    origin = series.run_origin(meta, run.host, run.gpu)
-    clock = _Clock(meta, origin, base_ns)
-    tracks = _Tracks()
-    events: list[dict] = []
-    primary = facts.get("primary")
-    trainers = list(facts.get("trainers") or [])
-    counts: dict = {"trainers": {}}
-
-    for pid in trainers:
-        recs = run.procs.get(pid, [])
-        if pid == primary:
-            steps = list(facts.get("step_rows") or [])
-            analyzed = facts.get("analyzed_steps") or []
-            warmup = (facts.get("steps_info") or {}).get("warmup", 0)
-        else:
-            steps = step_analysis.steps_of(run.steps.get(pid, recs))
-            steps, _ = keras_analysis.input_wait(steps, recs)
-            analyzed, info = step_analysis.select_steps(steps)
-            warmup = info.get("warmup", 0)
-        c = _steps(tracks, clock, pid, steps, {s["i"] for s in analyzed}, warmup, origin)
-        c["starved_slices"] = _starved(tracks, clock, pid, recs)
-        _host_regions(tracks, clock, pid, recs)
-        counts["trainers"][str(pid)] = c
-
-    for pid in run.procs:
-        if pid not in trainers:
-            _host_regions(tracks, clock, pid, run.procs[pid])
-    counts["notices"] = _notices(events, clock, run)
-    counts["cpu_intervals"] = _cpu_counters(events, clock, run, trainers, origin)
-    gpus = _gpu_counters(events, clock, run, origin)
-    slices = tracks.events()
-
-    # names and order: trainers first (primary first), then other processes, then counters
-    framework = facts.get("framework") or "none"
-    named: list[dict] = []
-    pids = trainers + sorted(p for p in run.procs if p not in trainers)
-    for order, pid in enumerate(pids):
-        role = "trainer" if pid in trainers else "python"
-        label = f"{role} {pid}" + (f" ({framework})" if pid == primary and framework != "none" else "")
-        named.append(_meta_event("process_name", pid, pid, {"name": label}))
-        named.append(_meta_event("process_sort_index", pid, pid, {"sort_index": order}))
-    used_tids = {key for key in tracks.slices}
-    for pid in pids:
-        for k, tname in enumerate(TRACKS):
-            if (pid, _vtid(pid, k)) in used_tids:
-                named.append(_meta_event("thread_name", pid, _vtid(pid, k), {"name": tname}))
-                named.append(_meta_event("thread_sort_index", pid, _vtid(pid, k), {"sort_index": k}))
-    if counts["cpu_intervals"] or any(e["pid"] == MACHINE_PID for e in events):
-        host = meta.get("hostname")
-        named.append(_meta_event("process_name", MACHINE_PID, MACHINE_PID,
-                                 {"name": f"machine ({host})" if host else "machine"}))
-        named.append(_meta_event("process_sort_index", MACHINE_PID, MACHINE_PID, {"sort_index": len(pids)}))
-    for g in gpus:
-        named.append(_meta_event("process_name", g["pid"], g["pid"], {"name": f"GPU {g['index']}: {g['name']}"}))
-        named.append(_meta_event("process_sort_index", g["pid"], g["pid"],
-                                 {"sort_index": len(pids) + 1 + int(g["index"] or 0)}))
-    counts["gpus"] = gpus
-
-    other = {
-        "format": FORMAT, "tool_version": __version__, "run_name": meta.get("name"),
-        "command": meta.get("command"), "framework": framework, "primary_pid": primary, "trainers": trainers,
-        "clock": ("ts = (monotonic_ns + wall_minus_monotonic_ns - baseTimeNanoseconds) / 1000, integer us; "
-                  "wall clock = CLOCK_REALTIME as torch.profiler/Kineto stamps its events")
-        if clock.clock == "wall" else
-        "ts = (monotonic_ns - baseTimeNanoseconds) / 1000, integer us (no clock anchors: the run's own clock)",
-        "ts_unit": "us", "base_time_ns": clock.base, "origin_monotonic_ns": origin,
-        "wall_minus_monotonic_ns": clock.offset if clock.clock == "wall" else None,
-        "anchors": clock.anchors, "machine_pid": MACHINE_PID,
-        "vtid": f"{VTID_BASE} + pid * {VTID_STRIDE} + track ({', '.join(TRACKS)})",
-        "counts": counts,
-    }
-    if len(clock.anchors) > 1:
-        offs = [a["time_ns"] - a["monotonic_ns"] for a in clock.anchors]
-        other["anchor_spread_ns"] = max(offs) - min(offs)  # wall-clock steps during the run show here
-    return {"displayTimeUnit": "ms", "baseTimeNanoseconds": clock.base, "otherData": other,
-            "traceEvents": named + slices + events}
+    tl = _Timeline(facts, run, base_ns)
+    with _no_gc():
+        events = list(tl.events())
+    return {**tl.header(), "traceEvents": events}
 
 
 def write_timeline(path: str, facts: dict, run: RunData, base_ns: int | None = None) -> dict:
-    """Builds the timeline (:func:`build_timeline`) and writes it to ``path`` atomically
-    (temporary file + ``os.replace``); returns the object written."""
-    obj = build_timeline(facts, run, base_ns)
-    data = msgspec.json.encode(obj)
+    """Writes the timeline of :func:`build_timeline` to ``path`` atomically (temporary file +
+    ``os.replace``), streaming: events are encoded in chunks of :data:`WRITE_CHUNK` as they are
+    made, so memory stays flat however long the run (``traceEvents`` comes before ``otherData``
+    in the file, whose counts are known at the end). Returns the object written without its
+    ``traceEvents``, plus ``"events"``: how many were written."""
+    tl = _Timeline(facts, run, base_ns)
+    enc = msgspec.json.Encoder()
     tmp = f"{path}.tmp{os.getpid()}"
+    n = 0
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, "wb") as f, _no_gc():
+            f.write(b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % tl.clock.base)
+            chunk: list[dict] = []
+            for ev in tl.events():
+                chunk.append(ev)
+                if len(chunk) >= WRITE_CHUNK:
+                    f.write((b"," if n else b"") + enc.encode(chunk)[1:-1])
+                    n += len(chunk)
+                    chunk.clear()
+            if chunk:
+                f.write((b"," if n else b"") + enc.encode(chunk)[1:-1])
+                n += len(chunk)
+            header = tl.header()
+            f.write(b'],"otherData":' + enc.encode(header["otherData"]) + b"}")
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -463,4 +599,4 @@ def write_timeline(path: str, facts: dict, run: RunData, base_ns: int | None = N
         except OSError:
             pass
         raise
-    return obj
+    return {**header, "events": n}

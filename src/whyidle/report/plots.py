@@ -1,8 +1,11 @@
-"""Figure builders of the HTML report: plain series in, plotly figures out (no page assembly).
+"""Figure builders of the HTML report: plain series in, plotly.js figures out (no page assembly).
 
 Each builder takes the series of :mod:`whyidle.analysis.series` (times in seconds since the run's
-origin) and returns a :class:`Plot`: a ``plotly.graph_objects.Figure``, or ``figure=None`` with one
-sentence (``why``) saying why the data is missing. Long series are reduced so a trace holds at most
+origin) and returns a :class:`Plot`: a figure as plotly.js reads it (``{"data": [traces],
+"layout": {...}}``, plain dicts and lists, ``layout.template`` plotly's ``plotly_white``), or
+``figure=None`` with one sentence (``why``) saying why the data is missing. The figures are plain
+data, not ``plotly.graph_objects``: building and validating those costs ~25 MB of memory and a
+few tenths of a second for these few traces. Long series are reduced so a trace holds at most
 :data:`MAX_POINTS` points (min/max per bin for lines, which keeps spikes; means for stacked CPU, so
 the stack still adds up), and per-step bars are binned to at most :data:`MAX_BARS`; a plot says so
 in its ``notes``.
@@ -14,12 +17,12 @@ interprets a subset of HTML in labels.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pkgutil
 
 import numpy as np
-import plotly.graph_objects as go
 from markupsafe import escape
-from plotly.subplots import make_subplots
 
 #: Most points one trace of a time series holds: ~5,000 keeps a page with a few long traces at a few
 #: MB and plotly's drawing under a second, still finer than a 1920 px wide plot can show.
@@ -57,22 +60,106 @@ IDLE_CAUSES = {
 LEFT_OUT = {"warm-up": "#7f7f7f", "boundary": "#e377c2", "profiled": "#17becf", "other": "#bbbbbb"}
 
 _TIME_AXIS = "seconds since the command started"
-_LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=64, r=24, t=36, b=48),
+_LAYOUT = dict(height=340, margin=dict(l=64, r=24, t=36, b=48),
                legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, traceorder="normal"),
                hovermode="x unified", font=dict(size=12))
+_TEMPLATE: dict | None = None
+
+
+def _template() -> dict:
+    """plotly's ``plotly_white`` template as the plotly package ships it (read once, shared by all
+    figures: never modify it)."""
+    global _TEMPLATE
+    if _TEMPLATE is None:
+        raw = pkgutil.get_data("plotly", "package_data/templates/plotly_white.json")
+        if raw is None:  # not a plain package directory: through plotly.io (~10 MB more memory)
+            import plotly.io as pio
+
+            _TEMPLATE = pio.templates["plotly_white"].to_plotly_json()
+        else:
+            _TEMPLATE = json.loads(raw)
+    return _TEMPLATE
 
 
 @dataclasses.dataclass
 class Plot:
-    """One plot of the report: ``figure`` (plotly) or, when the data was not recorded, ``why``
-    (one sentence). ``notes``: sentences about reductions (binning) shown under the plot."""
+    """One plot of the report: ``figure`` (a plotly.js figure, ``{"data": [...], "layout": {...}}``)
+    or, when the data was not recorded, ``why`` (one sentence). ``notes``: sentences about
+    reductions (binning) shown under the plot."""
 
     key: str
     title: str
     caption: str
-    figure: go.Figure | None = None
+    figure: dict | None = None
     why: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+
+
+class _Figure:
+    """A plotly.js figure under construction: traces and layout; with ``row_heights``, a column of
+    subplots laid out as ``plotly.subplots.make_subplots(rows=len(row_heights), cols=1, ...)``
+    lays them out (row 1 on top; ``shared_xaxes``: the upper rows' x axes match the bottom one's
+    and hide their tick labels)."""
+
+    def __init__(self, row_heights: list[float] | None = None, vertical_spacing: float = 0.0,
+                 shared_xaxes: bool = False) -> None:
+        self.data: list[dict] = []
+        self.layout: dict = {}
+        self.rows = len(row_heights or [])
+        if not row_heights:
+            return
+        n = self.rows
+        total = float(sum(row_heights))
+        heights = [(1.0 - vertical_spacing * (n - 1)) * (h / total) for h in row_heights]
+        for r in range(1, n + 1):
+            below = heights[r:]  # rows under this one
+            y0 = sum(below) + len(below) * vertical_spacing
+            self.layout[self._axis("x", r)] = {"anchor": self._ref("y", r), "domain": [0.0, 1.0]}
+            self.layout[self._axis("y", r)] = {"anchor": self._ref("x", r),
+                                               "domain": [min(1.0, y0), min(1.0, y0 + heights[r - 1])]}
+        if shared_xaxes:
+            for r in range(1, n):
+                self.layout[self._axis("x", r)].update(matches=self._ref("x", n), showticklabels=False)
+
+    @staticmethod
+    def _ref(letter: str, row: int) -> str:
+        return letter if row == 1 else f"{letter}{row}"
+
+    @staticmethod
+    def _axis(letter: str, row: int) -> str:
+        return f"{letter}axis" if row == 1 else f"{letter}axis{row}"
+
+    def add(self, trace: dict, row: int | None = None) -> None:
+        if row is not None and self.rows:
+            trace["xaxis"], trace["yaxis"] = self._ref("x", row), self._ref("y", row)
+        self.data.append(trace)
+
+    def axis(self, letter: str, row: int = 1, **props) -> None:
+        """Sets properties of the x or y axis of ``row`` (1 without subplots)."""
+        self.layout.setdefault(self._axis(letter, row), {}).update(props)
+
+    def shade_window(self, window_s) -> None:
+        """Shades the analyzed steps' window (the one the metrics cover) on every time axis."""
+        if not window_s:
+            return
+        for r in range(1, max(1, self.rows) + 1):
+            self.layout.setdefault("shapes", []).append(
+                {"type": "rect", "x0": window_s[0], "x1": window_s[1], "xref": self._ref("x", r), "y0": 0, "y1": 1,
+                 "yref": self._ref("y", r) + " domain", "fillcolor": "#4c78a8", "opacity": 0.07,
+                 "line": {"width": 0}, "layer": "below"})
+
+    def done(self, **layout) -> dict:
+        """The figure: the axes and shapes set so far, :data:`_LAYOUT`, ``layout``, the template."""
+        out = dict(self.layout)
+        for key, value in {**_LAYOUT, **layout}.items():
+            old = out.get(key)
+            out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
+        out["template"] = _template()
+        return {"data": self.data, "layout": out}
+
+
+def _title(text: str) -> dict:
+    return {"text": text}
 
 
 def _clean(values, digits: int) -> list:
@@ -88,6 +175,8 @@ def _clean(values, digits: int) -> list:
 
 
 def _floats(values) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype.kind in "fiub":
+        return values.astype(float, copy=False)
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
@@ -136,18 +225,6 @@ def bin_reduce(x, columns: dict, max_points: int = MAX_POINTS, how: dict | None 
     return xs, cols, k
 
 
-def _layout(fig: go.Figure, **kw) -> go.Figure:
-    fig.update_layout(**{**_LAYOUT, **kw})
-    return fig
-
-
-def _shade_window(fig: go.Figure, window_s, **kw) -> None:
-    """Shades the analyzed steps' window (the one the metrics cover) on a time axis."""
-    if window_s:
-        fig.add_vrect(x0=window_s[0], x1=window_s[1], fillcolor="#4c78a8", opacity=0.07, line_width=0,
-                      layer="below", **kw)
-
-
 def gpu_util_plot(devices: list[dict], why: str, window_s=None) -> Plot:
     """GPU activity over time, one trace per device and measure.
 
@@ -161,43 +238,36 @@ def gpu_util_plot(devices: list[dict], why: str, window_s=None) -> Plot:
                 "NVML “GPU util” (percent of each driver sample period in which any kernel ran, at the "
                 "driver’s sample rate) and, on Hopper and newer, GPM SM activity and tensor-core activity "
                 "(percent of the SMs / tensor pipes busy over each GPM window). Shaded: the analyzed steps.")
-    fig = go.Figure()
-    drawn = 0
+    fig = _Figure()
     reduced = False
     for d in devices:
         name = str(escape(f"GPU {d.get('index')}" + (f" ({d['name']})" if d.get("name") else "")))
         if d.get("util"):
-            t, v = zip(*d["util"])
-            keep = minmax_indices(v)
-            reduced |= len(keep) < len(v)
-            fig.add_trace(go.Scatter(x=_clean(np.asarray(t)[keep], 3), y=_clean(np.asarray(v, float)[keep], 1),
-                                     mode="lines", line_shape="vh", name=f"{name} NVML util",
-                                     hovertemplate="%{y:.0f}%"))
-            drawn += 1
+            pts = np.asarray(d["util"], dtype=float).reshape(-1, 2)
+            keep = minmax_indices(pts[:, 1])
+            reduced |= len(keep) < len(pts)
+            fig.add({"type": "scatter", "x": _clean(pts[keep, 0], 3), "y": _clean(pts[keep, 1], 1), "mode": "lines",
+                     "line": {"shape": "vh"}, "name": f"{name} NVML util", "hovertemplate": "%{y:.0f}%"})
         for key, label, dash in (("sm_active", "SM active (GPM)", "solid"), ("tensor_active", "tensor cores (GPM)", "dot")):
             wins = d.get(key) or []
             if not wins:
                 continue
-            xs, ys = [], []
-            for t0, t1, frac in wins:  # each window as a flat segment
-                xs += [t0, t1]
-                ys += [frac * 100, frac * 100]
+            w = np.asarray(wins, dtype=float).reshape(-1, 3)
+            xs = w[:, :2].reshape(-1)  # each window as a flat segment: t0, t1, t0, t1, ...
+            ys = np.repeat(w[:, 2] * 100, 2)
             keep = minmax_indices(ys)
             reduced |= len(keep) < len(ys)
-            fig.add_trace(go.Scatter(x=_clean(np.asarray(xs)[keep], 3), y=_clean(np.asarray(ys)[keep], 1),
-                                     mode="lines", line=dict(dash=dash), name=f"{name} {label}",
-                                     hovertemplate="%{y:.0f}%"))
-            drawn += 1
-    if not drawn:
+            fig.add({"type": "scatter", "x": _clean(xs[keep], 3), "y": _clean(ys[keep], 1), "mode": "lines",
+                     "line": {"dash": dash}, "name": f"{name} {label}", "hovertemplate": "%{y:.0f}%"})
+    if not fig.data:
         plot.why = why if not devices else ("NVML saw the GPU but gave no utilization samples and no GPM windows "
                                             "during the run.")
         return plot
     if reduced:
         plot.notes.append(f"Long series reduced to at most {MAX_POINTS:,} points per trace (minimum and maximum "
                           "of each bin kept, so short dips and spikes stay visible).")
-    _shade_window(fig, window_s)
-    _layout(fig, xaxis_title=_TIME_AXIS, yaxis=dict(title="percent", range=[0, 105]))
-    plot.figure = fig
+    fig.shade_window(window_s)
+    plot.figure = fig.done(xaxis={"title": _title(_TIME_AXIS)}, yaxis={"title": _title("percent"), "range": [0, 105]})
     return plot
 
 
@@ -227,24 +297,23 @@ def cpu_plot(cpu: dict, window_s=None, interval_s: float | None = None) -> Plot:
     if k > 1:
         plot.notes.append(f"{len(cpu['t_s']):,} host intervals averaged in bins of {k} (memory: the maximum of "
                           "each bin).")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.06)
+    fig = _Figure(row_heights=[0.72, 0.28], vertical_spacing=0.06, shared_xaxes=True)
     tx = _clean(t, 3)
     for role, (label, colour) in CPU_ROLES.items():
-        fig.add_trace(go.Scatter(x=tx, y=_clean(cols[role], 3), mode="lines", stackgroup="cpu", name=label,
-                                 line=dict(width=0.5, color=colour), hovertemplate="%{y:.2f} cores"), row=1, col=1)
+        fig.add({"type": "scatter", "x": tx, "y": _clean(cols[role], 3), "mode": "lines", "stackgroup": "cpu",
+                 "name": label, "line": {"width": 0.5, "color": colour}, "hovertemplate": "%{y:.2f} cores"}, row=1)
     cores = cpu.get("cores") or 1
-    fig.add_trace(go.Scatter(x=[tx[0], tx[-1]], y=[cores, cores], mode="lines", name=f"{cores} cores",
-                             line=dict(dash="dash", color="black", width=1), hoverinfo="skip"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=tx, y=_clean(cols["mem_used"], 3), mode="lines", name="machine memory used",
-                             line=dict(color="#555"), hovertemplate="%{y:.2f} GiB"), row=2, col=1)
-    fig.add_trace(go.Scatter(x=tx, y=_clean(cols["rss"], 3), mode="lines", name="command RSS",
-                             line=dict(color="#1f77b4", dash="dot"), hovertemplate="%{y:.2f} GiB"), row=2, col=1)
-    _shade_window(fig, window_s, row="all", col=1)
-    _layout(fig, height=440)
-    fig.update_yaxes(title_text="cores", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="GiB", rangemode="tozero", row=2, col=1)
-    fig.update_xaxes(title_text=_TIME_AXIS, row=2, col=1)
-    plot.figure = fig
+    fig.add({"type": "scatter", "x": [tx[0], tx[-1]], "y": [cores, cores], "mode": "lines", "name": f"{cores} cores",
+             "line": {"dash": "dash", "color": "black", "width": 1}, "hoverinfo": "skip"}, row=1)
+    fig.add({"type": "scatter", "x": tx, "y": _clean(cols["mem_used"], 3), "mode": "lines",
+             "name": "machine memory used", "line": {"color": "#555"}, "hovertemplate": "%{y:.2f} GiB"}, row=2)
+    fig.add({"type": "scatter", "x": tx, "y": _clean(cols["rss"], 3), "mode": "lines", "name": "command RSS",
+             "line": {"color": "#1f77b4", "dash": "dot"}, "hovertemplate": "%{y:.2f} GiB"}, row=2)
+    fig.shade_window(window_s)
+    fig.axis("y", 1, title=_title("cores"), rangemode="tozero")
+    fig.axis("y", 2, title=_title("GiB"), rangemode="tozero")
+    fig.axis("x", 2, title=_title(_TIME_AXIS))
+    plot.figure = fig.done(height=440)
     return plot
 
 
@@ -252,7 +321,8 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
     """Step time and data wait per step (ms) over the step index, marking left-out steps.
 
     Args:
-        steps: :func:`whyidle.analysis.series.step_series` of all the primary trainer's steps.
+        steps: :func:`whyidle.analysis.series.step_columns` (or ``step_series``) of all the primary
+            trainer's steps.
         left_out: per step, why the metrics leave it out (``"warm-up"``, ``"boundary"``,
             ``"profiled"``) or None.
         why: the sentence shown when there are no steps.
@@ -262,35 +332,36 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
                 "(DataLoader or tf.data iterator), in milliseconds. Marked steps are left out of the "
                 "metrics: warm-up, steps holding an epoch boundary or evaluation, steps run under the "
                 "TensorFlow profiler window.")
-    n = len(steps.get("i") or [])
+    n = len(steps.get("i", ()))
     if not n:
         plot.why = why
         return plot
     i = np.asarray(steps["i"])
+    reasons = np.asarray(left_out, dtype=object)
     step_ms = np.asarray(steps["step_s"], float) * 1000
-    wait_ms = np.asarray(steps["data_wait"], float) * 1000
-    fig = go.Figure()
-    keep_s, keep_w = minmax_indices(step_ms), minmax_indices(wait_ms)
+    fig = _Figure()
+    keep_s = minmax_indices(step_ms)
     if len(keep_s) < n:
         plot.notes.append(f"{n:,} steps reduced to at most {MAX_POINTS:,} points per line (minimum and maximum of "
                           "each bin of consecutive steps).")
-    fig.add_trace(go.Scatter(x=i[keep_s].tolist(), y=_clean(step_ms[keep_s], 3), mode="lines", name="step time",
-                             line=dict(color="#1f77b4"), hovertemplate="%{y:.1f} ms"))
+    fig.add({"type": "scatter", "x": i[keep_s].tolist(), "y": _clean(step_ms[keep_s], 3), "mode": "lines",
+             "name": "step time", "line": {"color": "#1f77b4"}, "hovertemplate": "%{y:.1f} ms"})
     if "data_wait" in steps.get("has", []):
-        fig.add_trace(go.Scatter(x=i[keep_w].tolist(), y=_clean(wait_ms[keep_w], 3), mode="lines", name="data wait",
-                                 line=dict(color=PHASES["data_wait"][1]), fill="tozeroy",
-                                 hovertemplate="%{y:.1f} ms"))
+        wait_ms = np.asarray(steps["data_wait"], float) * 1000
+        keep_w = minmax_indices(wait_ms)
+        fig.add({"type": "scatter", "x": i[keep_w].tolist(), "y": _clean(wait_ms[keep_w], 3), "mode": "lines",
+                 "name": "data wait", "line": {"color": PHASES["data_wait"][1]}, "fill": "tozeroy",
+                 "hovertemplate": "%{y:.1f} ms"})
     for reason, colour in LEFT_OUT.items():
-        rows = np.array([n_ for n_, r in enumerate(left_out) if r == reason], dtype=int)
+        rows = np.flatnonzero(reasons == reason)
         if not len(rows):
             continue
         if len(rows) > MAX_POINTS:
             rows = rows[minmax_indices(step_ms[rows])]
-        fig.add_trace(go.Scatter(x=i[rows].tolist(), y=_clean(step_ms[rows], 3), mode="markers",
-                                 name=f"left out: {reason}", marker=dict(color=colour, size=7, symbol="x"),
-                                 hovertemplate="%{y:.1f} ms"))
-    _layout(fig, xaxis_title="step", yaxis=dict(title="ms", rangemode="tozero"))
-    plot.figure = fig
+        fig.add({"type": "scatter", "x": i[rows].tolist(), "y": _clean(step_ms[rows], 3), "mode": "markers",
+                 "name": f"left out: {reason}", "marker": {"color": colour, "size": 7, "symbol": "x"},
+                 "hovertemplate": "%{y:.1f} ms"})
+    plot.figure = fig.done(xaxis={"title": _title("step")}, yaxis={"title": _title("ms"), "rangemode": "tozero"})
     return plot
 
 
@@ -299,7 +370,8 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
     """Step time by phase: the overall shares (one 100 % bar) and a stacked bar per step (ms).
 
     Args:
-        steps: :func:`whyidle.analysis.series.step_series` of all the primary trainer's steps.
+        steps: :func:`whyidle.analysis.series.step_columns` (or ``step_series``) of all the primary
+            trainer's steps.
         left_out: per step, why it is left out of the metrics, or None.
         shares: ``metrics.shares`` (fractions of summed step time over the analyzed steps).
         why: the sentence shown when there are no steps.
@@ -310,20 +382,20 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
                 "Top: shares of the summed step time of the analyzed steps (the report’s shares). Below: "
                 "each step split into its phases, in milliseconds; “other host” is the rest of the step "
                 "(logging, metrics, copies, syncs). Faded bars are steps left out of the metrics.")
-    n = len(steps.get("i") or [])
+    n = len(steps.get("i", ()))
     if not n:
         plot.why = why
         return plot
     phases = [p for p in PHASES if p in steps.get("has", []) and p != "other_host"] + ["other_host"]
     cols = {p: np.asarray(steps[p], float) * 1000 for p in phases}
     i = np.asarray(steps["i"])
-    keep = np.array([r is None for r in left_out])
+    keep = np.asarray(left_out, dtype=object) == None  # noqa: E711 (elementwise)
     if n <= MAX_BARS:
         x = i.tolist()
         values = cols
         opacity = [1.0 if k else 0.35 for k in keep]
         width = None
-        hover = [f"step {s}" + (f" (left out: {r})" if r else "") for s, r in zip(steps["i"], left_out)]
+        hover = [f"step {s}" + (f" (left out: {r})" if r else "") for s, r in zip(x, left_out)]
     else:
         k = math.ceil(n / MAX_BARS)
         x, values, opacity, hover = [], {p: [] for p in phases}, [], []
@@ -339,24 +411,26 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
         width = k * 0.9
         plot.notes.append(f"{n:,} steps binned into {len(x)} bars of {k} steps; each bar is the mean step of its "
                           "analyzed steps.")
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.16, 0.84], vertical_spacing=0.12)
+    fig = _Figure(row_heights=[0.16, 0.84], vertical_spacing=0.12)
     for p in phases:
         label, colour = PHASES[p]
         share = (shares or {}).get(p)
         if share is not None:
-            fig.add_trace(go.Bar(y=["share"], x=[round(share * 100, 2)], orientation="h", name=label,
-                                 legendgroup=p, showlegend=False, marker_color=colour,
-                                 text=[f"{share:.0%}" if share >= 0.04 else ""], textposition="inside",
-                                 hovertemplate=f"{label}: %{{x:.1f}}%<extra></extra>"), row=1, col=1)
-        fig.add_trace(go.Bar(x=x, y=_clean(values[p], 3), name=label, legendgroup=p, width=width,
-                             marker=dict(color=colour, opacity=opacity, line_width=0), customdata=hover,
-                             hovertemplate=f"%{{customdata}}<br>{label}: %{{y:.1f}} ms<extra></extra>"), row=2, col=1)
-    _layout(fig, height=460, barmode="stack", bargap=0.05, hovermode="closest")
-    fig.update_xaxes(range=[0, 100], title_text="percent of step time (analyzed steps)", row=1, col=1)
-    fig.update_yaxes(showticklabels=False, row=1, col=1)
-    fig.update_xaxes(title_text="step", row=2, col=1)
-    fig.update_yaxes(title_text="ms", row=2, col=1)
-    plot.figure = fig
+            fig.add({"type": "bar", "y": ["share"], "x": [round(share * 100, 2)], "orientation": "h", "name": label,
+                     "legendgroup": p, "showlegend": False, "marker": {"color": colour},
+                     "text": [f"{share:.0%}" if share >= 0.04 else ""], "textposition": "inside",
+                     "hovertemplate": f"{label}: %{{x:.1f}}%<extra></extra>"}, row=1)
+        bars = {"type": "bar", "x": x, "y": _clean(values[p], 3), "name": label, "legendgroup": p,
+                "marker": {"color": colour, "opacity": opacity, "line": {"width": 0}}, "customdata": hover,
+                "hovertemplate": f"%{{customdata}}<br>{label}: %{{y:.1f}} ms<extra></extra>"}
+        if width is not None:
+            bars["width"] = width
+        fig.add(bars, row=2)
+    fig.axis("x", 1, range=[0, 100], title=_title("percent of step time (analyzed steps)"))
+    fig.axis("y", 1, showticklabels=False)
+    fig.axis("x", 2, title=_title("step"))
+    fig.axis("y", 2, title=_title("ms"))
+    plot.figure = fig.done(height=460, barmode="stack", bargap=0.05, hovermode="closest")
     return plot
 
 
@@ -376,12 +450,12 @@ def idle_cause_plot(gpu: dict | None, why: str) -> Plot:
         return plot
     causes = [c for c in IDLE_CAUSES if by.get(c) is not None]
     shares = (gpu or {}).get("idle_share_by_cause") or {}
-    fig = go.Figure(go.Bar(
-        y=[IDLE_CAUSES[c][0] for c in causes], x=[round(by[c], 4) for c in causes], orientation="h",
-        marker_color=[IDLE_CAUSES[c][1] for c in causes],
-        text=[f"{by[c]:.2f} s" + (f" ({shares[c]:.0%} of step time)" if shares.get(c) is not None else "")
-              for c in causes], textposition="auto", hovertemplate="%{x:.3f} s<extra></extra>"))
-    _layout(fig, height=80 + 44 * len(causes), showlegend=False, hovermode="closest",
-            xaxis=dict(title="seconds starved", rangemode="tozero"), yaxis=dict(autorange="reversed"))
-    plot.figure = fig
+    fig = _Figure()
+    fig.add({"type": "bar", "y": [IDLE_CAUSES[c][0] for c in causes], "x": [round(by[c], 4) for c in causes],
+             "orientation": "h", "marker": {"color": [IDLE_CAUSES[c][1] for c in causes]},
+             "text": [f"{by[c]:.2f} s" + (f" ({shares[c]:.0%} of step time)" if shares.get(c) is not None else "")
+                      for c in causes], "textposition": "auto", "hovertemplate": "%{x:.3f} s<extra></extra>"})
+    plot.figure = fig.done(height=80 + 44 * len(causes), showlegend=False, hovermode="closest",
+                           xaxis={"title": _title("seconds starved"), "rangemode": "tozero"},
+                           yaxis={"autorange": "reversed"})
     return plot

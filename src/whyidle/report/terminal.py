@@ -167,6 +167,11 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         _render_gpu(console, gpu)
     else:
         console.print("[bold]GPU[/] none observed")
+    logged = report.get("logged_metrics") or {}
+    if logged:
+        shown = [f"{escape(name)} {'n/a' if v['last'] is None else format(v['last'], '.4g')}"
+                 + (f" (n={v['n']})" if v.get("n") else "") for name, v in list(logged.items())[:6]]
+        console.print("[bold]logged[/] " + " · ".join(shown) + (" · ..." if len(logged) > 6 else ""))
 
     findings = report.get("findings") or []
     if findings:

@@ -260,5 +260,6 @@ def write_views(run_dir: str, report: dict, facts: dict, run) -> dict:
             write(path)
             written[key] = path
         except Exception as exc:  # a view must never cost the report
-            report.setdefault("notes", []).append(f"{name} not written: {exc!r}")
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+            report.setdefault("notes", []).append(f"{name} not written: {why}")
     return written
