@@ -114,6 +114,17 @@ def test_long_series_are_capped_and_keep_extremes():
     assert len(x) <= plots.MAX_POINTS + 1 and k == 5 and set(cols["a"]) == {1.0} and cols["m"][-1] == 20_000
 
 
+def test_a_tall_warm_up_step_does_not_set_the_step_axis():
+    steps = {"i": [0, 1, 2, 3, 4], "step_s": [0.400, 0.030, 0.020, 0.020, 0.021], "data_wait": [0.0] * 5,
+             "has": ["data_wait"]}
+    fig = plots.step_time_plot(steps, ["warm-up", "warm-up", None, None, None]).figure
+    assert fig["layout"]["yaxis"]["range"] == [0, pytest.approx(21 * 1.15)]  # the tallest analyzed step
+    fig = plots.step_time_plot(steps, ["warm-up", None, None, None, None]).figure  # 30 ms is analyzed: no cap
+    assert fig["layout"]["yaxis"]["range"][1] == pytest.approx(30 * 1.15)
+    steps["step_s"][0] = 0.040
+    assert "range" not in plots.step_time_plot(steps, ["warm-up", None, None, None, None]).figure["layout"]["yaxis"]
+
+
 def test_step_columns_of_step_table_rows_equal_those_of_records(tmp_path):
     """``series.step_columns`` reads ``StepView`` rows straight from the step table's columns; the
     values (and ``step_series``' lists, ``left_out_steps``) equal those of the same steps as dicts."""

@@ -317,6 +317,19 @@ def cpu_plot(cpu: dict, window_s=None, interval_s: float | None = None) -> Plot:
     return plot
 
 
+#: A left-out step (warm-up, epoch boundary) taller than this many times the tallest analyzed step
+#: no longer sets the y axis: the first step of a run is often 5–20× a steady step.
+LEFT_OUT_AXIS_FACTOR = 1.5
+
+
+def _y_top(step_ms: np.ndarray, analyzed: np.ndarray) -> float | None:
+    """Top of the y axis (ms) when left-out steps would squash the analyzed ones, else None."""
+    if not analyzed.any() or analyzed.all():
+        return None
+    top = float(step_ms[analyzed].max())
+    return top * 1.15 if step_ms.max() > LEFT_OUT_AXIS_FACTOR * top else None
+
+
 def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No training steps were recorded.") -> Plot:
     """Step time and data wait per step (ms) over the step index, marking left-out steps.
 
@@ -361,7 +374,13 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
         fig.add({"type": "scatter", "x": i[rows].tolist(), "y": _clean(step_ms[rows], 3), "mode": "markers",
                  "name": f"left out: {reason}", "marker": {"color": colour, "size": 7, "symbol": "x"},
                  "hovertemplate": "%{y:.1f} ms"})
-    plot.figure = fig.done(xaxis={"title": _title("step")}, yaxis={"title": _title("ms"), "rangemode": "tozero"})
+    yaxis = {"title": _title("ms"), "rangemode": "tozero"}
+    top = _y_top(step_ms, reasons == None)  # noqa: E711 (elementwise)
+    if top is not None:
+        yaxis["range"] = [0, top]
+        plot.notes.append("Left-out steps taller than the axis are cut off at the top: double-click the plot to "
+                          "see them whole.")
+    plot.figure = fig.done(xaxis={"title": _title("step")}, yaxis=yaxis)
     return plot
 
 
@@ -429,7 +448,11 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
     fig.axis("x", 1, range=[0, 100], title=_title("percent of step time (analyzed steps)"))
     fig.axis("y", 1, showticklabels=False)
     fig.axis("x", 2, title=_title("step"))
-    fig.axis("y", 2, title=_title("ms"))
+    top = _y_top(sum(np.asarray(values[p], float) for p in phases), np.asarray(opacity) == 1.0)
+    fig.axis("y", 2, title=_title("ms"), **({"range": [0, top]} if top is not None else {}))
+    if top is not None:
+        plot.notes.append("Left-out steps taller than the axis are cut off at the top: double-click the plot to "
+                          "see them whole.")
     plot.figure = fig.done(height=460, barmode="stack", bargap=0.05, hovermode="closest")
     return plot
 
