@@ -18,6 +18,7 @@ import numpy as np
 
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis.steps import COMPUTE_KEY, PHASE_KEYS
+from whyidle.record.steptable import NULL_INT
 
 #: Phase columns of a step series, in the order a step runs them: name → step record key.
 STEP_PHASES = tuple((name, key) for name, key in PHASE_KEYS) + (COMPUTE_KEY,)
@@ -54,7 +55,6 @@ def step_series(steps: list, origin_ns: int) -> dict:
     return out
 
 
-_INT_NONE = -(2**63)  # null in a StepTable int column (whyidle.record.steptable)
 _PHASE_RECORD_KEYS = tuple(key for _, key in STEP_PHASES)
 
 
@@ -110,7 +110,7 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
     if found is not None:
         table, rows = found
 
-        def ints(key: str) -> np.ndarray:  # int64, _INT_NONE = null
+        def ints(key: str) -> np.ndarray:  # int64, NULL_INT = null
             return np.frombuffer(table.cols[key], dtype=np.int64)[rows] if n else np.zeros(0, np.int64)
 
         def flags(key: str) -> np.ndarray:
@@ -121,7 +121,7 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
 
         def phase(key: str) -> np.ndarray | None:  # ns as float64, 0 when null; None when never measured
             v = ints(key)
-            missing = v == _INT_NONE
+            missing = v == NULL_INT
             if missing.all():
                 return None
             ns = v.astype(np.float64)
@@ -130,7 +130,7 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
             return ns
     else:
         def ints(key: str) -> np.ndarray:
-            return np.array([_INT_NONE if s.get(key) is None else s[key] for s in steps], dtype=np.int64)
+            return np.array([NULL_INT if s.get(key) is None else s[key] for s in steps], dtype=np.int64)
 
         def flags(key: str) -> np.ndarray:
             return np.array([bool(s.get(key)) for s in steps], dtype=bool)
@@ -176,7 +176,7 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
         out["other_host"] = np.maximum(0.0, used, out=used)
     if "samples" in want:
         samples = ints("samples")
-        out["samples"] = np.where(samples == _INT_NONE, -1, samples)
+        out["samples"] = np.where(samples == NULL_INT, -1, samples)
     for key in ("boundary", "profiled"):
         if key in want:
             out[key] = flags(key)

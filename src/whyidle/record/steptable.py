@@ -14,7 +14,9 @@ import math
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
                "fn", "comp", "grad")
 _BY = ("optimizer", "loader", None, "keras", "iterator")
-_NONE = -(2**63)  # stands for null in an int column
+#: Stands for null in an int column (``cols[...]`` arrays hold int64 values).
+NULL_INT = -(2**63)
+_NONE = NULL_INT
 
 #: Phase codes of a step's ``ph`` spans (docs/run-format.md): index → phase name.
 PHASE_CODES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other", "compute")
