@@ -9,6 +9,7 @@ calls periodically from a background thread (at least every 0.5 s, see ``docs/ru
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 
@@ -80,13 +81,30 @@ class JsonlWriter:
         self._file = None
 
 
-def write_json_atomic(path: str, obj: dict) -> None:
-    """Writes ``obj`` as JSON to ``path`` atomically (temporary file + ``os.replace``).
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "wb"):
+    """Opens a temporary file beside ``path`` for writing (``mode`` ``"wb"`` or ``"w"``, UTF-8);
+    when the block ends without an error it replaces ``path`` (``os.replace``), otherwise it is
+    removed and ``path`` is left as it was.
 
     Errors: ``OSError`` when the directory is not writable.
     """
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str, obj: dict) -> None:
+    """Writes ``obj`` as JSON to ``path`` atomically (:func:`atomic_file`).
+
+    Errors: ``OSError`` when the directory is not writable.
+    """
+    with atomic_file(path, "w") as f:
         json.dump(obj, f, indent=1, default=str)
         f.write("\n")
-    os.replace(tmp, path)

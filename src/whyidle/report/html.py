@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pkgutil
 import re
 import secrets
@@ -28,6 +27,7 @@ from markupsafe import Markup, escape
 
 from whyidle.analysis import series
 from whyidle.record.reader import RunData
+from whyidle.record.writer import atomic_file
 from whyidle.report import plots
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
@@ -333,15 +333,6 @@ def write_html(paths: str | list[str], report: dict, facts: dict, run: RunData) 
 
 
 def _write_atomic(path: str, parts: tuple[bytes, ...]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path) as f:
+        for part in parts:
+            f.write(part)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from collections.abc import Iterator
 
 import msgspec
@@ -44,6 +43,7 @@ from whyidle.analysis import series
 from whyidle.analysis import steps as step_analysis
 from whyidle.record.reader import RunData
 from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
+from whyidle.record.writer import atomic_file
 
 #: Format tag written into ``otherData.format``.
 FORMAT = "whyidle.timeline/1"
@@ -575,28 +575,19 @@ def write_timeline(path: str, facts: dict, run: RunData, base_ns: int | None = N
     ``traceEvents``, plus ``"events"``: how many were written."""
     tl = _Timeline(facts, run, base_ns)
     enc = msgspec.json.Encoder()
-    tmp = f"{path}.tmp{os.getpid()}"
     n = 0
-    try:
-        with open(tmp, "wb") as f, _no_gc():
-            f.write(b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % tl.clock.base)
-            chunk: list[dict] = []
-            for ev in tl.events():
-                chunk.append(ev)
-                if len(chunk) >= WRITE_CHUNK:
-                    f.write((b"," if n else b"") + enc.encode(chunk)[1:-1])
-                    n += len(chunk)
-                    chunk.clear()
-            if chunk:
+    with atomic_file(path) as f, _no_gc():
+        f.write(b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % tl.clock.base)
+        chunk: list[dict] = []
+        for ev in tl.events():
+            chunk.append(ev)
+            if len(chunk) >= WRITE_CHUNK:
                 f.write((b"," if n else b"") + enc.encode(chunk)[1:-1])
                 n += len(chunk)
-            header = tl.header()
-            f.write(b'],"otherData":' + enc.encode(header["otherData"]) + b"}")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+                chunk.clear()
+        if chunk:
+            f.write((b"," if n else b"") + enc.encode(chunk)[1:-1])
+            n += len(chunk)
+        header = tl.header()
+        f.write(b'],"otherData":' + enc.encode(header["otherData"]) + b"}")
     return {**header, "events": n}
