@@ -253,9 +253,13 @@ whyidle.log_metric("broken", "not a number")
         f.write(post)
     alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     assert alone.returncode == 0 and "outside-or-inside False" in alone.stdout  # no whyidle: a no-op
-    proc, report, _ = observe(tmp_path, [sys.executable, script])
+    proc, report, run_dir = observe(tmp_path, [sys.executable, script])
     assert proc.returncode == 0, proc.stderr
     assert "outside-or-inside True" in proc.stdout
+    with open(os.path.join(run_dir, "report.html"), encoding="utf-8") as f:
+        assert "val_accuracy 0.8125 (n=160) · val_loss n/a" in f.read()  # the page's header
+    shown = _run_whyidle(["report", run_dir], env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "logged val_accuracy 0.8125 (n=160) · val_loss n/a" in shown
     logged = report["logged_metrics"]
     assert logged["val_accuracy"]["last"] == 0.8125 and logged["val_accuracy"]["count"] == 2
     assert logged["val_accuracy"]["step"] == 40 and logged["val_accuracy"]["n"] == 160

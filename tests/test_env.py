@@ -219,7 +219,7 @@ def test_no_gpu_no_finding_even_for_cpu_builds():
     facts["driver"]["reason"] = "no NVIDIA driver/NVML on this machine (libnvidia-ml.so.1 not found)"
     assert rules_env.diagnose(facts) == []
     why = {u["what"]: u["why"] for u in rules_env.unchecked(facts)}
-    assert why["GPU"] == ("no NVIDIA driver/NVML on this machine (libnvidia-ml.so.1 not found); "
+    assert why["GPU driver, its CUDA version and the GPU's properties"] == ("no NVIDIA driver/NVML on this machine (libnvidia-ml.so.1 not found); "
                           "no NVIDIA device on the PCI bus")
     assert why["TensorFlow"] == "not installed" and why["JAX"] == "not installed"
 
@@ -625,4 +625,4 @@ def test_cli_env_on_this_machine(tmp_path):
     assert env["data"]["files"] == 4 and env["data"]["kind"] in ("local", "unknown", "network", "fuse", "parallel")
     if not env["driver"]["nvml"] and not env["driver"]["pci_gpus"]:
         assert env["gpus"] == [] and env["findings"] == [] and proc.returncode == 0
-        assert any(u["what"] == "GPU" for u in env["unchecked"])
+        assert any(u["what"].startswith("GPU driver") for u in env["unchecked"])

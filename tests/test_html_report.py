@@ -165,6 +165,21 @@ def test_100k_step_run_stays_small(tmp_path):
                          else plots.MAX_POINTS), (fid, trace.get("name"), n)
 
 
+def test_no_html_run_writes_the_timeline_but_no_page(tmp_path):
+    script = write_script(tmp_path / "train.py", steps=20)
+    proc = run_whyidle(["run", "-q", "--no-html", "--out", str(tmp_path / "run"), "--", sys.executable, script])
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "report.html").exists() and (run_dir / "timeline.json").exists()
+    report = json.loads((run_dir / "report.json").read_text())
+    assert "html" not in report["run"] and report["run"]["timeline"].endswith("timeline.json")
+    assert "logged" not in proc.stdout
+    proc = run_whyidle(["report", str(run_dir)])  # re-rendering keeps the run's choice
+    assert proc.returncode == 0 and not (run_dir / "report.html").exists()
+    proc = run_whyidle(["report", str(run_dir), "--html", str(tmp_path / "asked.html")])  # unless asked
+    assert proc.returncode == 0 and (tmp_path / "asked.html").read_text().startswith("<!DOCTYPE html>")
+
+
 def test_report_command_writes_html(tmp_path):
     run_dir = write_run(tmp_path / "run", steps=30)
     out = tmp_path / "r.html"

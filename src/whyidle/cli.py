@@ -49,8 +49,10 @@ def main() -> None:
 @click.option("--stack-hz", type=click.FloatRange(0.0, 500.0), default=100.0, show_default=True,
               help="Stack samples per second of the training thread (0 = off).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; still write the run directory and --json.")
+@click.option("--no-html", is_flag=True,
+              help="Do not write RUN_DIR/report.html (~5 MB: plotly.js is embedded), e.g. for sweeps.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(out, name, json_path, interval, stack_hz, quiet, command) -> None:
+def run(out, name, json_path, interval, stack_hz, quiet, no_html, command) -> None:
     """Run COMMAND unchanged and diagnose why the device waits.
 
     \b
@@ -65,7 +67,8 @@ def run(out, name, json_path, interval, stack_hz, quiet, command) -> None:
     if not cmd:
         click.echo(click.get_current_context().get_usage(), err=True)
         _fail("no command given (usage: whyidle run [OPTIONS] -- COMMAND ...)", 2)
-    opts = RunOptions(out=out, name=name, json_path=json_path, interval_s=interval, stack_hz=stack_hz, quiet=quiet)
+    opts = RunOptions(out=out, name=name, json_path=json_path, interval_s=interval, stack_hz=stack_hz, quiet=quiet,
+                      html=not no_html)
     try:
         _report, status, _run_dir = observe(cmd, opts)
     except LaunchError as exc:

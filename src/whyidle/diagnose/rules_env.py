@@ -415,7 +415,8 @@ def unchecked(facts: dict) -> list[dict]:
         why = drv.get("reason") or "NVML not available"
         if not drv.get("pci_gpus") and drv.get("pci_readable"):
             why += "; no NVIDIA device on the PCI bus"
-        out.append({"what": "GPU", "why": why})
+        # the GPU's absence is a result; what stays unknown is the driver and what it supports
+        out.append({"what": "GPU driver, its CUDA version and the GPU's properties", "why": why})
     elif drv.get("cuda_version") is None:
         out.append({"what": "driver CUDA version", "why": "NVML does not report it (framework builds not compared)"})
     if not drv.get("pci_readable"):

@@ -29,6 +29,7 @@ from whyidle.analysis import series
 from whyidle.record.reader import RunData
 from whyidle.record.writer import atomic_file
 from whyidle.report import plots
+from whyidle.report.build import logged_text
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
                           autoescape=True, trim_blocks=False, lstrip_blocks=False,
@@ -164,6 +165,9 @@ def _header(report: dict) -> list[tuple[str, str, bool]]:
     rows.append(("step time", f"p50 {_ms(st.get('p50'))} · p90 {_ms(st.get('p90'))}" if st else "n/a", False))
     rows.append(("shares", " · ".join(f"{plots.PHASES[k][0]} {v:.0%}" for k, v in (m.get("shares") or {}).items()
                                        if k in plots.PHASES and (v or 0) >= 0.005) or "n/a", False))
+    logged = logged_text(report)
+    if logged:
+        rows.append(("logged", logged, True))
     if run.get("run_dir"):
         rows.append(("run dir", str(run["run_dir"]), True))
     return rows

@@ -11,6 +11,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from whyidle.report.build import logged_text
+
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _VERDICT_TEXT = {
     "device_bound": "DEVICE-BOUND: nothing upstream limits the device",
@@ -167,11 +169,9 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         _render_gpu(console, gpu)
     else:
         console.print("[bold]GPU[/] none observed")
-    logged = report.get("logged_metrics") or {}
+    logged = logged_text(report)
     if logged:
-        shown = [f"{escape(name)} {'n/a' if v['last'] is None else format(v['last'], '.4g')}"
-                 + (f" (n={v['n']})" if v.get("n") else "") for name, v in list(logged.items())[:6]]
-        console.print("[bold]logged[/] " + " · ".join(shown) + (" · ..." if len(logged) > 6 else ""))
+        console.print("[bold]logged[/] " + escape(logged))
 
     findings = report.get("findings") or []
     if findings:

@@ -38,6 +38,7 @@ class RunOptions:
     stack_hz: float = 100.0
     quiet: bool = False
     show_report: bool = True  # False: live status only, the caller renders the report
+    html: bool = True  # write RUN_DIR/report.html (meta.json "html")
 
 
 def default_name(cmd: list[str]) -> str:
@@ -130,7 +131,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         "run_dir": run_dir, "cwd": os.getcwd(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
         "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "anchors": [_anchor()], "interval_s": opts.interval_s, "stack_hz": opts.stack_hz,
-        "whyidle_pid": os.getpid(), "python": sys.version.split()[0],
+        "whyidle_pid": os.getpid(), "python": sys.version.split()[0], "html": opts.html,
     }
     write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
 
@@ -236,7 +237,8 @@ def finish_report(run_dir: str, json_path: str | None = None, html_path: str | N
 
 
 def write_views(run_dir: str, report: dict, facts: dict, run) -> dict:
-    """Writes ``report.html`` and ``timeline.json`` (Perfetto) into the run directory.
+    """Writes ``report.html`` (unless the run was made with ``--no-html``: ``meta.json``
+    ``"html": false``) and ``timeline.json`` (Perfetto) into the run directory.
 
     Returns ``{"html": path, "timeline": path}`` for the files written; a file that cannot be
     written (read-only directory, a rendering error) is left out and named in the report's notes,
@@ -254,7 +256,8 @@ def write_views(run_dir: str, report: dict, facts: dict, run) -> dict:
 
         write_timeline(path, facts, run)
 
-    for key, name, write in (("html", "report.html", html), ("timeline", "timeline.json", timeline)):
+    views = (("html", "report.html", html), ("timeline", "timeline.json", timeline))
+    for key, name, write in views if run.meta.get("html", True) else views[1:]:
         path = os.path.join(run_dir, name)
         try:
             write(path)
