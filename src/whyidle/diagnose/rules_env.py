@@ -349,7 +349,8 @@ def torch_arch_missing(facts: dict) -> dict | None:
                              "cuda_driver_version": drv.get("cuda_version")}, None, text, code, [DOCS_TORCH_INSTALL])
 
 
-def _size(n: float | None) -> str:
+def size_text(n: float | None) -> str:
+    """Bytes for a person: ``1.5 GiB``, ``12.0 KiB``, ``300 B``; ``n/a`` for None."""
     if n is None:
         return "n/a"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -370,7 +371,7 @@ def data_filesystem(facts: dict) -> dict | None:
     count = f"{data['files']:,}{'+' if data.get('truncated') else ''}"
     summary = (f"The data at {data.get('path')} is on {what} ({data.get('fstype')} from {data.get('source')}, mounted "
                f"at {data.get('mount_point')}) and is made of small files ({count} files, mean "
-               f"{_size(data.get('mean_file_bytes'))}): every file costs a round trip before its first byte, which "
+               f"{size_text(data.get('mean_file_bytes'))}): every file costs a round trip before its first byte, which "
                "can keep the GPU waiting for data.")
     name = (data.get("realpath") or "data").rstrip("/").rsplit("/", 1)[-1] or "data"
     code = (f"# copy once per node to local NVMe / node-local scratch, and read from there\n"

@@ -185,3 +185,24 @@ def logged_text(report: dict, limit: int = 6) -> str | None:
     shown = [f"{name} {'n/a' if v.get('last') is None else format(v['last'], '.4g')}"
              + (f" (n={v['n']})" if v.get("n") else "") for name, v in list(logged.items())[:limit]]
     return " · ".join(shown) + (" · ..." if len(logged) > limit else "")
+
+
+#: Verdicts that are not a finding's id, as the reports word them.
+VERDICT_TEXT = {
+    "device_bound": "DEVICE-BOUND: nothing upstream limits the device",
+    "unknown": "UNKNOWN: not enough data to judge",
+}
+
+
+def verdict_line(report: dict) -> tuple[str, float | None, bool]:
+    """The verdict as the terminal and HTML reports word it: ``(text, est_speedup of the verdict's
+    finding or None, ok)`` where ``ok`` means nothing upstream of the device is to blame."""
+    verdict = report.get("verdict")
+    lead = next((f for f in report.get("findings") or [] if f.get("id") == verdict), None)
+    if verdict in VERDICT_TEXT:
+        text = VERDICT_TEXT[verdict]
+    elif lead:
+        text = f"{str(verdict).upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
+    else:
+        text = str(verdict)
+    return text, (lead or {}).get("est_speedup"), verdict in VERDICT_TEXT

@@ -10,16 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from whyidle.diagnose.rules_env import size_text
 from whyidle.report.terminal import _SEVERITY_STYLE, _indent
-
-
-def _gib(n: int | float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _build(fw: dict) -> str:
@@ -90,7 +82,7 @@ def _gpus(console: Console, env: dict) -> None:
         return
     for g in gpus:
         cc = g.get("compute_capability")
-        head = (f"  [bold]GPU {g.get('index')}[/]  {escape(str(g.get('name')))} · {_gib(g.get('memory_total_bytes'))}"
+        head = (f"  [bold]GPU {g.get('index')}[/]  {escape(str(g.get('name')))} · {size_text(g.get('memory_total_bytes'))}"
                 f" · compute capability {cc or 'n/a'}" + (f" ({g['arch']})" if g.get("arch") else ""))
         console.print(head)
         if g.get("tensor_cores") is not None:
@@ -115,8 +107,8 @@ def _host(console: Console, env: dict) -> None:
     console.print(f"[bold]CPU[/]     {cpu.get('logical')} logical cores ({cpu.get('physical') or '?'} physical) · "
                   f"this process may use {cpu.get('usable'):g}" + (f" ({', '.join(limits)})" if limits else ""))
     mem = env.get("memory") or {}
-    limit = f" · cgroup limit {_gib(mem['cgroup_limit_bytes'])}" if mem.get("cgroup_limit_bytes") else ""
-    console.print(f"[bold]Memory[/]  {_gib(mem.get('total_bytes'))} total · {_gib(mem.get('available_bytes'))} "
+    limit = f" · cgroup limit {size_text(mem['cgroup_limit_bytes'])}" if mem.get("cgroup_limit_bytes") else ""
+    console.print(f"[bold]Memory[/]  {size_text(mem.get('total_bytes'))} total · {size_text(mem.get('available_bytes'))} "
                   f"available{limit}")
 
 
@@ -129,7 +121,7 @@ def _data(console: Console, data: dict) -> None:
     elif data.get("truncated"):
         files += f" (scan stopped at {data.get('files'):,})"
     if data.get("mean_file_bytes") is not None:
-        files += f", mean {_gib(data['mean_file_bytes'])}"
+        files += f", mean {size_text(data['mean_file_bytes'])}"
     if data.get("small_files"):
         files += ": small-file dataset" + (" (fine on a local disk)" if data.get("kind") == "local" else "")
     console.print(f"[bold]Data[/]    {escape(str(data.get('path')))} → {escape(str(data.get('fstype')))} "

@@ -29,13 +29,11 @@ from whyidle.analysis import series
 from whyidle.record.reader import RunData
 from whyidle.record.writer import atomic_file
 from whyidle.report import plots
-from whyidle.report.build import logged_text
+from whyidle.report.build import logged_text, verdict_line
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
                           autoescape=True, trim_blocks=False, lstrip_blocks=False,
                           undefined=jinja2.StrictUndefined)
-_VERDICT_TEXT = {"device_bound": "DEVICE-BOUND: nothing upstream limits the device",
-                 "unknown": "UNKNOWN: not enough data to judge"}
 #: Rows of the hotspot / idle-site tables.
 MAX_TABLE_ROWS = 12
 _PLOTLY_JS: bytes | None = None
@@ -130,17 +128,8 @@ def _duration(s) -> str:
 
 
 def _verdict(report: dict) -> tuple[str, str | None, bool]:
-    verdict = report.get("verdict")
-    findings = report.get("findings") or []
-    lead = next((f for f in findings if f.get("id") == verdict), None)
-    if verdict in _VERDICT_TEXT:
-        text = _VERDICT_TEXT[verdict]
-    elif lead:
-        text = f"{str(verdict).upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
-    else:
-        text = str(verdict)
-    gain = f"{lead['est_speedup']:.2f}×" if lead and lead.get("est_speedup") else None
-    return text, gain, verdict in _VERDICT_TEXT
+    text, gain, ok = verdict_line(report)
+    return text, f"{gain:.2f}×" if gain else None, ok
 
 
 def _header(report: dict) -> list[tuple[str, str, bool]]:

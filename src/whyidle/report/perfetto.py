@@ -330,40 +330,37 @@ class _Timeline:
         ranges = gpu_idle_analysis.starved_ranges(records)
         if ranges is None:
             return 0
-        clock = self.clock
         tid = _vtid(pid, STARVED)
         track = self.track(pid, tid)
         stream = _sequential(ranges["t0"], ranges["t1"])
         t0s, t1s, causes = ranges["t0"], ranges["t1"], ranges["cause"]
-        pending: list | None = None
         n = 0
-        for lo in range(0, len(causes), STEP_CHUNK):
-            hi = lo + STEP_CHUNK
-            for a, b, cause in zip(t0s[lo:hi].tolist(), t1s[lo:hi].tolist(), causes[lo:hi]):
-                a, b = clock.us(a), clock.us(b)
-                if b <= a:
-                    continue
-                if pending and pending[2] == cause and a <= pending[1]:
-                    pending[1] = max(pending[1], b)
-                    continue
-                if pending:
-                    ev = _slice(pid, tid, pending[0], pending[1], STARVED_NAMES.get(pending[2], "GPU starved"),
-                                "gpu_starved", {"cause": pending[2]})
-                    n += 1
-                    if stream:
-                        yield track.put(ev)
-                    else:
-                        track.add(ev)
-                pending = [a, b, cause]
-        if pending:
-            ev = _slice(pid, tid, pending[0], pending[1], STARVED_NAMES.get(pending[2], "GPU starved"),
-                        "gpu_starved", {"cause": pending[2]})
+        for a, b, cause in self._merged_ranges(t0s, t1s, causes):
+            ev = _slice(pid, tid, a, b, STARVED_NAMES.get(cause, "GPU starved"), "gpu_starved", {"cause": cause})
             n += 1
             if stream:
                 yield track.put(ev)
             else:
                 track.add(ev)
         return n
+
+    def _merged_ranges(self, t0s, t1s, causes):
+        """``(ts, end, cause)`` in µs, empty ranges dropped, adjacent ranges of one cause merged."""
+        pending: list | None = None
+        for lo in range(0, len(causes), STEP_CHUNK):
+            hi = lo + STEP_CHUNK
+            for a, b, cause in zip(t0s[lo:hi].tolist(), t1s[lo:hi].tolist(), causes[lo:hi]):
+                a, b = self.clock.us(a), self.clock.us(b)
+                if b <= a:
+                    continue
+                if pending and pending[2] == cause and a <= pending[1]:
+                    pending[1] = max(pending[1], b)
+                    continue
+                if pending:
+                    yield tuple(pending)
+                pending = [a, b, cause]
+        if pending:
+            yield tuple(pending)
 
     def _host_regions(self, pid: int, records: list) -> None:
         """DataLoader iterator creations, Keras fit/evaluate/predict, the TensorFlow profiler window."""

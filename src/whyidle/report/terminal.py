@@ -11,13 +11,9 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from whyidle.report.build import logged_text
+from whyidle.report.build import logged_text, verdict_line
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-_VERDICT_TEXT = {
-    "device_bound": "DEVICE-BOUND: nothing upstream limits the device",
-    "unknown": "UNKNOWN: not enough data to judge",
-}
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
            ("optimizer", "optimizer", "magenta"), ("eval", "eval", "cyan"), ("compute", "compute (train step)", "green"),
            ("other_host", "other host", "yellow"))
@@ -54,17 +50,9 @@ def _share_bar(shares: dict, width: int = 50, phases=_PHASES) -> Text:
 
 
 def _verdict_text(report: dict) -> Text:
-    verdict = report.get("verdict")
-    lead = next((f for f in report.get("findings", []) if f["id"] == verdict), None)
-    if verdict in _VERDICT_TEXT:
-        vtext = _VERDICT_TEXT[verdict]
-    elif lead:
-        vtext = f"{verdict.upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
-    else:
-        vtext = str(verdict)
-    speed = f"  (fixing it: ~{lead['est_speedup']:.2f}× faster)" if lead and lead.get("est_speedup") else ""
-    style = "bold green" if verdict in _VERDICT_TEXT else "bold red"
-    return Text.assemble(("Verdict: ", "bold"), (vtext, style), speed)
+    vtext, gain, ok = verdict_line(report)
+    speed = f"  (fixing it: ~{gain:.2f}× faster)" if gain else ""
+    return Text.assemble(("Verdict: ", "bold"), (vtext, "bold green" if ok else "bold red"), speed)
 
 
 def _render_gpu(console: Console, gpu: dict) -> None:
