@@ -90,7 +90,7 @@ def test_hotspots_phase_filter_limit_and_leaf():
     data = hotspots(RECORDS, {"data"})
     assert data == [{"function": "data.py __getitem__", "site": "data.py:10 __getitem__", "seconds": 0.5,
                      "share": 1.0, "samples": 50, "leaf": "PIL/Image.py:200 open", "library": False,
-                     "code": None}]  # no source_root given: the line's text is not read
+                     "framework": False, "code": None}]  # no source_root given: the line's text is not read
     both = hotspots(RECORDS, {"data", "forward"}, limit=1)
     assert len(both) == 1 and both[0]["function"] == "data.py __getitem__"
     assert hotspots(RECORDS, {"backward"}) == []
@@ -194,7 +194,8 @@ def test_sample_user_frame_site_format_and_drain(monkeypatch):
     out = sampler.drain()
     assert len(out) == 1
     r = out[0]
-    assert set(r) == {"k", "t", "hz", "n", "mode", "sites"}
+    assert set(r) == {"k", "t", "hz", "n", "mode", "lost", "lost_s", "sites"}
+    assert r["lost"] == 0 and r["lost_s"] == 0.0
     assert r["k"] == "stacks" and r["hz"] == 50 and r["n"] == 3 and r["mode"] is None  # never started
     assert isinstance(r["t"], int) and r["t"] >= t_before
     # innermost frame is user code: user site and leaf site are the same line; each sample
@@ -317,9 +318,11 @@ def test_signal_sampler_weights_gil_holding_and_sleeping_time_correctly():
     assert 0.3 <= busy <= 0.5
     assert 0.3 <= slept <= 0.5
     assert 60 <= r["n"] <= 100  # ~100 Hz over 0.8 s
-    # the signal is ignored afterwards, never left at its default action (which would kill us)
+    # SIGURG goes back to the state before us, its default action: ignore (never terminate)
     import signal as _signal
-    assert _signal.getsignal(sampler._timer_signum) == _signal.SIG_IGN
+    assert sampler._timer_signum == _signal.SIGURG
+    assert _signal.getsignal(_signal.SIGURG) == _signal.SIG_DFL
+    assert r["lost"] == 0
 
 
 def test_hotspot_code_is_read_from_the_source_root(tmp_path):

@@ -119,7 +119,7 @@ def audit():
 
 def test_transfer_audit_records_copies_to_a_device(audit):
     x = torch.ones(8, 4)  # 128 bytes
-    audit.batch_ids.add(id(x))
+    audit.add_batch(x)
     x.to("meta")
     x.to("meta", non_blocking=True)
     torch.arange(3).to(device="meta")  # built on the CPU in the step: not from the batch

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from whyidle.analysis.run import analyze
-from whyidle.diagnose import diagnose, rules
+from whyidle.diagnose import diagnose, fixes, rules
 from whyidle.diagnose import thresholds as T
 from whyidle.record.reader import RunData
 
@@ -786,10 +786,10 @@ def test_saturated_machine_with_cpu_bound_workers_is_cpu_preprocessing():
 def test_loader_snippet_keeps_the_users_settings():
     loader = dict(make_loader(nw=0, batch=64), sampler="SequentialSampler", collate_fn="pad_batch",
                   drop_last=True, iterable=True)
-    code = rules._loader_code(loader, 4)
+    code = fixes.loader_code({"loader": loader}, 4)
     assert "shuffle" not in code  # no RandomSampler; an IterableDataset cannot shuffle
     assert "collate_fn=pad_batch" in code and "drop_last=True" in code and "batch_size=64" in code
     assert "get_worker_info" in code  # sharding note for an IterableDataset
     loader.update(sampler="RandomSampler", collate_fn="default_collate", iterable=False, drop_last=False)
-    code = rules._loader_code(loader, 2)
+    code = fixes.loader_code({"loader": loader}, 2)
     assert "shuffle=True" in code and "collate_fn" not in code and "get_worker_info" not in code

@@ -36,6 +36,13 @@ SCENARIOS = {
     "logging_loop": ("logging_loop.py", TWO),
     "batch1": ("batch1.py", TWO),
     "contention": ("contention.py", [("faulty", ["@burn"]), ("fixed", [])]),
+    # framework scenarios (issue 12): rates are steady-state (first 5 steps left out), see fw_meter.py
+    "lightning_metric_loop": ("lightning_metric_loop.py", TWO),
+    "lightning_input": ("lightning_input.py", TWO),
+    "hf_trainer_input": ("hf_trainer_input.py", TWO),
+    "accelerate_accum": ("accelerate_accum.py", TWO),
+    "plain_accum": ("plain_accum.py", TWO),
+    "compiled_model": ("compiled_model.py", [("compiled", [])]),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 
+from whyidle.analysis import api as api_analysis
 from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
@@ -60,15 +61,33 @@ def _keras_devices(tfd: dict | None) -> list[dict]:
              "params": {on: n} if on else None, "source": "keras"}]
 
 
+def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
+    """The ``loader`` record of the DataLoader that fed the analyzed steps (the one most of them
+    took their last batch from, the step's ``ld``), else the first one iterated. Lightning
+    iterates its validation loader first (the sanity check), so the first is not always the one
+    that trains."""
+    by_id = {r.get("id"): r for r in loaders}
+    counts: dict = {}
+    for s in analyzed:
+        key = s.get("ld")
+        if key in by_id:
+            counts[key] = counts.get(key, 0) + 1
+    if counts:
+        return by_id[max(counts, key=counts.get)]
+    return loaders[0] if loaders else None
+
+
 def analyze(run: RunData) -> dict:
     """Computes the facts of a run.
 
-    Returns a dict with: ``framework``; ``trainers`` (pids with steps, most steps first) and
+    Returns a dict with: ``framework``; ``api`` (the training API and its settings,
+    :func:`whyidle.analysis.api.training_api`); ``compiled`` (``torch.compile`` was used);
+    ``trainers`` (pids with steps, most steps first) and
     ``primary``; ``proc`` (its ``proc`` record); ``steps_info`` (see
     :func:`whyidle.analysis.steps.select_steps`); ``step`` (:func:`step_metrics` of the analyzed
     steps, or None); ``host`` (:func:`host_metrics` over the analyzed window, or over the whole run
     when there are no steps); ``top_others``; ``gpu`` and ``device``; ``loader`` (configuration
-    of the primary trainer's first DataLoader) and ``loader_iters`` (iterator creations and their
+    of the DataLoader that fed the analyzed steps, :func:`_train_loader`) and ``loader_iters`` (iterator creations and their
     seconds); ``devices`` (last device audit); ``graph_nodes`` (median autograd graph nodes per
     backward, counted at a few early steps, or None); ``hotspots`` (phase → list, see
     :func:`whyidle.analysis.stacks.hotspots`); ``focus`` (phase → the user function holding
@@ -105,8 +124,7 @@ def analyze(run: RunData) -> dict:
     step = step_analysis.step_metrics(analyzed) if analyzed else None
     window = tuple(step["window"]) if step else None
 
-    loaders = [r for r in recs if r.get("k") == "loader"]
-    loader = loaders[0] if loaders else None
+    loader = _train_loader([r for r in recs if r.get("k") == "loader"], analyzed)
     iters = [r for r in recs if r.get("k") == "iter" and (loader is None or r.get("loader") == loader["id"])]
     samples = None
     if step and step.get("samples_per_s"):
@@ -126,13 +144,16 @@ def analyze(run: RunData) -> dict:
         names = {"other": "other_host", "data": "data_wait", "forward": "forward", "backward": "backward",
                  "optimizer": "optimizer", "eval": "eval", "compute": "compute"}
         phase_seconds = {p: step["shares"][k] * total_s for p, k in names.items() if k in step["shares"]}
+    api = api_analysis.training_api(recs, framework)
+    entry_sites = frozenset(api["entry_sites"])
     hotspots = {
         phase: stack_analysis.hotspots(recs, {phase}, window, total_s, source_root=run.meta.get("cwd"),
-                                       phase_seconds=phase_seconds)
+                                       phase_seconds=phase_seconds, entry_sites=entry_sites)
         for phase in ("other", "data", "forward", "backward", "optimizer")
     }
     focus = {
-        phase: stack_analysis.focus(recs, phase, window, (phase_seconds or {}).get(phase), run.meta.get("cwd"))
+        phase: stack_analysis.focus(recs, phase, window, (phase_seconds or {}).get(phase), run.meta.get("cwd"),
+                                    entry_sites=entry_sites)
         for phase in ("other", "data", "forward")
     }
     devices = [r for r in recs if r.get("k") == "devices"] or _keras_devices(_last(recs, "tf_devices"))
@@ -149,8 +170,11 @@ def analyze(run: RunData) -> dict:
         "kind": "cpu", "name": _cpu_name(), "compute_capability": None,
         "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
     }
+    audit = devices[-1] if devices else None
     return {
         "framework": framework,
+        "api": api,
+        "compiled": bool((audit or {}).get("compiled") or api["config"].get("compiled")),
         "trainers": trainers,
         "primary": primary,
         "proc": proc,
@@ -168,7 +192,7 @@ def analyze(run: RunData) -> dict:
         "device": device,
         "loader": loader,
         "loader_iters": {"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
-        "devices": devices[-1] if devices else None,
+        "devices": audit,
         "graph_nodes": graphs[len(graphs) // 2] if graphs else None,
         "hotspots": hotspots,
         "focus": focus,

@@ -100,7 +100,7 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
     Returns:
         A dict of equal-length arrays: ``i``, ``t0``, ``t1`` (int64, monotonic ns), ``t0_s``,
         ``step_s``, the phases of :data:`STEP_PHASES` and ``other_host`` (float64 seconds, 0 when
-        not measured), ``samples`` (int64, -1 when unknown), ``boundary``, ``profiled`` (bool),
+        not measured; NaN on lite steps whose phases were not tracked), ``samples`` (int64, -1 when unknown), ``boundary``, ``profiled`` (bool),
         ``gpu_ms`` (float64, NaN when not measured); and ``has`` (list of the phase names measured
         in at least one step).
     """
@@ -174,6 +174,12 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
     if used is not None:
         np.subtract(dur, used, out=used)
         out["other_host"] = np.maximum(0.0, used, out=used)
+    if has:  # lite steps whose phases were not tracked (the detail stride): NaN, not zeros
+        unphased = flags("lite") & (ints("data") == NULL_INT)
+        if unphased.any():
+            for name in [name for name, _ in STEP_PHASES if name in out] + (["other_host"] if "other_host" in out
+                                                                             else []):
+                out[name][unphased] = np.nan
     if "samples" in want:
         samples = ints("samples")
         out["samples"] = np.where(samples == NULL_INT, -1, samples)

@@ -7,12 +7,27 @@ time is rescaled to them per phase, so the split *within* a phase comes from the
 phase totals stay exact. Hotspots are grouped by the user's function (file + function name): a
 Python loop spreads its samples over several lines of one function. Sites are
 ``"file:line function"`` strings.
+
+Under a training framework (Lightning's ``trainer.fit(...)``, the HF ``trainer.train()``) the
+innermost user frame of the framework's own work is the line that called the framework: such
+*entry sites* (from the ``api`` records, :mod:`whyidle.analysis.api`) are not the user's code. Their
+samples form ``framework`` hotspots, one per package of the innermost frame (``lightning``: the loop
+itself, ``tqdm`` / ``rich``: its progress bar, ``torch``: what it calls in PyTorch), and they never
+count as a caller for :func:`focus`.
 """
 
 from __future__ import annotations
 
 import linecache
 import os
+
+#: Library modules (a sample's innermost frame) that are logging / output / formatting / progress
+#: code: time there is logging work, whoever called it.
+OUTPUT_MODULES = ("logging/", "tqdm/", "rich/", "wandb/", "tensorboard/", "torch/utils/tensorboard/",
+                  "tensorboardX/", "json/", "csv.py", "pprint.py", "_pyio.py", "codecs.py", "string.py",
+                  "lightning/pytorch/callbacks/progress", "lightning/pytorch/loggers", "pytorch_lightning/loggers",
+                  "pytorch_lightning/callbacks/progress", "transformers/trainer_callback.py",
+                  "transformers/integrations/", "mlflow/", "comet_ml/")
 
 #: Stack records are flushed every 0.5 s and cover the preceding interval; a record whose flush
 #: time falls this long after the window end still describes time inside it.
@@ -45,9 +60,12 @@ def source_line(site: str, root: str | None) -> str | None:
     return text[:200] or None
 
 
-def _sites(records: list[dict], phases: set[str], window: tuple[int, int] | None):
+def _sites(records: list[dict], phases: set[str], window: tuple[int, int] | None,
+           entry_sites: frozenset = frozenset()):
     """Yields ``(phase, user_site, leaf_site, count, seconds, callers)`` of the sampled sites in
-    ``phases`` whose record was flushed inside ``window`` (plus :data:`FLUSH_SLACK_NS`)."""
+    ``phases`` whose record was flushed inside ``window`` (plus :data:`FLUSH_SLACK_NS`). Entry sites
+    are taken out of ``callers``; a sample whose user site is one keeps it (see the module
+    docstring)."""
     for rec in records:
         if rec.get("k") != "stacks":
             continue
@@ -57,12 +75,27 @@ def _sites(records: list[dict], phases: set[str], window: tuple[int, int] | None
         for site in rec["sites"]:
             if site[0] in phases:
                 seconds = site[4] / 1000.0 if len(site) > 4 else site[3] / hz
-                yield site[0], site[1], site[2], site[3], seconds, (site[5] if len(site) > 5 else [])
+                callers = site[5] if len(site) > 5 else []
+                if entry_sites and callers:
+                    callers = [c for c in callers if c not in entry_sites]
+                yield site[0], site[1], site[2], site[3], seconds, callers
+
+
+def _package(site: str | None) -> str:
+    """What a library site is part of: ``"logging and progress"`` for :data:`OUTPUT_MODULES`, else
+    its top-level package or module file (``"lightning"`` for ``"lightning/pytorch/loops/x.py:1 f"``,
+    ``"csv.py"``)."""
+    if not site:
+        return "(unknown)"
+    path = split_site(site)[0]
+    if any(m in path for m in OUTPUT_MODULES):
+        return "logging and progress"
+    return path.split("/", 1)[0]
 
 
 def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | None = None,
              total_s: float | None = None, limit: int = 5, source_root: str | None = None,
-             phase_seconds: dict[str, float] | None = None) -> list[dict]:
+             phase_seconds: dict[str, float] | None = None, entry_sites: frozenset = frozenset()) -> list[dict]:
     """The functions where the training thread spent the given phases.
 
     Args:
@@ -76,16 +109,21 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
         source_root: directory relative user paths are read from to fill ``code``.
         phase_seconds: measured seconds per phase in the window; sampled time of each phase is
             scaled to it.
+        entry_sites: user sites that called a training framework's entry point (see the module
+            docstring); their samples are grouped by the innermost frame's package as
+            ``framework`` hotspots.
     Returns:
         Busiest first: ``{"function", "site", "code", "seconds", "share", "samples", "leaf",
-        "library": bool}``; ``code`` is the source text of ``site`` (None if unreadable);
-        ``site`` is the function's most-sampled line, ``leaf`` the most common innermost frame
-        under it (e.g. a library call), ``library`` True when no frame of
-        the user's code was on the stack (the time is inside a library called from elsewhere).
+        "library": bool, "framework": bool}``; ``code`` is the source text of ``site`` (None if
+        unreadable); ``site`` is the function's most-sampled line, ``leaf`` the most common innermost
+        frame under it (e.g. a library call), ``library`` True when no frame of the user's code was
+        on the stack (the time is inside a library called from elsewhere), ``framework`` True for
+        the framework's own work (``function`` is then ``"<package> inside <entry site>"``, e.g.
+        ``"tqdm inside train.py:80 main"``; ``library`` True).
     """
     groups: dict[tuple, dict] = {}
     sampled: dict[str, float] = {}
-    entries = list(_sites(records, phases, window))
+    entries = list(_sites(records, phases, window, entry_sites))
     for phase, *_rest, seconds, _callers in entries:
         sampled[phase] = sampled.get(phase, 0.0) + seconds
     scale = {p: (phase_seconds[p] / v if phase_seconds and phase_seconds.get(p) is not None and v > 0 else 1.0)
@@ -94,9 +132,11 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     for phase, user, leaf, count, seconds, _callers in entries:
         seconds *= scale[phase]
         n_phase += seconds
+        framework = user in entry_sites
         site = user or leaf or "(unknown)"
         path, _line, func = split_site(site)
-        g = groups.setdefault((path, func, user is None), {"lines": {}, "leaves": {}, "seconds": 0.0, "samples": 0})
+        key = ("", f"{_package(leaf)} inside {user}", True) if framework else (path, func, user is None)
+        g = groups.setdefault(key, {"lines": {}, "leaves": {}, "seconds": 0.0, "samples": 0})
         g["seconds"] += seconds
         g["samples"] += count
         g["lines"][site] = g["lines"].get(site, 0) + seconds
@@ -105,14 +145,16 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     denom = total_s if total_s else n_phase
     out = []
     for (path, func, library), g in groups.items():
+        framework = path == ""
         out.append({
-            "function": f"{os.path.basename(path)} {func}".strip(),
+            "function": func if framework else f"{os.path.basename(path)} {func}".strip(),
             "site": max(g["lines"], key=g["lines"].get),
             "seconds": g["seconds"],
             "share": g["seconds"] / denom if denom else None,
             "samples": g["samples"],
             "leaf": max(g["leaves"], key=g["leaves"].get) if g["leaves"] else None,
             "library": library,
+            "framework": framework,
         })
     out.sort(key=lambda h: -h["seconds"])
     out = out[:limit]
@@ -123,26 +165,33 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
 
 def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None,
           phase_seconds: float | None = None, source_root: str | None = None,
-          min_share: float = 0.5) -> dict | None:
+          min_share: float = 0.5, entry_sites: frozenset = frozenset()) -> dict | None:
     """The most specific user function that holds most of a phase, counted inclusively.
 
     Every user function on a sample's stack (the innermost and its recorded callers) gets the
-    sample's time once. The answer is the deepest function whose inclusive time is at least
+    sample's time once. The answer is the innermost function whose inclusive time is at least
     ``min_share`` of the phase's sampled time: for a tokenizer called from ``__getitem__`` it is
-    the tokenizer's entry point rather than one of its many small helpers.
+    the tokenizer's entry point rather than one of its many small helpers. Of two such functions,
+    the one nested in the other has the smaller inclusive time (it cannot hold more than its
+    caller), so the candidate with the least inclusive time is the innermost; a function whose
+    innermost frame is a framework entry site (``entry_sites``) is never a candidate: its time is
+    the framework's.
 
-    Returns ``{"function", "site", "code", "seconds", "share_of_phase"}`` (seconds scaled to
-    ``phase_seconds`` when given), or None without samples or when no function reaches
+    Returns ``{"function", "site", "code", "seconds", "share_of_phase", "callers"}`` (seconds scaled
+    to ``phase_seconds`` when given; ``callers``: the names of the user functions it was most often
+    called from, innermost first), or None without samples or when no function reaches
     ``min_share``.
     """
     inclusive: dict[tuple, float] = {}
     depth: dict[tuple, list] = {}
     lines: dict[tuple, dict] = {}
+    outer: dict[tuple, dict] = {}  # key -> {enclosing function names: seconds}
     total = 0.0
-    for _phase, user, _leaf, _count, seconds, callers in _sites(records, {phase}, window):
+    for _phase, user, _leaf, _count, seconds, callers in _sites(records, {phase}, window, entry_sites):
         total += seconds
         seen = set()
-        for level, s in enumerate(([user] if user else []) + list(callers)):
+        chain = ([user] if user and user not in entry_sites else []) + list(callers)
+        for level, s in enumerate(chain):
             path, _line, func = split_site(s)
             key = (path, func)
             if key in seen:
@@ -152,15 +201,18 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
             depth.setdefault(key, []).append(level)
             by_line = lines.setdefault(key, {})
             by_line[s] = by_line.get(s, 0.0) + seconds
+            up = tuple(split_site(c)[2] for c in chain[level + 1:])
+            outer.setdefault(key, {})[up] = outer.get(key, {}).get(up, 0.0) + seconds
     if total <= 0:
         return None
     candidates = [k for k, v in inclusive.items() if v >= min_share * total]
     if not candidates:
         return None
-    # deepest = smallest typical distance from the innermost user frame
-    best = min(candidates, key=lambda k: (sorted(depth[k])[len(depth[k]) // 2], -inclusive[k]))
+    # innermost = least inclusive time (see the docstring), then the smallest typical depth
+    best = min(candidates, key=lambda k: (inclusive[k], sorted(depth[k])[len(depth[k]) // 2]))
     site = max(lines[best], key=lines[best].get)
     scale = (phase_seconds / total) if phase_seconds else 1.0
+    callers = max(outer[best], key=outer[best].get) if outer.get(best) else ()
     return {"function": f"{os.path.basename(best[0])} {best[1]}".strip(), "site": site,
             "code": source_line(site, source_root), "seconds": inclusive[best] * scale,
-            "share_of_phase": inclusive[best] / total}
+            "share_of_phase": inclusive[best] / total, "callers": list(callers)}

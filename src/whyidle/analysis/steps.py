@@ -9,7 +9,8 @@ Definitions (all over the *analyzed* steps, see :func:`select_steps`):
   TensorFlow only: the compiled train step, forward + backward + optimizer fused by
   ``tf.function``, less its input wait; present only when steps have it) and ``other_host`` (the
   rest of the step: Python, logging, callbacks, loss functions written outside modules, ...).
-- samples/s: summed samples divided by summed step time.
+- samples/s: summed samples divided by summed step time, over the steps whose samples were
+  counted (when steps are short, every k-th; the others are ``lite``).
 - ``data_cpu_share``: main-thread CPU time during data wait / data wait (near 1: the main process
   computes its batches; near 0: it sleeps on I/O or on worker queues).
 """
@@ -17,6 +18,8 @@ Definitions (all over the *analyzed* steps, see :func:`select_steps`):
 from __future__ import annotations
 
 import math
+
+from whyidle.record.steptable import expand_lite
 
 #: Steps skipped at the start of a run: the first steps include worker start-up, lazy
 #: initialization and allocator warm-up, and would skew per-step shares (PyTorch profiler
@@ -51,7 +54,12 @@ def steps_of(records) -> list:
     if hasattr(records, "rows"):
         steps = records.rows()
     else:
-        steps = [r for r in records if r.get("k") == "step"]
+        steps = []
+        for r in records:
+            if r.get("k") == "step":
+                steps.append(r)
+            elif r.get("k") == "steps":
+                steps.extend(expand_lite(r))
         gpu = {r["i"]: r["gpu_ms"] for r in records if r.get("k") == "gpu_step"}
         if gpu:
             steps = [dict(s, gpu_ms=gpu.get(s["i"])) for s in steps]
@@ -112,17 +120,21 @@ def step_metrics(steps: list[dict]) -> dict:
     s), ``samples_per_s``, ``steps_per_s``, ``batch_size`` (median samples per step),
     ``step_time_s`` {p50, p90, mean, min, max}, ``shares``, ``data_wait_s_per_step`` (mean),
     ``compute_s_per_step`` (mean of step minus data wait), ``data_cpu_share``,
-    ``main_cpu_share`` (main-thread CPU / step time), ``gpu_ms`` {p50, mean} or None.
+    ``main_cpu_share`` (main-thread CPU / step time), ``lite_steps`` (steps recorded with less
+    detail: shares, samples and CPU times come from the others), ``gpu_ms`` {p50, mean} or None.
     Errors: ``ValueError`` for an empty list.
     """
     if not steps:
         raise ValueError("no steps to analyze")
     times = [(s["t1"] - s["t0"]) / 1e9 for s in steps]
     total = sum(times) or 1e-12
+    # phase shares over the steps whose phases were timed (lite steps without hooks have none)
+    phased = [s for s in steps if not (s.get("lite") and s.get("data") is None)] or steps
+    phased_s = sum(s["t1"] - s["t0"] for s in phased) / 1e9 or 1e-12
     shares = {}
     keys = PHASE_KEYS + ((COMPUTE_KEY,) if any(s.get(COMPUTE_KEY[1]) is not None for s in steps) else ())
     for name, key in keys:
-        shares[name] = sum(s.get(key) or 0 for s in steps) / 1e9 / total
+        shares[name] = sum(s.get(key) or 0 for s in phased) / 1e9 / phased_s
     shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
     known = [s for s in steps if s.get("samples") is not None]
     samples_per_s = None
@@ -130,9 +142,14 @@ def step_metrics(steps: list[dict]) -> dict:
     if known:
         samples_per_s = sum(s["samples"] for s in known) / (sum((s["t1"] - s["t0"]) for s in known) / 1e9)
         batch = percentile([s["samples"] / max(1, s.get("batches") or 1) for s in known], 50)
-    data_s = sum(s.get("data") or 0 for s in steps) / 1e9
-    data_cpu = sum(s.get("data_cpu") or 0 for s in steps) / 1e9
+    data_s = shares["data_wait"] * total  # the phased steps' share, over all steps
+    # CPU times are on fully recorded steps only (lite steps have none): shares over those steps
+    timed = [s for s in steps if s.get("cpu") is not None]
+    timed_data_s = sum(s.get("data") or 0 for s in timed) / 1e9
+    data_cpu = sum(s.get("data_cpu") or 0 for s in timed) / 1e9
+    timed_s = sum(s["t1"] - s["t0"] for s in timed) / 1e9
     gpu = [s["gpu_ms"] for s in steps if s.get("gpu_ms") is not None]
+    micro = [s["mb"] for s in steps if s.get("mb") is not None]
     return {
         "steps": len(steps),
         "window": [steps[0]["t0"], steps[-1]["t1"]],
@@ -140,7 +157,9 @@ def step_metrics(steps: list[dict]) -> dict:
         "samples_per_s": samples_per_s,
         "steps_per_s": len(steps) / total,
         "batch_size": batch,
-        "batches_per_step": percentile([s.get("batches") or 0 for s in steps], 50),
+        "batches_per_step": percentile([s.get("batches") or 0 for s in steps if s.get("batches") is not None] or [0],
+                                       50),
+        "micro_batches_per_step": percentile(micro, 50) if micro else None,
         "step_time_s": {
             "p50": percentile(times, 50), "p90": percentile(times, 90), "mean": total / len(times),
             "min": min(times), "max": max(times),
@@ -148,7 +167,8 @@ def step_metrics(steps: list[dict]) -> dict:
         "shares": shares,
         "data_wait_s_per_step": data_s / len(steps),
         "compute_s_per_step": (total - data_s) / len(steps),
-        "data_cpu_share": (data_cpu / data_s) if data_s > 0 else None,
-        "main_cpu_share": sum(s.get("cpu") or 0 for s in steps) / 1e9 / total,
+        "data_cpu_share": (data_cpu / timed_data_s) if timed_data_s > 0 else None,
+        "main_cpu_share": sum(s["cpu"] for s in timed) / 1e9 / timed_s if timed_s > 0 else None,
+        "lite_steps": sum(1 for s in steps if s.get("lite")),
         "gpu_ms": {"p50": percentile(gpu, 50), "mean": sum(gpu) / len(gpu)} if gpu else None,
     }

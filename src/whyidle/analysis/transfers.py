@@ -22,7 +22,7 @@ def transfer_summary(records: list[dict]) -> dict | None:
     per_step}``; ``cpu_built`` the subset not coming from the DataLoader batch: tensors built on
     the CPU inside the step and copied every step. Bytes are bytes, times seconds.
     """
-    recs = [r for r in records if r.get("k") == "transfers"]
+    recs = _audited(records)
     if not recs:
         return None
     n = len({r.get("step") for r in recs})
@@ -61,10 +61,12 @@ def read_summary(records: list[dict]) -> dict | None:
 
     Reads at one source line are counted once per call site and step even when one expression
     reads twice (``x.cpu().numpy()``): the count of a site is the largest count of its
-    operations. Returns ``{steps, per_step, sites: [{site, leaf, ops, per_step}]}`` (most reads
-    first) or None without audited steps.
+    operations. Returns ``{steps, per_step, sites: [{site, leaf, ops, per_step}],
+    micro_batches_per_step}`` (most reads first; ``micro_batches_per_step``: median backward calls
+    in the audited steps, the gradient-accumulation factor, None when not recorded) or None
+    without audited steps. Steps are optimizer steps when the run has any (see :func:`_audited`).
     """
-    recs = [r for r in records if r.get("k") == "transfers"]
+    recs = _audited(records)
     if not recs:
         return None
     steps = sorted({r.get("step") for r in recs}, key=lambda s: (s is None, s))
@@ -82,7 +84,18 @@ def read_summary(records: list[dict]) -> dict | None:
     rows = [{"site": s["site"], "leaf": s["leaf"], "ops": sorted(s["ops"]), "per_step": max(s["ops"].values()) / n}
             for s in sites.values()]
     rows.sort(key=lambda s: -s["per_step"])
-    return {"steps": n, "per_step": sum(s["per_step"] for s in rows), "sites": rows}
+    micro = sorted(r["mb"] for r in recs if r.get("mb"))
+    return {"steps": n, "per_step": sum(s["per_step"] for s in rows), "sites": rows,
+            "micro_batches_per_step": micro[len(micro) // 2] if micro else None}
+
+
+def _audited(records) -> list[dict]:
+    """The ``transfers`` records of the steps the analysis uses: optimizer-marked ones when there
+    are any (the loader-marked micro-batches before a first accumulated optimizer step are not
+    steps of the run), else all."""
+    recs = [r for r in records if r.get("k") == "transfers"]
+    by_optimizer = [r for r in recs if r.get("by") == "optimizer"]
+    return by_optimizer or recs
 
 
 def placement_summary(records: list[dict]) -> dict:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 import re
 
+from whyidle.analysis.stacks import OUTPUT_MODULES
+from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.fixes import ACCUMULATE_CODE  # noqa: F401  (trace_rules imports it from here)
 
 DOCS_DATALOADER = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
 DOCS_TUNING = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
@@ -23,10 +26,6 @@ DOCS_THREADS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_
 #: split at "_" and case changes, so ``log_softmax``'s "log" counts but ``logits`` does not.
 LOGGING_WORDS = {"log", "logs", "logger", "logging", "print", "progress", "tqdm", "display", "report", "write",
                  "flush", "format", "dump", "emit", "status", "bar", "tensorboard", "wandb", "csv", "json"}
-#: Library modules (a hotspot's innermost frame) that are logging / output / formatting code.
-LOGGING_MODULES = ("logging/", "tqdm/", "rich/", "wandb/", "tensorboard/", "torch/utils/tensorboard/",
-                   "tensorboardX/", "json/", "csv.py", "pprint.py", "_pyio.py", "codecs.py", "string.py",
-                   "lightning/pytorch/callbacks/progress", "lightning/pytorch/loggers", "mlflow/", "comet_ml/")
 #: Words that look like logging but name math (``log_softmax``, ``logsumexp``, ``log_prob``).
 MATH_WORDS = {"softmax", "sumexp", "prob", "probs", "likelihood", "det", "sigmoid", "1p", "cosh", "normal"}
 
@@ -41,13 +40,6 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
         "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
         "fix": {"text": fix_text, "code": code, "docs": docs or []},
     }
-
-
-#: Code of the usual fix for per-step host reads: keep the value on the device, read it every N steps.
-ACCUMULATE_CODE = ("running_loss += loss.detach()        # stays on the device, no sync\n"
-                   "if step % 50 == 0:\n"
-                   "    print(running_loss.item() / 50)  # one read per 50 steps\n"
-                   "    running_loss.zero_()")
 
 
 def speedup_if_removed(share: float) -> float:
@@ -73,29 +65,16 @@ def _round(d: dict) -> dict:
     return out
 
 
-def _loader_code(loader: dict | None, workers: int, prefetch: int = 4) -> str:
-    """A DataLoader call with the user's own settings (batch size, shuffling, collate_fn) and the
-    recommended worker options. An IterableDataset gets no ``shuffle`` and a note on sharding."""
-    loader = loader or {}
-    args = [f"batch_size={loader.get('batch_size') or 32}"]
-    if loader.get("sampler") == "RandomSampler":
-        args.append("shuffle=True")
-    if loader.get("collate_fn") and loader["collate_fn"] != "default_collate":
-        args.append(f"collate_fn={loader['collate_fn']}")
-    if loader.get("drop_last"):
-        args.append("drop_last=True")
-    lines = [f"loader = DataLoader(dataset, {', '.join(args)},",
-             f"                    num_workers={workers},             # was {loader.get('num_workers') or 0}"]
-    if workers > 0:
-        lines += ["                    persistent_workers=True,  # keep workers alive between epochs",
-                  f"                    prefetch_factor={prefetch},         # batches queued per worker"]
-    lines.append("                    pin_memory=torch.cuda.is_available())")
-    code = "\n".join(lines)
-    if loader.get("iterable") and workers > 0:
-        code = ("# IterableDataset: every worker runs __iter__; give each a shard, e.g. in __iter__:\n"
-                "#   info = torch.utils.data.get_worker_info()\n"
-                "#   items = items[info.id::info.num_workers] if info else items\n") + code
-    return code
+def _loader_extras(loader: dict) -> str:
+    """The worker options the loader fix adds beside ``num_workers``, as a sentence ending
+    (``", keep them alive across epochs and queue batches ahead"``); only what the loader does not do
+    already (:func:`whyidle.diagnose.fixes.loader_code` writes them)."""
+    parts = []
+    if not loader.get("persistent_workers"):
+        parts.append("keep them alive across epochs")
+    if (loader.get("prefetch_factor") or 2) < fixes.PREFETCH:
+        parts.append("queue batches ahead")
+    return (", " + " and ".join(parts)) if parts else ""
 
 
 def loader_model(facts: dict) -> dict:
@@ -234,23 +213,23 @@ def input_bound(facts: dict) -> dict | None:
     if model and model["cpu_bound"] and cause != "cpu_preprocessing" and model["need"] > workers:
         limit = (f" This machine has {cores} cores, so about {est:.2f}× is what more workers can give; "
                  "the rest needs cheaper per-sample work.")
-    fixes = {
-        "storage": (f"Reads wait on storage. Overlap more of them with num_workers={workers}; copy the dataset "
+    code = fixes.loader_code(facts, workers)
+    where = fixes.loader_where(facts)
+    also = _loader_extras(loader)
+    fixes_by_cause = {
+        "storage": (f"Reads wait on storage. Overlap more of them with num_workers={workers}{where}; copy the dataset "
                     "to local disk or RAM (/dev/shm), or pack small files into large shards (tar/WebDataset, "
-                    "LMDB) so each read fetches many samples.", _loader_code(loader, workers)),
-        "loader_in_main_process": (f"Prepare batches in {workers} worker process{'es' if workers != 1 else ''} "
-                                   "so loading overlaps the training step, keep them alive across epochs and "
-                                   "queue batches ahead." + limit, _loader_code(loader, workers)),
-        "too_few_workers": (f"Raise num_workers from {nw} to {workers} and queue more batches per worker." + limit,
-                            _loader_code(loader, workers)),
+                    "LMDB) so each read fetches many samples.", code),
+        "loader_in_main_process": (f"Prepare batches in {workers} worker process{'es' if workers != 1 else ''}{where} "
+                                   f"so loading overlaps the training step{also}." + limit, code),
+        "too_few_workers": (f"Raise num_workers from {nw} to {workers}{where}{also}." + limit, code),
         "cpu_preprocessing": ("All cores are already busy preparing samples, so more workers will not help: "
                               "make each sample cheaper. Cache the result of expensive deterministic work once "
                               "(decoded images, tokenized text as an int32 array/memmap), decode at lower "
                               "resolution, or move augmentation to the GPU on whole batches.", None),
-        "unknown": (f"Try num_workers={workers} with persistent workers and prefetching, then re-run whyidle.",
-                    _loader_code(loader, workers)),
+        "unknown": (f"Try num_workers={workers}{where}{also}, then re-run whyidle.", code),
     }
-    text, code = fixes[cause]
+    text, code = fixes_by_cause[cause]
     if model and model["tiny_fetch"] and cause in ("loader_in_main_process", "too_few_workers"):
         est = removed
         text = (f"Each batch takes only {_ms(model['fetch_s'])} to load, less than a worker process costs per batch "
@@ -286,14 +265,23 @@ def _words(name: str) -> set[str]:
 
 
 def _is_logging(h: dict) -> bool:
-    """True when a hotspot is logging/progress/formatting work (see LOGGING_WORDS/MODULES)."""
+    """True when a hotspot is logging/progress/formatting work (see LOGGING_WORDS and
+    :data:`whyidle.analysis.stacks.OUTPUT_MODULES`)."""
     leaf = h.get("leaf") or ""
     leaf_path = leaf.rsplit(":", 1)[0]
-    if any(m in leaf_path for m in LOGGING_MODULES):
+    if any(m in leaf_path for m in OUTPUT_MODULES):
         return True
     func = (h.get("function") or "").split(" ")[-1]
     words = _words(func) | _words(re.sub(r"[\"'].*?[\"']", " ", h.get("code") or ""))  # name + code, not strings
     return bool(words & LOGGING_WORDS) and not (words & MATH_WORDS)
+
+
+def _logging_line(h: dict) -> bool:
+    """The hotspot's line is a logging call (its code has logging words) while its function's name
+    is not logging: the line, not the whole function, should run less often."""
+    func = (h.get("function") or "").split(" ")[-1]
+    code_words = _words(re.sub(r"[\"'].*?[\"']", " ", h.get("code") or ""))
+    return bool(code_words & LOGGING_WORDS) and not (code_words & MATH_WORDS) and not (_words(func) & LOGGING_WORDS)
 
 
 def host_bound(facts: dict) -> dict | None:
@@ -314,9 +302,19 @@ def host_bound(facts: dict) -> dict | None:
     if share < T.HOST_SHARE_WARN:
         return None
     spots = facts.get("hotspots", {}).get("other", [])
-    user = [h for h in spots if not h["library"]][:3] or spots[:3]
+    # the framework's own progress bar / logging (Lightning's TQDMProgressBar, HF's callbacks) is
+    # named like user code: its settings are the user's to change
+    output = [h for h in spots if h.get("framework") and _is_logging(h)][:1]
+    user = sorted([h for h in spots if not h["library"]][:3] + output, key=lambda h: -h["seconds"])[:3] or spots[:3]
     focus = (facts.get("focus") or {}).get("other")
-    if focus:
+    framework_output = not focus and bool(output) and user[0] is output[0]
+    if framework_output:
+        top = user[0]
+        attributed = top["share"]
+        label = (facts.get("api") or {}).get("label") or "the framework"
+        where = (f"{label}'s own progress bar and logging take {_pct(attributed)} of step time (called from "
+                 f"{top['function'].split(' inside ', 1)[-1]}, in {top['leaf']})")
+    elif focus:
         attributed = share * focus["share_of_phase"]
         where = (f"`{focus['function']}` holds {_pct(focus['share_of_phase'])} of it "
                  f"({_pct(attributed)} of step time, at {focus['site']})")
@@ -333,19 +331,21 @@ def host_bound(facts: dict) -> dict | None:
     summary = (f"Host work outside data loading and the model takes {_pct(share)} of each step "
                f"({_ms(share * step['step_time_s']['mean'])}); {where}.")
     name = focus["function"].split()[-1] if focus else (user[0]["function"].split()[-1] if user else "this work")
-    if name == "<module>":  # top-level script code: name the line, not "<module>"
-        line = (focus or user[0]).get("code") or (focus or user[0])["site"]
-        name = f"the code at {(focus or user[0])['site'].split()[0]}"
-        call = line
+    named = focus or (user[0] if user else None)
+    if name == "<module>" or (logging_work and named and _logging_line(named)):
+        # top-level script code, or a logging call inside a function that does more: name the line
+        call = named.get("code") or named["site"]
+        name = f"the code at {named['site'].split()[0]}"
     else:
         call = f"{name}(...)"
-    if logging_work:
+    if framework_output:
+        text, code = fixes.framework_output_code(facts)
+    elif logging_work:
         text = (f"Run {name if name.startswith('the code') else f'`{name}`'} every N steps instead of every step "
                 "(log, print and refresh progress less often); keep running metrics as tensors and read them "
                 "(.item()/.cpu()) only when you log.")
-        code = (f"if step % 50 == 0:          # was: every step\n"
-                f"    {call}\n"
-                "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
+        api_text, code = fixes.logging_code(facts, call)
+        text += (" " + api_text) if api_text else ""
         if facts.get("framework") in ("keras", "tensorflow"):
             text = (f"Run {name if name.startswith('the code') else f'`{name}`'} every N batches instead of every "
                     "batch: in a Keras callback, return early from on_train_batch_end unless batch % 50 == 0 (or use "
@@ -361,13 +361,18 @@ def host_bound(facts: dict) -> dict | None:
         if name == "this work":
             what = "the host work between steps (no stack samples named it)"
         text = (f"Move {what} out of the per-step path or make it cheaper: vectorize Python loops over "
-                "tensor elements into whole-tensor ops (masks, torch.cdist, topk, amin/amax), avoid "
-                "per-element .item()/min()/max() in Python, or compile it with torch.compile.")
+                "tensor elements into whole-tensor ops (masks, torch.bincount, torch.cdist, topk, amin/amax), avoid "
+                "per-element .item()/min()/max() in Python"
+                + ("." if facts.get("compiled") else ", or compile it with torch.compile."))
+        code = fixes.metric_code(facts, name)
+        if fixes.api_name(facts) == "lightning" and _in_training_step(focus, user):
+            text += (" Lightning runs training_step inside optimizer.step's closure: this is your training_step's "
+                     "own Python, measured apart from forward and backward.")
         if facts.get("framework") in ("keras", "tensorflow"):
             text = (f"Move {what} out of the per-batch path or make it cheaper: vectorize Python loops into whole-"
                     "tensor TensorFlow ops, put per-batch tensor work inside the compiled step (a tf.function or "
                     "the model's train_step), and read values (.numpy(), float()) only every N batches.")
-        code = None
+            code = None
     evidence = _round({"other_host_share": share, "attributed_share": attributed,
                        "step_time_s_mean": step["step_time_s"]["mean"]})
     evidence["focus"] = focus
@@ -382,6 +387,13 @@ def host_bound(facts: dict) -> dict | None:
         severity = "info"
     return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
                    evidence, speedup_if_removed(removable), text, code, [DOCS_TUNING])
+
+
+def _in_training_step(focus: dict | None, hotspots: list[dict]) -> bool:
+    """The named host work is a ``training_step`` or runs under one (the focus function's callers)."""
+    names = [focus["function"].split()[-1]] + list(focus.get("callers") or []) if focus else []
+    names += [(h.get("function") or "").split()[-1] for h in hotspots[:1] if h.get("function")]
+    return "training_step" in names
 
 
 def many_small_ops(facts: dict) -> dict | None:
@@ -416,9 +428,13 @@ def many_small_ops(facts: dict) -> dict | None:
                f"in overhead alone: about {_pct(overhead)} of the step is per-operation overhead (on a GPU: "
                f"kernel launches){where}.")
     name = focus["function"].split()[-1] if focus else "the model"
+    compile_code = fixes.compile_code(facts)
     text = (f"Issue fewer, larger operations in `{name}`: vectorize Python loops over time steps or elements into "
-            "batched tensor ops, use fused modules (nn.LSTM/nn.GRU instead of a loop over cells), or compile it "
-            "(torch.compile; CUDA graphs on a GPU). A bigger batch also spreads the per-operation cost.")
+            "batched tensor ops, use fused modules (nn.LSTM/nn.GRU instead of a loop over cells)"
+            + (", or compile it (torch.compile; CUDA graphs on a GPU)." if compile_code else
+               ". The model is already compiled: the operations left run outside the compiled graph (graph breaks, "
+               "code outside the compiled module; list them with TORCH_LOGS=graph_breaks).")
+            + " A bigger batch also spreads the per-operation cost.")
     evidence = _round({"graph_nodes": nodes, "s_per_node": per_node, "overhead_share": overhead,
                        "compute_share": compute_share})
     evidence["focus"] = focus
@@ -426,7 +442,7 @@ def many_small_ops(facts: dict) -> dict | None:
     evidence["hotspots"] = []
     severity = "critical" if overhead >= T.HOST_SHARE_CRITICAL else "warning"
     return finding("host_bound", severity, "Host-bound: thousands of tiny operations per step", summary, evidence,
-                   1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, "model = torch.compile(model)", [DOCS_TUNING])
+                   1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, compile_code, [DOCS_TUNING])
 
 
 def small_batch(facts: dict) -> dict | None:
@@ -487,7 +503,7 @@ def small_batch(facts: dict) -> dict | None:
     if room is not None:
         evidence.update(_round(room))
     severity = "warning" if est >= 1.3 else "info"
-    code = f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
+    code = fixes.batch_code(facts, target, batch)
     if keras:
         code = (f"ds = ds.batch({target})                     # tf.data: was {batch:g}\n"
                 f"model.fit(x, y, batch_size={target}, ...)   # NumPy arrays: was {batch:g}")
@@ -581,6 +597,9 @@ def wrong_device(facts: dict) -> dict | None:
             "with .to(device, non_blocking=True), and give library-internal tensors device=.")
     code = ("device = torch.device('cuda')\nmodel = Model().to(device)\noptimizer = torch.optim.SGD(model.parameters(), ...)\n"
             "for x, y in loader:\n    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")
+    api_fix = fixes.device_code(facts)
+    if api_fix:
+        text, code = api_fix
     evidence = {"gpus": gpus, "params": params, "inputs": inputs, "batch": devices.get("batch"),
                 "cuda_initialized": devices.get("cuda_initialized")}
     return finding("wrong_device", "critical", "Wrong device: the model is not on the GPU", summary, evidence,
@@ -637,7 +656,7 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
         return None
     summary = "DataLoader configuration: " + "; ".join(smells) + "."
     # The code goes with input_bound when that is reported; here only the options that differ.
-    code = None if already else _loader_code(loader, max(nw, 1) if nw else 1)
+    code = None if already else fixes.loader_code(facts, max(nw, 1) if nw else 1)
     return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
                    {"smells": smells, "loader": {k: loader.get(k) for k in (
                        "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "dataset")}},
@@ -661,8 +680,7 @@ def device_bound(facts: dict) -> dict:
                f"{_ms(step['step_time_s']['mean'])} step; {where}.")
     evidence = _round({"compute_share": compute, "data_wait_share": sh["data_wait"],
                        "other_host_share": sh["other_host"]})
-    text = ("Nothing to fix upstream. For more speed: mixed precision on GPUs with tensor cores, "
-            "torch.compile, or a bigger device.")
+    text = f"Nothing to fix upstream. For more speed: {fixes.faster_device_options(facts)}."
     iw = facts.get("input_wait")
     if iw is not None:  # Keras / TensorFlow
         evidence["input_wait_measured"] = iw.get("method") is not None

@@ -7,9 +7,9 @@ a finding or ``None``; thresholds live in :mod:`whyidle.diagnose.thresholds`.
 
 from __future__ import annotations
 
+from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import (
-    ACCUMULATE_CODE,
     _ms,
     _pct,
     finding,
@@ -56,7 +56,9 @@ def sync_bound(facts: dict) -> dict | None:
     top = sites[0]
     per_step = syncs.get("per_step")
     where = top["site"] or top["leaf"] or "an unknown line"
-    summary = (f"{syncs['count']} host↔device syncs ({per_step or 0:.1f} per step) leave the GPU idle {_pct(share)} of the "
+    micro = ((facts.get("step") or {}).get("micro_batches_per_step"))
+    summary = (f"{syncs['count']} host↔device syncs ({per_step or 0:.1f} per step{_per_micro(per_step, micro, ', ')}) "
+               f"leave the GPU idle {_pct(share)} of the "
                f"time ({syncs['idle_s']:.2f} s); the costliest, at {where}"
                + (f" ({top['op']})" if top.get("op") else "")
                + f", runs {top['per_step'] or 0:.1f}× per step and exposes {_pct(top['share'])}.")
@@ -68,13 +70,24 @@ def sync_bound(facts: dict) -> dict | None:
     text = ("Each sync makes the host wait until the GPU has finished everything queued, and the GPU then waits "
             "for the host's next launches. Take syncs out of the per-step path: "
             + ("; ".join(hints) if hints else "read GPU values (loss, metrics) only every N steps") + ".")
-    code = ACCUMULATE_CODE
+    code = fixes.sync_code(facts)
     evidence = {"idle_share": round(share, 4), "idle_s": round(syncs["idle_s"], 4), "count": syncs["count"],
                 "per_step": round(per_step, 3) if per_step is not None else None,
+                "micro_batches_per_step": micro,
+                "per_micro_batch": round(per_step / micro, 3) if per_step is not None and micro else None,
                 "sites": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in s.items()} for s in sites]}
     severity = "critical" if share >= T.SYNC_IDLE_CRITICAL else "warning"
     return finding("sync_bound", severity, "Sync-bound: host↔device syncs stall the GPU", summary, evidence,
                    speedup_if_removed(share), text, code, [DOCS_SYNC])
+
+
+def _per_micro(per_step: float | None, micro: float | None, lead: str = " ") -> str:
+    """`` (1.0 per micro-batch, 4 micro-batches of gradient accumulation per step)`` when a step holds
+    several backward calls (``micro`` > 1), else ``""``."""
+    if not per_step or not micro or micro <= 1:
+        return ""
+    text = f"{per_step / micro:.1f} per micro-batch, {micro:g} micro-batches of gradient accumulation per step"
+    return f"{lead}({text})" if lead == " " else f"{lead}{text}"
 
 
 def _host_reads(facts: dict) -> dict | None:
@@ -88,15 +101,27 @@ def _host_reads(facts: dict) -> dict | None:
     sites = reads["sites"][:5]
     for site in sites:
         site["op"] = "+".join(site["ops"])
+    micro = reads.get("micro_batches_per_step")
     first = sites[0]
     lines = f"{len(reads['sites'])} lines" if len(reads["sites"]) > 1 else "1 line"
-    summary = (f"The step reads tensor values on the host {reads['per_step']:.1f} times, at {lines} (the most at "
-               f"{first['site'] or first['leaf']}, {first['op']}). On this CPU-only run that costs nothing extra; on "
-               "a GPU each read is a host↔device sync that drains the queue.")
-    text = ("Before moving this loop to a GPU, take the reads out of the per-step path: accumulate on the device "
-            "and read every N steps.")
-    code = ACCUMULATE_CODE
-    evidence = {"per_step": round(reads["per_step"], 3), "sites": sites, "measured": "host reads (no GPU)"}
+    n = reads["per_step"]
+    summary = (f"The step reads tensor values on the host {n:.1f} times" if n < 10 else
+               f"The step reads tensor values on the host {n:,.0f} times") + (
+        f"{_per_micro(n, micro)}, at {lines} (the most at {first['site'] or first['leaf']}, {first['op']}). On this "
+        "CPU-only run that costs nothing extra; on a GPU each read is a host↔device sync that drains the queue.")
+    if all(s["ops"] == ["__bool__"] for s in sites[:2]):
+        # Python branches on tensor elements (``if pred[i] == c:``): a loop to vectorize, not a value to log
+        text = ("Before moving this loop to a GPU, stop branching in Python on tensor values (if t == c: on "
+                "elements, one sync each): compute the whole result with tensor operations (masks, torch.where, "
+                "torch.bincount) and read it once, when you log.")
+        code = None
+    else:
+        text = ("Before moving this loop to a GPU, take the reads out of the per-step path: accumulate on the device "
+                "and read every N steps.")
+        code = fixes.sync_code(facts)
+    evidence = {"per_step": round(reads["per_step"], 3), "sites": sites, "measured": "host reads (no GPU)",
+                "micro_batches_per_step": micro,
+                "per_micro_batch": round(reads["per_step"] / micro, 3) if micro else None}
     return finding("sync_bound", "info", "Host reads of tensor values every step (syncs on a GPU)", summary,
                    evidence, None, text, code, [DOCS_SYNC])
 
@@ -166,8 +191,7 @@ def pageable_transfers(facts: dict) -> dict | None:
             "asynchronously and overlaps compute." if batch else
             "Allocate the source tensor in pinned memory (tensor.pin_memory(), or torch.empty(..., pin_memory=True) "
             "reused every step) and copy with non_blocking=True.")
-    code = ("loader = DataLoader(dataset, batch_size=..., num_workers=..., pin_memory=True)\n"
-            "x = x.to(device, non_blocking=True)" if batch else "buf = torch.empty(shape, pin_memory=True)\n"
+    code = (fixes.pin_code(facts) if batch else "buf = torch.empty(shape, pin_memory=True)\n"
             "buf.copy_(src); x = buf.to(device, non_blocking=True)")
     evidence = {"pageable_bytes_per_step": round(tr["pageable_bytes_per_step"]),
                 "pageable_host_s_per_step": round(host_s, 6), "share_of_step": round(share, 4),

@@ -12,6 +12,7 @@ A missing or ``None`` fact counts as unknown, and an unknown fact keeps a rule s
 from __future__ import annotations
 
 from whyidle.analysis.capability import capability_of
+from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import _ms, _pct, _round, finding
 
@@ -174,6 +175,10 @@ def no_mixed_precision(facts: dict) -> dict | None:
                  "tensor cores, a one-line change when autocast is not an option.")
         code += "\n\n" + _CODE_TF32
         docs.append(DOCS_TF32)
+    api_fix = fixes.mixed_precision_code(facts, bf16)
+    if api_fix:  # Lightning, HF Trainer, Accelerate: one setting, the framework runs autocast
+        text = api_fix[0] + (" Weights and optimizer state stay float32." if bf16 else "")
+        code = api_fix[1]
     if keras:
         policy = "mixed_bfloat16" if bf16 else "mixed_float16"
         text = (f"Set the Keras mixed-precision policy \"{policy}\" before building the model: layers compute in "

@@ -4,7 +4,8 @@ The bootstrap (``whyidle/run/bootstrap/sitecustomize.py``) calls :func:`start_fr
 interpreter start-up when ``WHYIDLE_RUN_DIR`` is set. The agent does nothing visible until the
 user's program imports a framework: an import hook then installs that framework's
 instrumentation (``whyidle.instrument.torch``, ``whyidle.instrument.keras`` for ``keras`` and
-``tensorflow``), opens ``RUN_DIR/proc-<pid>.jsonl`` and starts a
+``tensorflow``, ``whyidle.instrument.frameworks`` for Lightning, the HF ``Trainer`` and
+Accelerate), opens ``RUN_DIR/proc-<pid>.jsonl`` and starts a
 flusher thread. Standard library only: it runs beside the user's own packages.
 
 The doctor must never harm the patient: every hook catches its own errors, disables the part that
@@ -208,11 +209,18 @@ def _installer(instrument: str, function: str, label: str):
 
 
 _install_keras = _installer("keras", "install_keras", "Keras")
-#: Framework modules whose import installs their instrumentation (post-import hooks).
+_install_lightning = _installer("frameworks", "install_lightning", "Lightning")
+#: Framework modules whose import installs their instrumentation (post-import hooks). The HF
+#: ``Trainer`` is hooked at its own submodule: ``transformers`` imports it lazily, and importing it
+#: for a program that only builds models would cost seconds.
 _INSTALLERS = {"torch": _installer("torch", "install", "PyTorch"),
                "tensorflow": _installer("keras", "install_tensorflow", "TensorFlow"),
                "keras": _install_keras,
-               "tf_keras": _install_keras}  # tf_keras: Keras 2 behind tf.keras with TF_USE_LEGACY_KERAS=1
+               "tf_keras": _install_keras,  # tf_keras: Keras 2 behind tf.keras with TF_USE_LEGACY_KERAS=1
+               "lightning": _install_lightning,
+               "pytorch_lightning": _install_lightning,
+               "transformers.trainer": _installer("frameworks", "install_transformers_trainer", "Hugging Face Trainer"),
+               "accelerate": _installer("frameworks", "install_accelerate", "Accelerate")}
 
 
 def start_from_env() -> "Agent | None":

@@ -31,12 +31,9 @@ from time import monotonic_ns
 #: bounded and no interval of unknown content is analyzed as if it were observed.
 MAX_PENDING_MARKS = 8192
 
-#: Steps shorter than this get phase marks on every k-th step only (k chosen so that marked steps
-#: are at least this far apart): a mark costs a few µs of host time, so ~10 marks per 5 ms step
-#: stay well under 1 % overhead. Probes and sync marks are kept on every step.
-MIN_MARKED_STEP_S = 0.005
-
-#: Steps over which the mean step time is measured to choose the stride.
+#: Steps over which the mean step time is measured to choose the detail stride: phase marks are
+#: recorded on the fully detailed steps only (``whyidle.instrument.torch.FULL_DETAIL_PERIOD_S``; a
+#: mark costs a few µs of host time). Probes and sync marks are kept on every step.
 STRIDE_WINDOW = 64
 
 #: Mark kinds: a step boundary (``i`` = the step that starts), a phase change, a stack-sample

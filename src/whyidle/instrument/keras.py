@@ -197,6 +197,8 @@ class KerasInstrument:
         now = monotonic_ns()
         if self.cur is not None:
             self._end_step(now, False)
+        if self.stacks is not None:
+            self.stacks.maybe_reinstall()  # a library reset the sampler's SIGURG handler (stacks.py)
         w = self.window
         if w is not None and not self.off and w.before_call(self.calls, now):
             now = monotonic_ns()  # the profiler's own start / stop-and-save is in no step
@@ -272,6 +274,8 @@ class KerasInstrument:
             self.it_last = None
             return
         new = iterator is not self.it_last
+        if self.stacks is not None:
+            self.stacks.maybe_reinstall()
         self.it_step = {"i": self.step_i, "t0": t0, "data": t1 - t0, "comp": 0, "grad": 0, "c0": thread_time_ns(),
                         "samples": _samples_of(element), "new": new, "ph": []}
         _spans(self.it_step, t0, t1, DATA)
@@ -301,7 +305,7 @@ class KerasInstrument:
         from whyidle.instrument.stacks import StackSampler
 
         self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase,
-                                   native_id=threading.get_native_id())
+                                   native_id=threading.get_native_id(), notify=self.agent.notice)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()

@@ -5,16 +5,20 @@ code changes. What it hooks (all public PyTorch hooks except the two DataLoader 
 
 - step end: ``torch.optim.optimizer.register_optimizer_step_post_hook`` (global). The first
   optimizer that steps is the *primary* one: each of its steps ends a training step; other
-  optimizers' steps count as optimizer time. Without any optimizer step, a step ends where the next
+  optimizers' steps count as optimizer time, until one of them steps
+  :data:`PRIMARY_TAKEOVER_STEPS` times in a row and replaces it. Without any optimizer step, a step ends where the next
   batch is fetched (``by = "loader"``).
 - data wait: ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` and
   ``DataLoader.__iter__`` (iterator creation, where non-persistent workers start), wrapped.
 - forward: global module forward pre/post hooks (``register_module_forward_pre_hook``,
   ``register_module_forward_hook(always_call=True)``), counting only the outermost call. After
-  :data:`ROOT_LEARNING_STEPS` steps they are replaced by hooks on the top-level modules seen, so
-  inner modules keep PyTorch's hook-free fast path. Forward with grad disabled is ``eval``.
-- backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it).
-- optimizer: global optimizer step pre/post hooks.
+  :data:`ROOT_LEARNING_STEPS` optimizer steps they are replaced by hooks on the top-level modules
+  seen, so inner modules keep PyTorch's hook-free fast path. Forward with grad disabled is ``eval``.
+- backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it); each call is one
+  micro-batch (``mb``: several per optimizer step under gradient accumulation).
+- optimizer: global optimizer step pre/post hooks. A closure passed to ``step(closure)`` (Lightning
+  runs ``training_step`` and backward that way, LBFGS its loss) is wrapped by the pre-hook, so its
+  time counts as host work with its own forward and backward, never as optimizer time.
 
 Phases are exclusive (a forward inside an optimizer closure counts as forward, not twice); the rest
 of the step is ``other`` host time. Only the training thread (the main thread, or the thread of
@@ -32,26 +36,52 @@ import collections.abc
 import functools
 import math
 import os
+import random
 import sys
 import threading
+import weakref
 from time import monotonic_ns, thread_time_ns
 
 from whyidle.instrument.cuda import (
     MAX_SYNCS_PER_STEP,
-    MIN_MARKED_STEP_S,
     STRIDE_WINDOW,
     CudaTimeline,
     SyncWatch,
 )
-from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
+from whyidle.record.steptable import BY_CODES, MAX_PH_VALUES, PHASE_CODES
 
 #: Steps during which global forward hooks watch for top-level modules before being replaced by
 #: per-module hooks on those roots (global hooks force every submodule off PyTorch's fast path).
 ROOT_LEARNING_STEPS = 3
 
-#: Steps whose parameter / batch / input devices are recorded (enough to see a placement error;
-#: walking all parameters every step would cost time on large models).
+#: Optimizer steps whose parameter / batch / input devices are recorded (enough to see a placement
+#: error; walking all parameters every step would cost time on large models). Counted in optimizer
+#: steps, not batches: with gradient accumulation the first optimizer step comes after several
+#: micro-batches, and those must not use up the audit.
 DEVICE_AUDIT_STEPS = 3
+
+#: Steps shorter than this are recorded in full detail on one step in k only, k = ceil(
+#: FULL_DETAIL_PERIOD_S / mean step time) (the *detail stride*, at most ``STRIDE_WINDOW``, set every
+#: ``STRIDE_WINDOW`` steps; which step of each k is drawn at random, so a loop that logs every N
+#: steps is neither always nor never in the sample). A full step has its phases (the hooks), ``ph``
+#: spans, main-thread CPU time, samples and a ``step`` record; the others (*lite* steps) keep their
+#: boundaries only, as rows of a ``steps`` record, and their hooks are taken out. Once the model is
+#: on CUDA every step keeps its phases (the GPU-idle attribution needs the phase of every probe and
+#: sync); only the spans, CPU times, sample counts, records and CUDA phase marks are thinned.
+#: Full detail costs ~130 µs per step on a plain loop and ~225 µs under Lightning, a lite step a
+#: few µs (benchmarks/hook_cost.py): one full step per 20 ms keeps whyidle near 1 % of a run.
+FULL_DETAIL_PERIOD_S = 0.020
+
+#: Steps in a row of one other optimizer, with no step of the primary between them, after which
+#: that optimizer becomes the primary one: the program replaced its optimizer (a second
+#: ``trainer.fit`` builds a new one). Alternating optimizers (a GAN's generator and discriminator)
+#: never reach it; a critic stepping 5 times per generator step takes over once, and stays.
+PRIMARY_TAKEOVER_STEPS = 3
+
+#: Loader-marked steps (one batch each, before any optimizer step) after which the audits stop
+#: even if no optimizer ever steps: a loop that trains without ``torch.optim`` or accumulates more
+#: micro-batches than this. 64 covers the accumulation factors seen in practice (up to 32-64).
+MAX_AUDITED_BATCHES = DEVICE_AUDIT_STEPS + 64
 
 #: Autograd graph nodes counted at most per audited step (a transformer has a few thousand; the
 #: count only needs to tell "tens" from "thousands").
@@ -63,6 +93,7 @@ GRAPH_COUNT_STEPS = (2, 5, 10)
 
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
 PHASE_CODE = {name: code for code, name in enumerate(PHASE_CODES)}
+_BY_CODE = {name: code for code, name in enumerate(BY_CODES)}
 
 _INSTANCE: "TorchInstrument | None" = None
 
@@ -156,17 +187,33 @@ class TorchInstrument:
         self.samples = 0
         self.samples_known = True
         self.boundary = False
+        self.micro = 0  # backward calls in this step: micro-batches under gradient accumulation
         self.by_optimizer = False
         self.primary_opt: int | None = None
+        self.opt_steps = 0  # steps ended by the primary optimizer
+        self.other_opt: int | None = None  # the last non-primary optimizer that stepped
+        self.other_opt_steps = 0  # its steps since the primary's last one
+        self.auditing = True  # this step's batches, inputs and copies are audited (see _begin_step)
         self.depth = 0
         self.roots: dict[int, object] = {}
         self.graph_counted: set[int] = set()
         self.global_hooks: list = []
         self.root_hooks: list = []
         self.loaders: set[int] = set()
+        self.iter_loader: dict[int, int] = {}  # id(iterator) -> id(its DataLoader)
+        self.loader_key: int | None = None  # the DataLoader of this step's last batch
+        self.created: dict[int, tuple] = {}  # id(DataLoader) -> (user site, leaf site) of its construction
         self.audit = _new_audit()
         self.timeline = None  # CudaTimeline once the model is on CUDA
-        self.marking = False  # this step gets phase marks (see CudaTimeline stride)
+        self.marking = False  # this step gets CUDA phase marks (full steps, once the model is on CUDA)
+        self.full = True  # this step is recorded in full detail (see FULL_DETAIL_PERIOD_S)
+        self.tracking = True  # the phase hooks are in: full steps, and every step on CUDA
+        self.switches: list = []  # callables(on) putting the phase hooks in or taking them out
+        self.phase_map = None  # PhaseMap for the stack samples of lite steps (install())
+        self.root_refs: list = []  # weak references to the root modules, for their forward hooks
+        self.next_full = 0  # the next step recorded in full detail
+        self._rng = random.Random(0x5EED)  # our own: the program's random state is never touched
+        self.lite_rows: list[tuple] = []  # the lite steps since the last full one (LITE_COLUMNS)
         self.stride = 1
         self._stride_ref: tuple[int, int] | None = None
         self.sync_watch = None
@@ -177,27 +224,41 @@ class TorchInstrument:
         self.stacks = None
         self.off = False
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        self._grad_enabled = torch.is_grad_enabled
 
     # -- phase accounting ------------------------------------------------------------------------
     def _begin_step(self, now: int) -> None:
+        full = self.step >= self.next_full
+        if full:  # the next full step: one in ``stride`` on average, drawn at random
+            self.next_full = self.step + (1 if self.stride <= 1 else 1 + self._rng.randrange(2 * self.stride - 1))
+        tracking = full or self.timeline is not None
+        if tracking != self.tracking:
+            self._track(tracking)
+        self.full = full
         self.t0 = now
         self.t_phase = now
-        self.phase = "other"
+        self.phase = "other" if tracking else "lite"
         self.saved = []
-        self.ph = []  # phase changes: code, µs since t0 (docs/run-format.md)
         self.acc = dict.fromkeys(PHASES, 0)
-        self.cpu0 = thread_time_ns()
-        self.data_cpu = 0
         self.batches = 0
         self.samples = 0
         self.samples_known = True
         self.boundary = False
+        self.micro = 0
+        self.loader_key = None
         self.syncs_in_step = 0
+        if full:
+            self.ph = []  # phase changes: code, µs since t0 (docs/run-format.md)
+            self.cpu0 = thread_time_ns()
+            self.data_cpu = 0
+            self.auditing = self.opt_steps < DEVICE_AUDIT_STEPS and self.step < MAX_AUDITED_BATCHES
+        else:
+            self.auditing = False
         tl = self.timeline
         if tl is not None:
             was = self.marking
-            self.marking = self.step % self.stride == 0
-            if was or self.marking:
+            self.marking = full
+            if was or full:
                 tl.mark("other", "step", self.step)
 
     def enter(self, phase: str) -> None:
@@ -206,26 +267,32 @@ class TorchInstrument:
             self._begin_step(now)
             self._start_stacks()
             self._start_transfer_audit()
+        if not self.tracking:
+            return
         self.acc[self.phase] += now - self.t_phase
         self.saved.append(self.phase)
         self.phase = phase
         self.t_phase = now
+        if self.full:
+            self._span(phase, now)
+
+    def leave(self) -> None:
+        if not self.tracking:
+            return
+        now = monotonic_ns()
+        self.acc[self.phase] += now - self.t_phase
+        self.phase = phase = self.saved.pop() if self.saved else "other"
+        self.t_phase = now
+        if self.full and self.t0 is not None:
+            self._span(phase, now)
+
+    def _span(self, phase: str, now: int) -> None:
+        """A phase change of a full step: its ``ph`` span and, on CUDA, a timeline mark."""
         if len(self.ph) < MAX_PH_VALUES:
             self.ph += (PHASE_CODE[phase], (now - self.t0) // 1000)
         tl = self.timeline
         if self.marking and tl is not None:
             tl.mark(phase, "phase", self.step)
-
-    def leave(self) -> None:
-        now = monotonic_ns()
-        self.acc[self.phase] += now - self.t_phase
-        self.phase = self.saved.pop() if self.saved else "other"
-        self.t_phase = now
-        if self.t0 is not None and len(self.ph) < MAX_PH_VALUES:
-            self.ph += (PHASE_CODE[self.phase], (now - self.t0) // 1000)
-        tl = self.timeline
-        if self.marking and tl is not None:
-            tl.mark(self.phase, "phase", self.step)
 
     def end_step(self, by: str) -> None:
         now = monotonic_ns()
@@ -233,22 +300,69 @@ class TorchInstrument:
             self._begin_step(now)
             return
         acc = self.acc
-        acc[self.phase] += now - self.t_phase
-        rec = {
-            "k": "step", "t": now, "i": self.step, "t0": self.t0, "t1": now, "by": by,
-            "data": acc["data"], "fwd": acc["forward"], "bwd": acc["backward"],
-            "opt": acc["optimizer"], "eval": acc["eval"],
-            "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
-            "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
-            "ph": self.ph,
-        }
-        self.agent.record(rec)
+        if self.tracking:
+            acc[self.phase] += now - self.t_phase
+        if self.full:
+            if self.lite_rows:  # keep the file in step order
+                self.flush_lite()
+            self.agent.record({
+                "k": "step", "t": now, "i": self.step, "t0": self.t0, "t1": now, "by": by,
+                "data": acc["data"], "fwd": acc["forward"], "bwd": acc["backward"],
+                "opt": acc["optimizer"], "eval": acc["eval"],
+                "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
+                "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
+                "mb": self.micro, "ld": self.loader_key, "ph": self.ph,
+            })
+        elif self.tracking:  # one tuple per lite step, in LITE_COLUMNS order
+            self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), acc["data"], acc["forward"],
+                                   acc["backward"], acc["optimizer"], acc["eval"], self.batches, self.micro,
+                                   self.loader_key, 1 if self.boundary else 0))
+        else:  # hooks out: the boundaries (and batches when they mark the steps)
+            self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), None, None, None, None, None,
+                                   None if self.by_optimizer else self.batches, None, self.loader_key,
+                                   1 if self.boundary else 0))
+        if by == "optimizer":
+            self.opt_steps += 1
         if self.transfers is not None:
-            self._drain_transfers(now)
+            self._drain_transfers(now, by)
         self.step += 1
-        if self.timeline is not None and self.step % STRIDE_WINDOW == 0:
+        if self.step % STRIDE_WINDOW == 0:
             self._update_stride(now)
+        if self.global_hooks and (self.opt_steps >= ROOT_LEARNING_STEPS or self.step >= MAX_AUDITED_BATCHES):
+            self._switch_to_root_hooks()
+        if self.stacks is not None:
+            self.stacks.maybe_reinstall()  # a library reset the sampler's SIGURG handler (stacks.py)
         self._begin_step(now)
+
+    def _track(self, on: bool) -> None:
+        """Puts the phase hooks in (``on``) or takes them out for lite steps (see
+        ``FULL_DETAIL_PERIOD_S``): the backward wrapper, the root modules' forward hooks and, when
+        optimizer steps mark the steps, the DataLoader ``__next__`` wrapper. Between steps only."""
+        self.tracking = on
+        self.depth = 0
+        for switch in self.switches:
+            switch(on)
+
+    def _root_forward_hooks(self, on: bool) -> None:
+        """The root modules' forward hooks in or out (once they replaced the global hooks)."""
+        for h in self.root_hooks:
+            h.remove()
+        self.root_hooks = []
+        if not on or self.global_hooks:
+            return
+        pre, post = _forward_hooks(self)
+        for ref in self.root_refs:
+            module = ref()
+            if module is not None:
+                self.root_hooks.append(module.register_forward_pre_hook(pre))
+                self.root_hooks.append(module.register_forward_hook(post, always_call=True))
+
+    def flush_lite(self) -> None:
+        """Queues the lite steps since the last full step as one ``steps`` record (training thread,
+        and at exit)."""
+        rows, self.lite_rows = self.lite_rows, []
+        if rows:
+            self.agent.record({"k": "steps", "t": monotonic_ns(), "rows": rows})
 
     def fail(self, where: str, exc: BaseException) -> None:
         """Turns the instrumentation off and says so once; the user's program goes on."""
@@ -268,39 +382,63 @@ class TorchInstrument:
     def on_fetch_start(self) -> None:
         if not self.by_optimizer and self.batches >= 1:
             self.end_step("loader")
+        elif self.stacks is not None:  # batches without steps (a validation loop) re-install too
+            self.stacks.maybe_reinstall()
         self.enter("data")
 
-    def on_fetch_end(self, batch, cpu_start: int, stopped: bool) -> None:
-        self.data_cpu += thread_time_ns() - cpu_start
+    def on_fetch_end(self, batch, cpu_start: int, stopped: bool, it=None) -> None:
+        full = self.full
+        if full:
+            self.data_cpu += thread_time_ns() - cpu_start
         self.leave()
         if stopped:
             self.boundary = True
             return
         self.batches += 1
-        n = batch_size_of(batch)
-        if n is None:
-            self.samples_known = False
-        else:
-            self.samples += n
-        if self.step < DEVICE_AUDIT_STEPS:
-            self._audit_batch(batch)
+        self.loader_key = self.iter_loader.get(id(it))
+        if full:  # samples are read on full steps only (lite steps: the analysis uses full ones)
+            n = batch_size_of(batch)
+            if n is None:
+                self.samples_known = False
+            else:
+                self.samples += n
+            if self.auditing:
+                self._audit_batch(batch)
 
-    def on_iter(self, loader, t0: int, t1: int) -> None:
+    def on_iter(self, loader, t0: int, t1: int, it=None) -> None:
         self.boundary = True
         key = id(loader)
         if key not in self.loaders:
             self.loaders.add(key)
-            self.agent.record(_loader_config(loader, key, t0))
+            rec = _loader_config(loader, key, t0)
+            rec["created"] = list(self.created.get(key) or (None, None))
+            rec["collate_user"] = self._user_code(getattr(loader, "collate_fn", None))
+            self.agent.record(rec)
+        if len(self.iter_loader) >= 64:  # one iterator per epoch without persistent workers
+            self.iter_loader.clear()
+        self.iter_loader[id(it)] = key
         self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1})
+
+    def on_loader_created(self, loader, frame) -> None:
+        """A DataLoader was built: keep where (its caller's user site and innermost site)."""
+        if len(self.created) >= 64:
+            self.created.clear()
+        self.created[id(loader)] = self.site_of(frame)
+
+    def _user_code(self, fn) -> bool | None:
+        """True when ``fn`` (a function, or an object with ``__call__``) is defined in the user's code,
+        False in a library (e.g. transformers' ``RemoveColumnsCollator``), None when unknown."""
+        code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None), "__code__", None)
+        return None if code is None else self.frames().classify(code.co_filename)[0] == 0
 
     def on_forward_pre(self, module, args) -> None:
         if self.depth == 0:
-            self.enter("forward" if self.torch.is_grad_enabled() else "eval")
+            self.enter("forward" if self._grad_enabled() else "eval")
             if self.phase == "eval":
                 self.boundary = True
-            if self.step < ROOT_LEARNING_STEPS and self.global_hooks:
+            if self.global_hooks:
                 self.roots[id(module)] = module
-            if self.step < DEVICE_AUDIT_STEPS:
+            if self.auditing:
                 for t in _tensors_in(args):
                     self.audit["inputs"].add(t.device.type)
                 if self.audit["autocast"] is not True:
@@ -328,22 +466,45 @@ class TorchInstrument:
 
     def on_optimizer_post(self, optimizer) -> None:
         self.leave()
+        key = id(optimizer)
         if self.primary_opt is None:
-            self.primary_opt = id(optimizer)
-        if id(optimizer) != self.primary_opt:
-            return
-        if self.step < DEVICE_AUDIT_STEPS:
+            self.primary_opt = key
+        if key != self.primary_opt:
+            # another optimizer steps again and again while the primary does not: it replaced it (a
+            # second trainer.fit, an optimizer rebuilt for a new training stage)
+            self.other_opt_steps = self.other_opt_steps + 1 if self.other_opt == key else 1
+            self.other_opt = key
+            if self.other_opt_steps < PRIMARY_TAKEOVER_STEPS:
+                return
+            self.primary_opt = key
+        self.other_opt_steps = 0
+        if self.opt_steps < DEVICE_AUDIT_STEPS:
             self._audit_step(optimizer)
         self.end_step("optimizer")
-        if self.step == ROOT_LEARNING_STEPS and self.global_hooks:
-            self._switch_to_root_hooks()
+
+    def wrap_closure(self, closure):
+        """``closure`` (what ``optimizer.step(closure)`` re-evaluates: Lightning's training_step +
+        backward, LBFGS's loss) wrapped so that its time is host work (``other``) with its own
+        forward and backward inside, never optimizer time."""
+
+        def timed_closure(*args, **kwargs):  # no functools.wraps: it costs ~15 µs per step
+            if self.off or threading.get_ident() != self.tid:
+                return closure(*args, **kwargs)
+            _safe(self, self.enter, "other")
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                if not self.off:
+                    _safe(self, self.leave)
+
+        return timed_closure
 
     # -- audits ----------------------------------------------------------------------------------
     def _audit_batch(self, batch) -> None:
         cuda_ready = self.torch.cuda.is_initialized()
         for t in _tensors_in(batch):
             if self.transfers is not None:
-                self.transfers.batch_ids.add(id(t))
+                self.transfers.add_batch(t)
             self.audit["batch"].add(t.device.type)
             if cuda_ready and t.device.type == "cpu":
                 pinned = bool(t.is_pinned())
@@ -367,20 +528,24 @@ class TorchInstrument:
             "batch": sorted(self.audit["batch"]), "inputs": sorted(self.audit["inputs"]),
             "cuda_initialized": cuda_ready, "pinned": self.audit["pinned"],
             "threads": self.torch.get_num_threads(), "param_dtypes": dtypes,
-            "autocast": self.audit["autocast"], "matmul_tf32": tf32,
+            "autocast": self.audit["autocast"], "matmul_tf32": tf32, "compiled": self.compiled,
         })
         self.audit = _new_audit()
         if cuda_ready and "cuda" in params and self.timeline is None:
             self._start_gpu_timeline()
 
     # -- GPU timeline, syncs, transfers ----------------------------------------------------------
-    def site_of(self, frame) -> tuple[str | None, str | None]:
-        """``(innermost user site, innermost site)`` of ``frame`` as ``"file:line function"``."""
+    def frames(self):
+        """The process's :class:`whyidle.instrument.stacks.FrameClassifier` (created on first use)."""
         if self.classifier is None:
             from whyidle.instrument.stacks import FrameClassifier
 
             self.classifier = FrameClassifier()
-        return self.classifier.site_pair(frame)
+        return self.classifier
+
+    def site_of(self, frame) -> tuple[str | None, str | None]:
+        """``(innermost user site, innermost site)`` of ``frame`` as ``"file:line function"``."""
+        return self.frames().site_pair(frame)
 
     def _start_gpu_timeline(self) -> None:
         """Starts the CUDA timeline and the sync watch (once the model is on CUDA)."""
@@ -411,10 +576,16 @@ class TorchInstrument:
             return []
 
     def _update_stride(self, now: int) -> None:
+        """Sets the detail stride from the mean step time of the last ``STRIDE_WINDOW`` steps; a
+        change is written as a ``detail`` record."""
         ref = self._stride_ref
         if ref is not None and self.step > ref[0]:
             mean_s = (now - ref[1]) / 1e9 / (self.step - ref[0])
-            self.stride = max(1, min(STRIDE_WINDOW, math.ceil(MIN_MARKED_STEP_S / max(mean_s, 1e-9))))
+            stride = max(1, min(STRIDE_WINDOW, math.ceil(FULL_DETAIL_PERIOD_S / max(mean_s, 1e-9))))
+            if abs(stride - self.stride) > self.stride // 4:  # steadier than the step times: no flip-flop
+                self.agent.record({"k": "detail", "t": now, "step": self.step, "stride": stride,
+                                   "step_s": round(mean_s, 6)})
+                self.stride = stride
         self._stride_ref = (self.step, now)
 
     def on_sync(self, frame, explicit: str | None) -> None:
@@ -460,9 +631,12 @@ class TorchInstrument:
         self.transfers = audit
         self.agent.on_exit.append(audit.stop)
 
-    def _drain_transfers(self, now: int) -> None:
-        self.agent.record(self.transfers.drain(self.step, now))
-        if self.step + 1 >= DEVICE_AUDIT_STEPS:
+    def _drain_transfers(self, now: int, by: str) -> None:
+        rec = self.transfers.drain(self.step, now)
+        rec["by"] = by
+        rec["mb"] = self.micro
+        self.agent.record(rec)
+        if self.opt_steps >= DEVICE_AUDIT_STEPS or self.step + 1 >= MAX_AUDITED_BATCHES:
             self.transfers.stop()
             self.transfers = None
 
@@ -473,7 +647,7 @@ class TorchInstrument:
         from whyidle.instrument.stacks import StackSampler
 
         self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase, native_id=self.native_tid,
-                                   on_sample=self.on_stack_sample)
+                                   on_sample=self.on_stack_sample, phases=self.phase_map)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()
@@ -482,11 +656,15 @@ class TorchInstrument:
         for h in self.global_hooks:
             h.remove()
         self.global_hooks = []
-        pre, post = _forward_hooks(self)
+        refs = []
         for module in self.roots.values():
-            self.root_hooks.append(module.register_forward_pre_hook(pre))
-            self.root_hooks.append(module.register_forward_hook(post, always_call=True))
+            try:
+                refs.append(weakref.ref(module))
+            except TypeError:  # a module that cannot be weakly referenced: a strong one
+                refs.append(lambda m=module: m)
+        self.root_refs = refs
         self.roots = {}
+        self._root_forward_hooks(self.tracking)
 
     def uninstall_hooks(self) -> None:
         for h in self.global_hooks + self.root_hooks:
@@ -597,6 +775,7 @@ def install(agent, torch) -> TorchInstrument:
         "cuda_build": getattr(torch.version, "cuda", None), "threads": torch.get_num_threads(),
     })
     agent.start_background()
+    agent.on_exit.append(inst.flush_lite)  # before the agent's last flush
 
     orig_next = dl._BaseDataLoaderIter.__next__
 
@@ -606,19 +785,19 @@ def install(agent, torch) -> TorchInstrument:
             return orig_next(self)
         try:
             inst.on_fetch_start()
-            c0 = thread_time_ns()
+            c0 = thread_time_ns() if inst.full else 0
         except Exception as exc:
             inst.fail("DataLoader.__next__", exc)
             return orig_next(self)
         try:
             batch = orig_next(self)
-        except StopIteration:
+        except BaseException:  # StopIteration included: the epoch ends inside this step
             _safe(inst, inst.on_fetch_end, None, c0, True)
             raise
-        except BaseException:
-            _safe(inst, inst.on_fetch_end, None, c0, True)
-            raise
-        _safe(inst, inst.on_fetch_end, batch, c0, False)
+        try:
+            inst.on_fetch_end(batch, c0, False, self)
+        except Exception as exc:
+            inst.fail("DataLoader.__next__", exc)
         return batch
 
     orig_iter = dl.DataLoader.__iter__
@@ -629,15 +808,26 @@ def install(agent, torch) -> TorchInstrument:
             return orig_iter(self)
         t0 = monotonic_ns()
         _safe(inst, inst.enter, "data")
+        it = None
         try:
-            return orig_iter(self)
+            it = orig_iter(self)
+            return it
         finally:
             if not inst.off:
                 _safe(inst, inst.leave)
-                _safe(inst, inst.on_iter, self, t0, monotonic_ns())
+                _safe(inst, inst.on_iter, self, t0, monotonic_ns(), it)
+
+    orig_init = dl.DataLoader.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        if not inst.off:
+            _safe(inst, inst.on_loader_created, self, sys._getframe(1))
 
     dl._BaseDataLoaderIter.__next__ = __next__
     dl.DataLoader.__iter__ = __iter__
+    dl.DataLoader.__init__ = __init__
 
     orig_backward = torch.autograd.backward
 
@@ -652,7 +842,11 @@ def install(agent, torch) -> TorchInstrument:
                               "nodes": count_graph_nodes(args[0])})
             except Exception:
                 pass
-        _safe(inst, inst.enter, "backward")
+        inst.micro += 1
+        try:
+            inst.enter("backward")
+        except Exception as exc:
+            inst.fail("backward", exc)
         try:
             return orig_backward(*args, **kwargs)
         finally:
@@ -682,6 +876,17 @@ def install(agent, torch) -> TorchInstrument:
         if inst.off or agent.disabled or (inst.by_optimizer and get_ident() != inst.tid):
             return None
         _safe(inst, inst.on_optimizer_pre, optimizer)
+        if not inst.tracking:  # a lite step: no phases, the closure runs as it is
+            return None
+        # step(closure): the closure's work (Lightning's training_step and backward) is the step's
+        # forward / backward / host work, not optimizer time. args[0] is the optimizer itself.
+        try:
+            if callable(kwargs.get("closure")):
+                return args, dict(kwargs, closure=inst.wrap_closure(kwargs["closure"]))
+            if len(args) > 1 and callable(args[1]):
+                return (args[0], inst.wrap_closure(args[1]), *args[2:]), kwargs
+        except Exception as exc:
+            inst.fail("the optimizer closure", exc)
         return None
 
     def opt_post(optimizer, args, kwargs):
@@ -697,9 +902,41 @@ def install(agent, torch) -> TorchInstrument:
     ]
     optim_mod.register_optimizer_step_pre_hook(opt_pre)
     optim_mod.register_optimizer_step_post_hook(opt_post)
+
+    def switch_backward(on: bool) -> None:
+        if torch.autograd.backward in (backward, orig_backward):  # nobody else wrapped it since
+            torch.autograd.backward = backward if on else orig_backward
+
+    def switch_next(on: bool) -> None:
+        # without optimizer steps the batches mark the steps: the wrapper stays
+        want = __next__ if on or not inst.by_optimizer else orig_next
+        if dl._BaseDataLoaderIter.__dict__.get("__next__") in (__next__, orig_next):
+            dl._BaseDataLoaderIter.__next__ = want
+
+    inst.switches = [switch_backward, switch_next, inst._root_forward_hooks]
+    inst.phase_map = _phase_map(torch, orig_next, orig_iter, orig_backward)
     # Stack sampling starts with the first training activity (a batch, a forward, a step), so
     # processes that only import torch (spawned DataLoader workers, tools) are never sampled.
     return inst
+
+
+def _phase_map(torch, orig_next, orig_iter, orig_backward):
+    """The :class:`whyidle.instrument.stacks.PhaseMap` of this PyTorch: the code objects of the
+    entry points the phase hooks wrap (None when one cannot be found: lite samples stay ``lite``)."""
+    from whyidle.instrument.stacks import PhaseMap
+
+    try:
+        module = torch.nn.Module
+        codes = {orig_next.__code__: "data", orig_iter.__code__: "data", orig_backward.__code__: "backward",
+                 module._call_impl.__code__: "forward"}
+        wrapped = getattr(module, "_wrapped_call_impl", None)
+        if wrapped is not None:
+            codes[wrapped.__code__] = "forward"
+        # every optimizer's step runs inside this one wrapper (Optimizer.profile_hook_step)
+        codes[torch.optim.Optimizer.profile_hook_step(lambda *a, **k: None).__code__] = "optimizer"
+        return PhaseMap(codes, torch.is_grad_enabled)
+    except Exception:
+        return None
 
 
 def _safe(inst: TorchInstrument, fn, *args) -> None:

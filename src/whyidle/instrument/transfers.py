@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from time import monotonic_ns
 
 #: Distinct (site, kind) rows kept per audited step.
@@ -51,7 +52,9 @@ class TransferAudit:
         self.tid = tid
         self.site_of = site_of
         self.get_ident = get_ident
-        self.batch_ids: set[int] = set()
+        # id -> weak reference of this step's batch tensors: an id alone is reused once a batch
+        # tensor is freed (under gradient accumulation, by the next micro-batch's tensors)
+        self.batch_ids: dict[int, object] = {}
         self.rows: dict[tuple, list] = {}
         self.reads: dict[tuple, int] = {}
         self._reading = False
@@ -78,7 +81,7 @@ class TransferAudit:
                 device, _, non_blocking, _ = parse_to(*args, **kwargs)
             except Exception:
                 return orig_to(self, *args, **kwargs)
-            if device is None or (device.type == "cpu" and id(self) not in audit.batch_ids):
+            if device is None or (device.type == "cpu" and not audit.from_batch(self)):
                 return orig_to(self, *args, **kwargs)
             t0 = monotonic_ns()
             out = orig_to(self, *args, **kwargs)
@@ -132,6 +135,18 @@ class TransferAudit:
 
         return read
 
+    def add_batch(self, t) -> None:
+        """Marks ``t`` as a tensor of this step's DataLoader batch."""
+        try:
+            self.batch_ids[id(t)] = weakref.ref(t)
+        except TypeError:  # not weakly referenceable: never counted as from the batch
+            pass
+
+    def from_batch(self, t) -> bool:
+        """``t`` is one of this step's batch tensors (the very object, not a reuse of its id)."""
+        ref = self.batch_ids.get(id(t))
+        return ref is not None and ref() is t
+
     def stop(self) -> None:
         """Puts the wrapped ``torch.Tensor`` methods back as they were."""
         self.active = False
@@ -152,7 +167,7 @@ class TransferAudit:
         except Exception:
             pinned = None
         user, leaf = self.site_of(sys._getframe(2))
-        from_batch = id(t) in self.batch_ids
+        from_batch = self.from_batch(t)
         key = (user, leaf, device_type, pinned, non_blocking, from_batch)
         row = self.rows.get(key)
         if row is None:
@@ -170,7 +185,7 @@ class TransferAudit:
         """
         rows, self.rows = self.rows, {}
         reads, self.reads = self.reads, {}
-        self.batch_ids = set()
+        self.batch_ids = {}
         items = [[*key, *vals] for key, vals in rows.items()]
         return {"k": "transfers", "t": t, "step": step, "items": items,
                 "reads": [[*key, n] for key, n in reads.items()]}

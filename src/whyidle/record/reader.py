@@ -72,8 +72,8 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
             except ValueError:
                 bad_line = number
                 continue
-            if steps is not None and obj.get("k") in ("step", "gpu_step"):
-                (steps.add if obj["k"] == "step" else steps.add_gpu)(obj)
+            if steps is not None and obj.get("k") in ("step", "steps", "gpu_step"):
+                {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}[obj["k"]](obj)
             else:
                 records.append(obj)
     if bad_line is not None:

@@ -12,11 +12,32 @@ import collections.abc
 import math
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
-               "fn", "comp", "grad")
+               "fn", "comp", "grad", "mb", "ld")
 _BY = ("optimizer", "loader", None, "keras", "iterator")
 #: Stands for null in an int column (``cols[...]`` arrays hold int64 values).
 NULL_INT = -(2**63)
 _NONE = NULL_INT
+
+#: Columns of a ``steps`` record's rows (docs/run-format.md): the steps recorded with less detail
+#: when steps are short (no ``ph`` spans, CPU times or sample counts; see
+#: :mod:`whyidle.instrument.torch`, ``detail stride``). ``by`` is a code into ``_BY``.
+LITE_COLUMNS = ("i", "t0", "t1", "by", "data", "fwd", "bwd", "opt", "eval", "batches", "mb", "ld", "boundary")
+BY_CODES = _BY
+
+
+def expand_lite(rec: dict) -> list[dict]:
+    """The ``step`` dicts of a ``steps`` record (``lite: True``; a malformed row is skipped)."""
+    out = []
+    for row in rec.get("rows") or []:
+        if not isinstance(row, list) or len(row) != len(LITE_COLUMNS):
+            continue
+        step = dict(zip(LITE_COLUMNS, row))
+        by = step["by"]
+        step.update(k="step", by=_BY[by] if isinstance(by, int) and 0 <= by < len(_BY) else None,
+                    boundary=bool(step["boundary"]), lite=True, samples=None, cpu=None, data_cpu=None)
+        out.append(step)
+    return out
+
 
 #: Phase codes of a step's ``ph`` spans (docs/run-format.md): index → phase name.
 PHASE_CODES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other", "compute")
@@ -33,6 +54,7 @@ class StepTable:
         self.by = array.array("b")
         self.boundary = array.array("b")
         self.profiled = array.array("b")
+        self.lite = array.array("b")
         self.gpu_ms = array.array("d")
         self.ph = array.array("q")  # all steps' ph values, concatenated
         self.ph_end = array.array("q")  # row → end of its values in ``ph`` (start = previous end)
@@ -50,12 +72,18 @@ class StepTable:
         self.by.append(_BY.index(by) if by in _BY else 2)
         self.boundary.append(1 if rec.get("boundary") else 0)
         self.profiled.append(1 if rec.get("profiled") else 0)
+        self.lite.append(1 if rec.get("lite") else 0)
         self.gpu_ms.append(math.nan)
         ph = rec.get("ph")
         if isinstance(ph, list) and len(ph) % 2 == 0:
             self.ph.extend(int(v) for v in ph)
         self.ph_end.append(len(self.ph))
         self._row_of_step[int(rec.get("i", len(self.by) - 1))] = len(self.by) - 1
+
+    def add_lite(self, rec: dict) -> None:
+        """Appends the rows of one ``steps`` record (:func:`expand_lite`)."""
+        for step in expand_lite(rec):
+            self.add(step)
 
     def add_gpu(self, rec: dict) -> None:
         """Attaches a ``gpu_step`` record's ``gpu_ms`` to its step (ignored if the step is unknown)."""
@@ -73,7 +101,7 @@ class StepView(collections.abc.Mapping):
 
     __slots__ = ("_table", "_row")
 
-    _KEYS = _INT_FIELDS + ("by", "boundary", "profiled", "gpu_ms", "ph", "k")
+    _KEYS = _INT_FIELDS + ("by", "boundary", "profiled", "lite", "gpu_ms", "ph", "k")
 
     def __init__(self, table: StepTable, row: int) -> None:
         self._table = table
@@ -91,6 +119,8 @@ class StepView(collections.abc.Mapping):
             return bool(t.boundary[r])
         if key == "profiled":
             return bool(t.profiled[r])
+        if key == "lite":
+            return bool(t.lite[r])
         if key == "gpu_ms":
             v = t.gpu_ms[r]
             return None if math.isnan(v) else v

@@ -77,6 +77,15 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     if info.get("boundary_excluded"):
         notes.append(f"{info['boundary_excluded']} step(s) containing an epoch boundary or evaluation "
                      f"({info['boundary_s']:.2f} s) were left out of the steady-state shares.")
+    step = facts.get("step") or {}
+    if step.get("lite_steps"):
+        n = step["steps"]
+        full = n - step["lite_steps"]
+        mean = (step.get("step_time_s") or {}).get("mean")
+        notes.append(f"Steps were short ({mean * 1000:.1f} ms): to keep whyidle's cost under ~2 % of a step, phases, "
+                     f"samples and CPU times were recorded on {full} of the {n} analyzed steps (one in "
+                     f"{n / max(full, 1):.0f}, drawn at random); step times cover every step "
+                     "(docs/run-format.md, detail stride).")
     if info.get("profiled_excluded"):
         notes.append(f"{info['profiled_excluded']} step(s) ran under whyidle's TensorFlow profiler window; they give "
                      "the input-wait split and were left out of the step times.")
@@ -133,6 +142,17 @@ def keras_of(facts: dict) -> dict | None:
     }
 
 
+def api_of(facts: dict) -> dict:
+    """The report's ``api`` block: the training API the fixes are written for (``name``: ``torch``,
+    ``lightning``, ``hf_trainer``, ``accelerate``, ``keras``, ``tensorflow``, ``none``), its
+    ``label``, ``version``, the ``entries`` called, ``compiled`` (``torch.compile`` in use) and the
+    recorded ``config`` (Trainer flags / TrainingArguments / Accelerator options)."""
+    api = facts.get("api") or {"name": facts.get("framework", "none")}
+    return {"name": api.get("name"), "label": api.get("label"), "version": api.get("version"),
+            "entries": api.get("entries") or [], "compiled": bool(facts.get("compiled")),
+            "config": api.get("config") or {}}
+
+
 def build_report(facts: dict, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
     """Assembles the report dict. ``facts`` from :func:`whyidle.analysis.run.analyze`."""
     meta = facts.get("meta") or {}
@@ -148,6 +168,8 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "steps_per_s": step.get("steps_per_s"),
         "batch_size": step.get("batch_size"),
         "batches_per_step": step.get("batches_per_step"),
+        "micro_batches_per_step": step.get("micro_batches_per_step"),
+        "detailed_steps": (step["steps"] - step.get("lite_steps", 0)) if step else None,
         "step_time_s": {k: step["step_time_s"][k] for k in ("p50", "p90", "mean")} if step else None,
         "shares": step.get("shares"),
         "data_wait_s_per_step": step.get("data_wait_s_per_step"),
@@ -163,6 +185,7 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "command": meta.get("command") or [],
         "name": meta.get("name"),
         "framework": facts.get("framework", "none"),
+        "api": api_of(facts),
         "device": facts.get("device"),
         "verdict": verdict,
         "findings": findings,
@@ -185,6 +208,16 @@ def logged_text(report: dict, limit: int = 6) -> str | None:
     shown = [f"{name} {'n/a' if v.get('last') is None else format(v['last'], '.4g')}"
              + (f" (n={v['n']})" if v.get("n") else "") for name, v in list(logged.items())[:limit]]
     return " · ".join(shown) + (" · ..." if len(logged) > limit else "")
+
+
+def framework_text(report: dict) -> str:
+    """The framework as the terminal and HTML reports show it: ``"torch via Lightning 2.6.6"``,
+    ``"torch (compiled)"``, ``"keras"``."""
+    api = report.get("api") or {}
+    text = str(report.get("framework"))
+    if api.get("name") not in (None, report.get("framework")):
+        text += f" via {api.get('label')}" + (f" {api['version']}" if api.get("version") else "")
+    return text + (" (compiled)" if api.get("compiled") else "")
 
 
 #: Verdicts that are not a finding's id, as the reports word them.

@@ -29,7 +29,7 @@ from whyidle.analysis import series
 from whyidle.record.reader import RunData
 from whyidle.record.writer import atomic_file
 from whyidle.report import plots
-from whyidle.report.build import logged_text, verdict_line
+from whyidle.report.build import framework_text, logged_text, verdict_line
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
                           autoescape=True, trim_blocks=False, lstrip_blocks=False,
@@ -141,7 +141,7 @@ def _header(report: dict) -> list[tuple[str, str, bool]]:
     if device.get("kind"):
         dev += f" ({device['kind']}" + (f", compute capability {device['compute_capability']}"
                                          if device.get("compute_capability") else "") + ")"
-    rows += [("framework", str(report.get("framework")), False), ("device", dev, False)]
+    rows += [("framework", framework_text(report), False), ("device", dev, False)]
     status = "ended by signal %s" % run["signal"] if run.get("signal") else (
         f"exit code {run['exit_code']}" if run.get("exit_code") is not None else "")
     rows.append(("duration", _duration(m.get("wall_s")) + (f" ({status})" if status else ""), False))
@@ -178,7 +178,8 @@ def _site_lines(f: dict) -> list[dict]:
         prefix = f"{h['share']:.0%} " if isinstance(h.get("share"), (int, float)) else ""
         suffix = (f"   {h['code']}" if h.get("code") else "") + (
             f"  → {h['leaf']}" if h.get("leaf") and h["leaf"] != h.get("site") else "")
-        out.append({"prefix": prefix, "where": str(h.get("site") or h.get("function")), "suffix": suffix})
+        where = h.get("function") if h.get("framework") else (h.get("site") or h.get("function"))
+        out.append({"prefix": prefix, "where": str(where), "suffix": suffix})
     return out
 
 

@@ -11,7 +11,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from whyidle.report.build import logged_text, verdict_line
+from whyidle.report.build import framework_text, logged_text, verdict_line
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
@@ -127,7 +127,7 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         console.print(f"[bold]command[/]  {escape(cmd)}" + (f"   ({', '.join(status)})" if status else ""))
     device = report.get("device") or {}
     console.print(f"[bold]device[/]   {escape(str(device.get('name') or device.get('kind') or 'unknown'))}"
-                  f" ({device.get('kind', '?')})   [bold]framework[/] {report.get('framework')}")
+                  f" ({device.get('kind', '?')})   [bold]framework[/] {escape(framework_text(report))}")
 
     console.print()
     console.print(_verdict_text(report))
@@ -183,7 +183,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
             console.print(_indent(Text(line, style="dim"), 5))
         for h in (f.get("evidence") or {}).get("hotspots") or []:
             share = f" {h['share']:.0%}" if h.get("share") is not None else ""
-            line = f"·{share} {h['site']}" + (f"   {h['code']}" if h.get("code") else "")
+            line = f"·{share} {h['function'] if h.get('framework') else h['site']}" + (
+                f"   {h['code']}" if h.get("code") else "")
             if h.get("leaf") and h["leaf"] != h["site"]:
                 line += f"  → {h['leaf']}"
             console.print(_indent(Text(line, style="dim"), 5))

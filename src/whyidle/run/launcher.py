@@ -130,20 +130,44 @@ class ChildExit:
     interrupted: bool
 
     def whyidle_exit(self) -> None:
-        """Exits this process the way the command ended (same code, or the same signal)."""
-        sys.stdout.flush()
-        sys.stderr.flush()
+        """Exits this process the way the command ended: the same exit code, or the same signal.
+
+        A signal ``N`` — any number, real-time signals included — is re-raised on whyidle itself
+        with its default action, except the core-dumping ones (:data:`_CORE_SIGNALS`), after which
+        whyidle exits with ``128 + N`` (the shell's convention); so does it when the re-raised
+        signal does not end it (ignored or blocked by our parent). Raises only ``SystemExit``.
+        """
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
         if self.signal is None:
             sys.exit(self.exit_code)
-        name = signal.Signals(self.signal).name
-        if name in _CORE_SIGNALS:
-            sys.exit(128 + self.signal)
+        signum = self.signal
         try:
-            signal.signal(self.signal, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # SIGKILL and SIGSTOP cannot be handled: they are default already
-        os.kill(os.getpid(), self.signal)
-        sys.exit(128 + self.signal)  # the signal is ignored or blocked by our parent
+            if signal_name(signum) not in _CORE_SIGNALS:
+                try:
+                    signal.signal(signum, signal.SIG_DFL)
+                except (OSError, ValueError, TypeError):
+                    pass  # SIGKILL and SIGSTOP cannot be handled: they are default already
+                os.kill(os.getpid(), signum)
+        except Exception:
+            pass
+        sys.exit(128 + signum)
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGINT"`` for 2, ``"SIGRTMIN+4"`` for a real-time signal, else ``"signal N"``; never
+    raises (``signal.Signals(N)`` raises ``ValueError`` for real-time signals)."""
+    try:
+        return signal.Signals(signum).name
+    except (ValueError, TypeError):
+        pass
+    rtmin, rtmax = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if isinstance(signum, int) and rtmin is not None and rtmax is not None and rtmin <= signum <= rtmax:
+        return f"SIGRTMIN+{signum - rtmin}"
+    return f"signal {signum}"
 
 
 class Child:
@@ -170,24 +194,27 @@ class Child:
         return self.proc.pid
 
     def _on_signal(self, signum, frame) -> None:
-        if signum == signal.SIGINT:
-            self.interrupted = True
-        interactive = signal.Signals(signum).name in _TERMINAL_SIGNALS
-        if interactive and self._from_terminal():
-            return
-        targets = [self.proc.pid]
-        if interactive:
-            try:
-                import psutil
+        try:  # a signal handler must not raise: the exception would surface anywhere in whyidle
+            if signum == signal.SIGINT:
+                self.interrupted = True
+            interactive = signal_name(signum) in _TERMINAL_SIGNALS
+            if interactive and self._from_terminal():
+                return
+            targets = [self.proc.pid]
+            if interactive:
+                try:
+                    import psutil
 
-                targets += [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-            except Exception:
-                pass
-        for pid in targets:
-            try:
-                os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
+                    targets += [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+                except Exception:
+                    pass
+            for pid in targets:
+                try:
+                    os.kill(pid, signum)
+                except OSError:
+                    pass
+        except Exception:
+            pass
 
     def _from_terminal(self) -> bool:
         if self._tty is None:
@@ -215,9 +242,15 @@ class Child:
         """Puts back the handlers that were there before (call it after the report is written:
         until then a second Ctrl-C only reaches the finished command, not the report)."""
         for sig, old in self._saved.items():
-            signal.signal(sig, old)
+            try:
+                signal.signal(sig, old)
+            except (OSError, ValueError, TypeError):
+                pass  # old is None: a handler set outside Python, which cannot be put back
         if self._tty is not None:
-            os.close(self._tty)
+            try:
+                os.close(self._tty)
+            except OSError:
+                pass
             self._tty = None
 
 

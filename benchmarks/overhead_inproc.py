@@ -1,0 +1,188 @@
+"""whyidle's cost inside one training process: blocks of steps with whyidle on and off, alternated.
+
+``benchmarks/overhead.py`` compares whole runs, plain against ``whyidle run``. On this shared box
+one plain run differs from the next by up to 2× (other jobs, the host moving the virtual CPU), which
+buries a 2–5 % cost. Here each workload runs once under ``whyidle run`` (pinned to one CPU with
+``taskset``), and a callback in the loop switches whyidle's in-process instrumentation between
+blocks of ``--block`` steps:
+
+- **on**: as shipped: the hooks, the detail stride (full detail on one short step in k), the step
+  records, the flusher, the stack sampler at ``--stack-hz`` (default 100 Hz).
+- **off**: the phase hooks taken out (``TorchInstrument._track(False)``), the instrumentation's
+  remaining hooks short-circuited (``off``), the sampler's timer disarmed (``timer_settime`` with
+  zero). What stays: the two global optimizer hooks returning at once (~1 µs), the idle flusher
+  thread and the ``whyidle run`` process watching from outside; so the ratio slightly understates the
+  cost against a plain process.
+
+The first block of each kind after a switch is kept (a switch happens between steps); the first
+``--warmup`` steps (learning the root modules, audits, the first detail-stride window) are left out.
+Printed per case and run: median and mean step time on and off, their ratios; then the medians over
+runs. Goals (issue 12): ≤ 1.05 on ~2 ms steps, ≤ 1.03 for Lightning, ≤ 1.02 on ~10 ms steps.
+
+    flock /tmp/whyidle-timing.lock python benchmarks/overhead_inproc.py [--runs 3] [--cases 2ms,lightning,10ms]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+#: Switches whyidle between blocks and times each step; shared by both workloads. ``tick()`` is
+#: called at the start of each step (before the batch is used) with the global step index.
+SWITCH = r'''
+import ctypes, statistics, time
+import whyidle.instrument.stacks as _ws
+import whyidle.instrument.torch as _wt
+
+class Switch:
+    def __init__(self, block, warmup):
+        self.block, self.warmup = block, warmup
+        self.t, self.mode = None, "on"
+        self.times = {"on": [], "off": []}
+
+    def _set(self, mode):
+        inst = _wt._INSTANCE
+        sampler = inst.stacks
+        timer = getattr(sampler, "_timer", None)
+        if mode == "off":
+            inst._track(False)
+            inst.off = True
+        else:
+            inst.off = False
+            inst._track(True)
+            inst.next_full = inst.step  # as shipped from the next step: its detail stride decides
+        if timer is not None:
+            period = 0.0 if mode == "off" else 1.0 / sampler.hz
+            sec, frac = divmod(period, 1.0)
+            spec = _ws._Timespec(int(sec), int(frac * 1e9))
+            timer._libc.timer_settime(timer._timer, 0, ctypes.byref(_ws._Itimerspec(spec, spec)), None)
+            sampler._last = None
+        self.mode = mode
+
+    def tick(self, step):
+        now = time.perf_counter()
+        if self.t is not None and step > self.warmup:
+            self.times[self.mode].append(now - self.t)
+        if step >= self.warmup and step % self.block == 0:
+            self._set("off" if (step // self.block) % 2 else "on")
+        self.t = time.perf_counter()  # the switch itself is not part of a step
+
+    def result(self):
+        on, off = self.times["on"], self.times["off"]
+        return {"on_median_s": statistics.median(on), "off_median_s": statistics.median(off),
+                "on_mean_s": statistics.mean(on), "off_mean_s": statistics.mean(off), "n": [len(on), len(off)]}
+'''
+
+PLAIN = SWITCH + r'''
+import json, sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+steps, width, batch, block, warmup = (int(a) for a in sys.argv[1:6])
+data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
+loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                            torch.nn.ReLU(), torch.nn.Linear(width, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+sw, step = Switch(block, warmup), 0
+while step < steps:
+    for x, y in loader:
+        sw.tick(step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        step += 1
+        if step >= steps:
+            break
+print("RESULT " + json.dumps(sw.result()))
+'''
+
+LIGHTNING = SWITCH + r'''
+import json, logging, sys, warnings
+import torch
+import lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore")
+for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+    logging.getLogger(name).setLevel(logging.ERROR)
+steps, width, batch, block, warmup = (int(a) for a in sys.argv[1:6])
+
+class MLP(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                       torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+class Clock(L.Callback):
+    def __init__(self, sw):
+        self.sw = sw
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.sw.tick(trainer.global_step)
+
+sw = Switch(block, warmup)
+data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
+loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
+                    enable_checkpointing=False, enable_model_summary=False, callbacks=[Clock(sw)])
+trainer.fit(MLP(), loader)
+print("RESULT " + json.dumps(sw.result()))
+'''
+
+#: name -> (workload, argv after the script: steps, width, batch, block, warm-up steps)
+CASES = {"2ms": (PLAIN, [6000, 256, 32, 100, 300]),
+         "lightning": (LIGHTNING, [6000, 256, 32, 100, 300]),
+         "10ms": (PLAIN, [1500, 960, 64, 50, 150])}
+GOALS = {"2ms": 1.05, "lightning": 1.03, "10ms": 1.02}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs per case")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ", ".join(CASES))
+    parser.add_argument("--stack-hz", default="100", help="whyidle's --stack-hz")
+    parser.add_argument("--pin", default="0", help="CPU to pin the trainer to ('none': no pin)")
+    args = parser.parse_args()
+    pin = ["taskset", "-c", args.pin] if args.pin != "none" and shutil.which("taskset") else []
+    summary = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in args.cases.split(","):
+            code, argv = CASES[name]
+            script = os.path.join(workdir, f"workload_{name}.py")  # not "lightning.py": it would shadow the package
+            with open(script, "w") as f:
+                f.write(code)
+            ratios, mean_ratios = [], []
+            for r in range(args.runs):
+                run_dir = os.path.join(workdir, f"{name}-{r}")
+                cmd = [sys.executable, "-m", "whyidle", "run", "-q", "--no-html", "--stack-hz", args.stack_hz,
+                       "--out", run_dir, "--", *pin, sys.executable, script, *map(str, argv)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if proc.returncode != 0 or line is None:
+                    raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+                res = json.loads(line[7:])
+                ratios.append(res["on_median_s"] / res["off_median_s"])
+                mean_ratios.append(res["on_mean_s"] / res["off_mean_s"])
+                print(f"[{name}] run {r + 1}: on median {res['on_median_s'] * 1e3:.3f} ms mean "
+                      f"{res['on_mean_s'] * 1e3:.3f} | off median {res['off_median_s'] * 1e3:.3f} mean "
+                      f"{res['off_mean_s'] * 1e3:.3f} ms ({res['n'][0]}/{res['n'][1]} steps)  ratio median "
+                      f"{ratios[-1]:.3f} mean {mean_ratios[-1]:.3f}", flush=True)
+            ratio = statistics.median(ratios)
+            print(f"[{name}] in-process cost: ratio of median step times {ratio:.3f} (runs: "
+                  f"{', '.join(f'{x:.3f}' for x in ratios)}), of means {statistics.median(mean_ratios):.3f}  goal <= "
+                  f"{GOALS[name]:.2f}: {'ok' if ratio <= GOALS[name] else 'MISSED'}")
+            summary.append(f"{name} {ratio:.3f} (mean {statistics.median(mean_ratios):.3f})")
+    print("summary (on/off, medians over runs): " + "   ".join(summary) + f"   [--stack-hz {args.stack_hz}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""Fix code in the program's own API (pure; no framework imports).
+
+A finding's cause is the same whatever drives the loop, but the line a user changes is not: a plain
+PyTorch script builds its ``DataLoader``, a Lightning program returns one from
+``train_dataloader`` and sets flags on its ``Trainer``, an HF ``Trainer`` program sets
+``TrainingArguments``, an Accelerate program configures its ``Accelerator``. Each function here
+takes the facts (``facts["api"]``, :func:`whyidle.analysis.api.training_api`; ``facts["loader"]``;
+``facts["devices"]``; ``facts["compiled"]``) and returns the code, or the sentence, for that API.
+They never advise what the program already does: options already set are left out or marked as
+kept, and a compiled model is never told to compile.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: ``prefetch_factor`` the loader fixes suggest (batches queued per worker; PyTorch's default is 2).
+PREFETCH = 4
+
+#: Code of the usual fix for per-step host reads: keep the value on the device, read it every N steps.
+ACCUMULATE_CODE = ("running_loss += loss.detach()        # stays on the device, no sync\n"
+                   "if step % 50 == 0:\n"
+                   "    print(running_loss.item() / 50)  # one read per 50 steps\n"
+                   "    running_loss.zero_()")
+
+#: Names of a host function that computes metrics (a per-class loop is the usual cost): its fix is a
+#: vectorized count, or torchmetrics under Lightning, instead of "log less often".
+METRIC_WORDS = {"acc", "accuracy", "metric", "metrics", "confusion", "f1", "precision", "recall", "iou", "auc",
+                "per_class", "class"}
+
+
+def api_name(facts: dict) -> str:
+    """``torch``, ``lightning``, ``hf_trainer``, ``accelerate``, ``keras``, ``tensorflow`` or ``none``."""
+    api = facts.get("api") or {}
+    return api.get("name") or facts.get("framework") or "none"
+
+
+def _config(facts: dict) -> dict:
+    return (facts.get("api") or {}).get("config") or {}
+
+
+def mixed_precision_on(facts: dict) -> bool:
+    """Autocast was seen in a forward, or the framework was told to train in mixed precision
+    (Lightning ``precision="bf16-mixed"``, ``TrainingArguments(bf16=True)``, ``Accelerator(mixed_precision=...)``)."""
+    if (facts.get("devices") or {}).get("autocast"):
+        return True
+    cfg = _config(facts)
+    name = api_name(facts)
+    if name == "lightning":
+        return "mixed" in str(cfg.get("precision") or "") or str(cfg.get("precision") or "").startswith(("bf16", "16"))
+    if name == "hf_trainer":
+        return bool(cfg.get("bf16") or cfg.get("fp16"))
+    if name == "accelerate":
+        return str(cfg.get("mixed_precision") or "no") not in ("no", "None")
+    return False
+
+
+def _created(loader: dict) -> str | None:
+    """The user's line that built the DataLoader (None when a library built it, or unknown)."""
+    user, leaf = (loader.get("created") or [None, None])[:2]
+    return user if user and user == leaf else None
+
+
+def _on_cuda(facts: dict) -> bool:
+    return (facts.get("device") or {}).get("kind") == "cuda"
+
+
+def _batch_size(facts: dict) -> int:
+    """The loader's batch size, else the measured samples per batch (a loader built on a batch
+    sampler, as the HF Trainer's, has ``batch_size`` None), else 32."""
+    size = (facts.get("loader") or {}).get("batch_size") or ((facts.get("step") or {}).get("batch_size"))
+    return int(round(size)) if size else 32
+
+
+def _loader_args(facts: dict, workers: int, prefetch: int, dataset: str) -> tuple[list[str], list[str]]:
+    """The ``DataLoader(...)`` arguments: the user's own (batch size, shuffling, a collate_fn of
+    theirs, drop_last) and the worker options, each change marked with what it was."""
+    loader = facts.get("loader") or {}
+    args = [dataset, f"batch_size={_batch_size(facts)}"]
+    if loader.get("sampler") == "RandomSampler":
+        args.append("shuffle=True")
+    collate = loader.get("collate_fn")
+    if collate and collate != "default_collate" and loader.get("collate_user") is not False:
+        args.append(f"collate_fn={collate}")
+    if loader.get("drop_last"):
+        args.append("drop_last=True")
+    nw = loader.get("num_workers") or 0
+    opts = [f"num_workers={workers},"
+            + (f"            # was {nw}" if workers != nw else "")]
+    if workers > 0:
+        opts.append("persistent_workers=True,"
+                    + ("  # keep workers alive between epochs" if not loader.get("persistent_workers") else ""))
+        pf = loader.get("prefetch_factor")
+        opts.append(f"prefetch_factor={max(prefetch, pf or 0)},"
+                    + ("         # batches queued per worker" if (pf or 2) < prefetch else ""))
+    return args, opts
+
+
+def loader_code(facts: dict, workers: int, prefetch: int = PREFETCH) -> str:
+    """The input-pipeline fix as code for the program's API.
+
+    Plain PyTorch and Accelerate: the ``DataLoader(...)`` call with the user's settings and the
+    worker options (Accelerate adds ``DataLoaderConfiguration(non_blocking=True)`` when it is off,
+    so pinned batches are copied asynchronously by ``prepare``). Lightning: the
+    ``train_dataloader`` hook returning it (named where the program defines it). HF ``Trainer``:
+    the ``TrainingArguments`` fields that change, never the ``DataLoader`` (the ``Trainer`` builds
+    it with internal classes). An ``IterableDataset`` gets a sharding note.
+    """
+    loader = facts.get("loader") or {}
+    name = api_name(facts)
+    cfg = _config(facts)
+    nw = loader.get("num_workers") or 0
+    if name == "hf_trainer":
+        lines = ["args = TrainingArguments(", "    ...,"]
+        if workers != nw:
+            lines.append(f"    dataloader_num_workers={workers},           # was {nw}")
+        if workers > 0 and not cfg.get("dataloader_persistent_workers") and not loader.get("persistent_workers"):
+            lines.append("    dataloader_persistent_workers=True,  # keep workers alive between epochs")
+        if workers > 0 and (cfg.get("dataloader_prefetch_factor") or loader.get("prefetch_factor") or 2) < prefetch:
+            lines.append(f"    dataloader_prefetch_factor={prefetch},        # batches queued per worker")
+        if cfg.get("dataloader_pin_memory") is False and _on_cuda(facts):
+            lines.append("    dataloader_pin_memory=True,          # was False: pinned batches copy asynchronously")
+        lines.append(")")
+        return "\n".join(lines)
+    hook = name == "lightning" and cfg.get("train_dataloader")
+    args, opts = _loader_args(facts, workers, prefetch, "self.train_set" if hook else "dataset")
+    # pinned memory only helps copies to a GPU (on a CPU-only run it is asked for only if one appears)
+    pin = "pin_memory=True)" if _on_cuda(facts) else "pin_memory=torch.cuda.is_available())"
+    if hook:
+        owner = cfg.get("datamodule") or cfg.get("model") or "LightningDataModule"
+        head = [f"# {owner}.train_dataloader ({hook}): Lightning calls it and moves each batch to the device",
+                "def train_dataloader(self):",
+                f"    return DataLoader({', '.join(args)},"]
+        indent = " " * 22
+        code = "\n".join(head + [indent + o for o in opts] + [indent + pin])
+    else:
+        first = f"loader = DataLoader({', '.join(args)},"
+        indent = " " * 20
+        created = _created(loader)
+        code = "\n".join([first + (f"   # {created}" if created else "")] + [indent + o for o in opts] + [indent + pin])
+        if name == "lightning":
+            code += "\ntrainer.fit(model, train_dataloaders=loader)"
+        if name == "accelerate":
+            tail = ["model, optimizer, loader = accelerator.prepare(model, optimizer, loader)"]
+            if not cfg.get("non_blocking") and _on_cuda(facts):
+                tail.insert(0, "accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))"
+                               "  # pinned batches copied asynchronously")
+            code += "\n" + "\n".join(tail)
+    if loader.get("iterable") and workers > 0:
+        code = ("# IterableDataset: every worker runs __iter__; give each a shard, e.g. in __iter__:\n"
+                "#   info = torch.utils.data.get_worker_info()\n"
+                "#   items = items[info.id::info.num_workers] if info else items\n") + code
+    return code
+
+
+def loader_where(facts: dict) -> str:
+    """Where the loader settings live, as a sentence ending (``" in TrainingArguments"``...), or ``""``."""
+    name = api_name(facts)
+    cfg = _config(facts)
+    if name == "hf_trainer":
+        return " (TrainingArguments' dataloader_* fields: the Trainer builds the DataLoader)"
+    if name == "lightning" and cfg.get("train_dataloader"):
+        owner = cfg.get("datamodule") or cfg.get("model")
+        return f" (in the DataLoader that {owner + '.' if owner else ''}train_dataloader returns)"
+    created = _created(facts.get("loader") or {})
+    return f" (the DataLoader built at {created})" if created else ""
+
+
+def batch_code(facts: dict, target: int, batch: float) -> str:
+    """The batch-size change in the program's API."""
+    name = api_name(facts)
+    cfg = _config(facts)
+    if name == "hf_trainer":
+        code = f"args = TrainingArguments(..., per_device_train_batch_size={target})   # was {batch:g}"
+        accum = cfg.get("gradient_accumulation_steps") or 1
+        if accum > 1:
+            code += (f"\n# gradient_accumulation_steps={accum} keeps the effective batch but not the per-step cost: "
+                     f"lower it as the batch grows")
+        return code
+    if name == "lightning":
+        code = (f"def train_dataloader(self):\n    return DataLoader(self.train_set, batch_size={target}, ...)"
+                f"   # was {batch:g}")
+        if (cfg.get("accumulate_grad_batches") or 1) > 1:
+            code += "\n# Trainer(accumulate_grad_batches=...) keeps the effective batch but not the per-step cost"
+        return code
+    return f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
+
+
+def logging_code(facts: dict, call: str) -> tuple[str, str]:
+    """``(sentence, code)`` for per-step logging / progress work, in the program's API."""
+    name = api_name(facts)
+    cfg = _config(facts)
+    if name == "lightning" and re.search(r"\b\w+\.log(_dict)?\(", call):  # self.log in a hook: the calls cost
+        return ("In Lightning each self.log call costs on every step (validation, reduction, progress bar), "
+                "whatever log_every_n_steps says: call it every N batches, or for fewer values.",
+                "if batch_idx % 50 == 0:          # was: every step\n"
+                f"    {call}")
+    if name == "lightning":
+        bar = cfg.get("progress_bar") or {}
+        lines = [f"trainer = Trainer(..., log_every_n_steps=50)   # was {cfg.get('log_every_n_steps')}",
+                 "self.log(\"train_loss\", loss)                 # pass tensors: Lightning reads them when it logs",
+                 "",
+                 "def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):   # a Callback",
+                 "    if batch_idx % 50:                          # was: every batch",
+                 "        return",
+                 f"    {call}"]
+        if bar and (bar.get("refresh_rate") or 0) < 50:
+            lines.insert(1, f"trainer = Trainer(callbacks=[TQDMProgressBar(refresh_rate=50)])   # was "
+                            f"{bar.get('class')}(refresh_rate={bar.get('refresh_rate')})")
+        return ("In Lightning: log with self.log (tensors; Lightning writes them every log_every_n_steps) and return "
+                "early from per-batch callback hooks except every N batches.", "\n".join(lines))
+    if name == "hf_trainer":
+        return ("In the HF Trainer: raise logging_steps, and return early from TrainerCallback.on_step_end except every "
+                "N steps.",
+                f"args = TrainingArguments(..., logging_steps=50)   # was {cfg.get('logging_steps')}\n\n"
+                "class MyCallback(TrainerCallback):\n"
+                "    def on_step_end(self, args, state, control, **kwargs):\n"
+                "        if state.global_step % 50:        # was: every step\n"
+                "            return\n"
+                f"        {call}")
+    if name == "accelerate":
+        return ("", "if accelerator.sync_gradients and step % 50 == 0:   # was: every micro-step\n"
+                    f"    {call}                       # accelerator.print(...) prints on the main process only")
+    return ("", f"if step % 50 == 0:          # was: every step\n    {call}\n"
+                "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
+
+
+def metric_code(facts: dict, name: str) -> str | None:
+    """Vectorized code for a per-step metric function (``name`` matches :data:`METRIC_WORDS`), else
+    None. Lightning gets torchmetrics (vectorized, accumulated on the device, reduced at epoch end)."""
+    words = set(name.lower().replace("-", "_").split("_")) | {name.lower()}
+    if not words & METRIC_WORDS:
+        return None
+    if api_name(facts) == "lightning":
+        return ("# __init__: per-class accuracy as a torchmetrics metric (vectorized, kept on the device)\n"
+                "self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=K, average=None)\n"
+                "# training_step: one vectorized update per batch; computed and logged at epoch end\n"
+                "self.train_acc.update(logits.argmax(dim=1), y)")
+    return ("# per-class counts in two vectorized calls instead of Python loops over classes and samples\n"
+            "correct = torch.bincount(y[pred == y], minlength=num_classes)\n"
+            "total = torch.bincount(y, minlength=num_classes)\n"
+            "per_class_acc = correct / total.clamp(min=1)     # a tensor: read it (.tolist()) only when you log")
+
+
+def sync_code(facts: dict) -> str:
+    """Keep running values on the device and read them every N steps, in the program's API."""
+    name = api_name(facts)
+    if name == "lightning":
+        return ("self.log(\"train_loss\", loss)   # the tensor, not loss.item(): Lightning reads it every "
+                "log_every_n_steps\n"
+                "trainer = Trainer(..., log_every_n_steps=50)")
+    if name == "accelerate":
+        return ("running_loss += loss.detach()          # every micro-batch; stays on the device, no sync\n"
+                "micro_batches += 1\n"
+                "if accelerator.sync_gradients:         # an optimizer step just ran\n"
+                "    opt_step += 1\n"
+                "    if opt_step % 50 == 0:             # one read (and one gather) per 50 optimizer steps\n"
+                "        avg = accelerator.gather(running_loss).mean().item() / micro_batches\n"
+                "        running_loss.zero_(); micro_batches = 0")
+    if name == "hf_trainer":
+        return ("args = TrainingArguments(..., logging_steps=50)   # the Trainer keeps the loss on the device between logs\n"
+                "# in compute_loss / callbacks: keep tensors (loss.detach()) and read them in on_log, not every step")
+    return ACCUMULATE_CODE
+
+
+def mixed_precision_code(facts: dict, bf16: bool) -> tuple[str, str] | None:
+    """``(sentence, code)`` turning on mixed precision through the framework, or None for plain PyTorch
+    (the caller keeps its autocast code)."""
+    name = api_name(facts)
+    if name == "lightning":
+        flag = "bf16-mixed" if bf16 else "16-mixed"
+        return (f"Lightning runs forward and loss under autocast for you with precision=\"{flag}\""
+                + ("." if bf16 else " (and scales the loss)."),
+                f"trainer = Trainer(..., precision=\"{flag}\")   # was {_config(facts).get('precision')!r}")
+    if name == "hf_trainer":
+        flag = "bf16" if bf16 else "fp16"
+        return (f"The HF Trainer runs autocast (and loss scaling for fp16) for you with {flag}=True.",
+                f"args = TrainingArguments(..., {flag}=True)")
+    if name == "accelerate":
+        flag = "bf16" if bf16 else "fp16"
+        return (f"Accelerate wraps forward in autocast for you with mixed_precision=\"{flag}\".",
+                f"accelerator = Accelerator(mixed_precision=\"{flag}\")   # accelerator.backward(loss) scales fp16")
+    return None
+
+
+def compile_code(facts: dict) -> str | None:
+    """``torch.compile`` in the program's API, or None when the program already compiles its model."""
+    if facts.get("compiled"):
+        return None
+    name = api_name(facts)
+    if name == "lightning":
+        return "model = torch.compile(model)   # before trainer.fit(model): Lightning trains the compiled module"
+    if name == "hf_trainer":
+        return "args = TrainingArguments(..., torch_compile=True)"
+    if name == "accelerate":
+        return "accelerator = Accelerator(dynamo_backend=\"inductor\")   # prepare() compiles the model"
+    return "model = torch.compile(model)"
+
+
+def faster_device_options(facts: dict) -> str:
+    """What is left once nothing upstream limits the device: mixed precision (unless on), compile
+    (unless compiled), a bigger device, in the program's API."""
+    name = api_name(facts)
+    opts = []
+    if not mixed_precision_on(facts):
+        opts.append({"lightning": "Trainer(precision=\"bf16-mixed\") on GPUs with tensor cores",
+                     "hf_trainer": "TrainingArguments(bf16=True) on GPUs with tensor cores",
+                     "accelerate": "Accelerator(mixed_precision=\"bf16\") on GPUs with tensor cores"}.get(
+            name, "mixed precision on GPUs with tensor cores"))
+    if not facts.get("compiled"):
+        opts.append({"hf_trainer": "TrainingArguments(torch_compile=True)"}.get(name, "torch.compile"))
+    opts.append("a bigger device")
+    return ", ".join(opts[:-1]) + (" or " if len(opts) > 1 else "") + opts[-1]
+
+
+def device_code(facts: dict) -> tuple[str, str] | None:
+    """``(sentence, code)`` putting model and batches on the GPU through the framework, or None for
+    plain PyTorch."""
+    name = api_name(facts)
+    if name == "lightning":
+        return ("Let Lightning place model and batches: ask for the GPU and drop manual .to()/.cpu() calls on the "
+                "model.", "trainer = Trainer(..., accelerator=\"gpu\", devices=1)")
+    if name == "hf_trainer":
+        return ("The HF Trainer moves model and batches to the GPU unless told not to: drop use_cpu=True and any "
+                "CUDA_VISIBLE_DEVICES that hides the GPU.", "args = TrainingArguments(..., use_cpu=False)")
+    if name == "accelerate":
+        return ("Let Accelerate place model and batches: prepare them, and create tensors inside the step on "
+                "accelerator.device.",
+                "accelerator = Accelerator()                        # cpu=False\n"
+                "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)\n"
+                "mask = torch.ones(n, device=accelerator.device)    # tensors built in the step")
+    return None
+
+
+def pin_code(facts: dict) -> str:
+    """Pinned batches copied asynchronously, in the program's API."""
+    name = api_name(facts)
+    if name == "hf_trainer":
+        return "args = TrainingArguments(..., dataloader_pin_memory=True)   # the Trainer copies with non_blocking"
+    if name == "lightning":
+        return ("def train_dataloader(self):\n"
+                "    return DataLoader(self.train_set, ..., pin_memory=True)   # Lightning copies pinned batches "
+                "with non_blocking=True")
+    if name == "accelerate":
+        return ("loader = DataLoader(dataset, ..., pin_memory=True)\n"
+                "accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))")
+    return "loader = DataLoader(dataset, batch_size=..., num_workers=..., pin_memory=True)\nx = x.to(device, non_blocking=True)"
+
+
+def framework_output_code(facts: dict) -> tuple[str, str]:
+    """``(sentence, code)`` when the framework's own progress bar or loggers hold the step: refresh and
+    log every N steps through its settings."""
+    name = api_name(facts)
+    cfg = _config(facts)
+    if name == "lightning":
+        bar = cfg.get("progress_bar") or {}
+        was = f"   # was {bar.get('class')}(refresh_rate={bar.get('refresh_rate')})" if bar else ""
+        return ("Refresh Lightning's progress bar and write its logs every N steps, not every step (or turn the bar "
+                "off with enable_progress_bar=False when the output goes to a file).",
+                "from lightning.pytorch.callbacks import TQDMProgressBar\n"
+                f"trainer = Trainer(..., callbacks=[TQDMProgressBar(refresh_rate=50)],{was}\n"
+                f"                  log_every_n_steps=50)   # was {cfg.get('log_every_n_steps')}")
+    if name == "hf_trainer":
+        return ("Log every N steps and turn the Trainer's progress bar off when the output goes to a file.",
+                f"args = TrainingArguments(..., logging_steps=50,   # was {cfg.get('logging_steps')}\n"
+                "                         disable_tqdm=True)")
+    return ("Refresh the progress display and write logs every N steps, not every step.",
+            "tqdm(..., mininterval=1.0)   # or: log every 50 steps")
