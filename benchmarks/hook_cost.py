@@ -109,6 +109,9 @@ from whyidle.instrument import stacks as wstacks
 from whyidle.instrument.agent import Agent
 from whyidle.instrument.transfers import TransferAudit
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from overhead import machine_state  # noqa: E402  (the benchmarks share one record of the machine)
+
 FAMILIES = ("data", "fwd_root", "fwd_global", "bwd", "opt", "stacks", "flush", "audit", "noop")
 #: whyidle's steady state in a training loop (after its first 3 steps).
 ALL = frozenset({"data", "fwd_root", "bwd", "opt", "stacks", "flush"})
@@ -124,43 +127,6 @@ LABELS = {
     "noop": "empty hooks where data/fwd_root/bwd/opt hook",
 }
 SKIP = 2  # steps skipped at the start of each block (the switch itself, a step ended late)
-
-
-def machine_state(full: bool = False) -> str:
-    """Commit, state of ``src/`` and load average, for the record of each measurement.
-
-    ``src`` is named by a fingerprint of its uncommitted changes (sha1 of ``git diff HEAD -- src``
-    and of the untracked files' contents; others edit that tree while benchmarks run); ``full``
-    adds ``git status --short src``."""
-    import hashlib
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10).stdout
-        except Exception as exc:
-            return f"? ({exc!r})"
-
-    status = git("status", "--short", "src").strip()
-    h = hashlib.sha1(git("diff", "HEAD", "--", "src").encode())
-    for line in status.splitlines():
-        if line.startswith("??"):
-            path = os.path.join(repo, line[3:])
-            for root, _dirs, files in (os.walk(path) if os.path.isdir(path) else [("", [], [path])]):
-                for name in sorted(files):
-                    try:
-                        with open(os.path.join(root, name), "rb") as f:
-                            h.update(f.read())
-                    except OSError:
-                        pass
-    changed = len(status.splitlines())
-    src = f"src {'clean' if not changed else f'{changed} changed, diff {h.hexdigest()[:8]}'}"
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    text = f"commit {git('log', '-1', '--format=%h').strip()}  {src}  load {load}  ({time.strftime('%H:%M:%S')})"
-    if full and status:
-        text += "\n  git status --short src: " + "; ".join(ln.strip() for ln in status.splitlines())
-    return text
 
 
 class Loop:

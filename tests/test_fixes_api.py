@@ -81,6 +81,10 @@ def test_plain_torch_loader_names_its_line_and_keeps_a_users_collate():
     assert code.splitlines()[0].endswith("# train.py:40 main") and "collate_fn" not in code  # library collate
     facts["loader"].update(collate_fn="pad_batch", collate_user=True)
     assert "collate_fn=pad_batch" in rules.input_bound(facts)["fix"]["code"]
+    # the arguments as the program wrote them (recorded at the DataLoader(...) call)
+    facts["loader"]["args"] = {"dataset": "splits['train']", "batch_size": "cfg.bs", "collate_fn": "partial(pad, 0)"}
+    first = rules.input_bound(facts)["fix"]["code"].splitlines()[0]
+    assert first.startswith("loader = DataLoader(splits['train'], batch_size=cfg.bs, ") and "collate_fn=partial(pad, 0)" in first
 
 
 def test_no_advice_to_do_what_the_loader_already_does():
@@ -260,3 +264,11 @@ def test_mixed_precision_rule_uses_the_framework_setting():
     f = rules_work.no_mixed_precision(with_api(facts, HF))
     assert f is not None and f["fix"]["code"] == "args = TrainingArguments(..., bf16=True)"
     assert "torch.autocast" in rules_work.no_mixed_precision(with_api(facts, TORCH))["fix"]["code"]
+
+
+def test_lightning_sync_fix_keeps_tensors_and_claims_nothing_about_the_program():
+    """The Lightning sync fix shows the pattern (log tensors, keep detached tensors, read them at
+    epoch end) without asserting what the program logs today."""
+    code = fixes.sync_code({"api": {"name": "lightning"}})
+    assert "self.log(" in code and "loss.detach()" in code and "log_every_n_steps=50" in code
+    assert "the tensor, not loss.item()" not in code

@@ -68,6 +68,8 @@ def test_lightning_input_fix_is_the_datamodules_train_dataloader(tmp_path):
     datamodule = report["api"]["config"]["datamodule"]
     assert datamodule and f"# {datamodule}.train_dataloader (" in code
     assert "def train_dataloader(self):" in code and "num_workers=1" in code
+    # the arguments as the DataModule writes them, so the fix can be pasted
+    assert "return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True," in code, code
 
 
 def test_hf_trainer_input_fix_is_training_arguments(tmp_path):

@@ -81,3 +81,24 @@ def test_keras_steps_show_input_wait_once_the_window_is_read(tmp_path):
     tail.poll()
     total, rate, wait = tail.summary(500)
     assert total == 5 and wait == pytest.approx(5 * 80 * 0.5 / 500)
+
+
+def test_steps_without_detail_count_and_the_wait_comes_from_timed_steps(tmp_path):
+    """Short steps are recorded in full on one step in k (``steps`` rows for the others): the live
+    count and rate include every step, the data-wait share only the steps whose wait was timed."""
+    import json
+
+    from whyidle.record.steptable import LITE_COLUMNS
+    from whyidle.report.live import StepTail
+
+    rows = [dict.fromkeys(LITE_COLUMNS) | {"i": i, "t0": i * 100, "t1": i * 100 + 100, "by": 0, "boundary": 0}
+            for i in range(9)]
+    recs = [{"k": "steps", "rows": [[r[c] for c in LITE_COLUMNS] for r in rows]},
+            {"k": "step", "i": 9, "t0": 900, "t1": 1000, "by": "optimizer", "data": 40}]
+    (tmp_path / "proc-7.jsonl").write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
+    tail = StepTail(str(tmp_path))
+    tail.poll()
+    total, rate, wait = tail.summary(1000)
+    assert total == 10
+    assert rate == pytest.approx(10 / 1000e-9)
+    assert wait == pytest.approx(0.4)

@@ -76,12 +76,13 @@ def _loader_args(facts: dict, workers: int, prefetch: int, dataset: str) -> tupl
     """The ``DataLoader(...)`` arguments: the user's own (batch size, shuffling, a collate_fn of
     theirs, drop_last) and the worker options, each change marked with what it was."""
     loader = facts.get("loader") or {}
-    args = [dataset, f"batch_size={_batch_size(facts)}"]
+    written = loader.get("args") or {}  # the program's own argument texts (instrument/callsite.py)
+    args = [written.get("dataset") or dataset, f"batch_size={written.get('batch_size') or _batch_size(facts)}"]
     if loader.get("sampler") == "RandomSampler":
         args.append("shuffle=True")
     collate = loader.get("collate_fn")
     if collate and collate != "default_collate" and loader.get("collate_user") is not False:
-        args.append(f"collate_fn={collate}")
+        args.append(f"collate_fn={written.get('collate_fn') or collate}")
     if loader.get("drop_last"):
         args.append("drop_last=True")
     nw = loader.get("num_workers") or 0
@@ -246,8 +247,9 @@ def sync_code(facts: dict) -> str:
     """Keep running values on the device and read them every N steps, in the program's API."""
     name = api_name(facts)
     if name == "lightning":
-        return ("self.log(\"train_loss\", loss)   # the tensor, not loss.item(): Lightning reads it every "
-                "log_every_n_steps\n"
+        return ("# in training_step / callbacks: keep tensors, let Lightning read them when it logs\n"
+                "self.log(\"train_loss\", loss)           # a tensor: read once per log_every_n_steps\n"
+                "history.append(loss.detach())           # not loss.item(); read all at once in on_train_epoch_end\n"
                 "trainer = Trainer(..., log_every_n_steps=50)")
     if name == "accelerate":
         return ("running_loss += loss.detach()          # every micro-batch; stays on the device, no sync\n"

@@ -198,7 +198,9 @@ def input_bound(facts: dict) -> dict | None:
                    f"({(per_sample or 0) / 1024:.1f} KiB read per sample, iowait {_pct(iowait)})",
         "loader_in_main_process": f"batches are prepared in the training process itself (num_workers=0), "
                                   f"{_pct(busy)} of that time on the CPU",
-        "cpu_preprocessing": f"the {nw} workers keep {_pct(cpu_busy)} of the {cores} cores busy preparing samples",
+        "cpu_preprocessing": f"the machine's {cores} cores are {_pct(cpu_busy)} busy and the {nw} DataLoader "
+                             f"worker{'s' if nw != 1 else ''} ({_pct(busy)} busy on CPU each) cannot prepare "
+                             "samples any faster",
         "too_few_workers": f"{nw} DataLoader worker{'s' if nw != 1 else ''} cannot keep up "
                            f"(each {_pct(busy)} busy on CPU)",
         "unknown": "the cause could not be narrowed down",

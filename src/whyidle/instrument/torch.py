@@ -202,7 +202,7 @@ class TorchInstrument:
         self.loaders: set[int] = set()
         self.iter_loader: dict[int, int] = {}  # id(iterator) -> id(its DataLoader)
         self.loader_key: int | None = None  # the DataLoader of this step's last batch
-        self.created: dict[int, tuple] = {}  # id(DataLoader) -> (user site, leaf site) of its construction
+        self.created: dict[int, tuple] = {}  # id(DataLoader) -> (user site, leaf site, argument texts)
         self.audit = _new_audit()
         self.timeline = None  # CudaTimeline once the model is on CUDA
         self.marking = False  # this step gets CUDA phase marks (full steps, once the model is on CUDA)
@@ -411,7 +411,9 @@ class TorchInstrument:
         if key not in self.loaders:
             self.loaders.add(key)
             rec = _loader_config(loader, key, t0)
-            rec["created"] = list(self.created.get(key) or (None, None))
+            user, leaf, args = self.created.get(key) or (None, None, {})
+            rec["created"] = [user, leaf]
+            rec["args"] = args
             rec["collate_user"] = self._user_code(getattr(loader, "collate_fn", None))
             self.agent.record(rec)
         if len(self.iter_loader) >= 64:  # one iterator per epoch without persistent workers
@@ -420,10 +422,22 @@ class TorchInstrument:
         self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1})
 
     def on_loader_created(self, loader, frame) -> None:
-        """A DataLoader was built: keep where (its caller's user site and innermost site)."""
+        """A DataLoader was built: keep where (its caller's user site and innermost site) and, when
+        the program's own code built it, how it wrote the dataset and collate_fn arguments."""
         if len(self.created) >= 64:
             self.created.clear()
-        self.created[id(loader)] = self.site_of(frame)
+        user, leaf = self.site_of(frame)
+        args = {}
+        if user is not None:  # the user's frame making the DataLoader(...) call, maybe through a
+            # library's __init__ wrapper (Lightning wraps it); a call to anything else gives nothing
+            from whyidle.instrument.callsite import call_arguments
+
+            classify = self.frames().classify
+            while frame is not None and classify(frame.f_code.co_filename)[0] != 0:
+                frame = frame.f_back
+            args = call_arguments(frame, {"dataset": 0, "batch_size": 1, "collate_fn": None},
+                                  type(loader).__name__)
+        self.created[id(loader)] = (user, leaf, args)
 
     def _user_code(self, fn) -> bool | None:
         """True when ``fn`` (a function, or an object with ``__call__``) is defined in the user's code,

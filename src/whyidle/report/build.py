@@ -81,11 +81,11 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     if step.get("lite_steps"):
         n = step["steps"]
         full = n - step["lite_steps"]
-        mean = (step.get("step_time_s") or {}).get("mean")
-        notes.append(f"Steps were short ({mean * 1000:.1f} ms): to keep whyidle's cost under ~2 % of a step, phases, "
-                     f"samples and CPU times were recorded on {full} of the {n} analyzed steps (one in "
-                     f"{n / max(full, 1):.0f}, drawn at random); step times cover every step "
-                     "(docs/run-format.md, detail stride).")
+        p50 = (step.get("step_time_s") or {}).get("p50")
+        every = f"about one in {n / max(full, 1):.0f}, " if n >= 1.5 * full else ""
+        notes.append(f"Steps were short (median {p50 * 1000:.1f} ms): to keep whyidle's cost under ~2 % of a step, "
+                     f"phases, samples and CPU times were recorded on {full} of the {n} analyzed steps ({every}drawn "
+                     "at random); step times cover every step (docs/run-format.md, detail stride).")
     if info.get("profiled_excluded"):
         notes.append(f"{info['profiled_excluded']} step(s) ran under whyidle's TensorFlow profiler window; they give "
                      "the input-wait split and were left out of the step times.")

@@ -15,6 +15,8 @@ import json
 import os
 import time
 
+from whyidle.record.steptable import expand_lite
+
 #: Seconds of recent steps the live rates are computed over.
 RECENT_S = 10.0
 #: Seconds between plain status lines when stderr is not a terminal.
@@ -22,7 +24,9 @@ PLAIN_PERIOD_S = 5.0
 
 
 class StepTail:
-    """Follows ``proc-*.jsonl`` files of a running command and keeps the recent steps."""
+    """Follows ``proc-*.jsonl`` files of a running command and keeps the recent steps: ``step``
+    records and the rows of ``steps`` records (steps recorded without detail, see
+    docs/run-format.md)."""
 
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
@@ -47,7 +51,7 @@ class StepTail:
                 self._partial[path] = lines[-1]
             for raw in lines[:-1]:
                 window = b'"k":"tf_window"' in raw
-                if b'"k":"step"' not in raw and not window:
+                if b'"k":"step' not in raw and not window:  # "step" and "steps"
                     continue
                 try:
                     rec = json.loads(raw)
@@ -59,8 +63,9 @@ class StepTail:
                     if total > 0:
                         self.window_ratio[path] = min(1.0, sum(min(c) for c in calls) / total)
                     continue
-                self.recent.setdefault(path, collections.deque(maxlen=2000)).append(rec)
-                self.total[path] = self.total.get(path, 0) + 1
+                steps = expand_lite(rec) if rec.get("k") == "steps" else [rec] if rec.get("k") == "step" else []
+                self.recent.setdefault(path, collections.deque(maxlen=2000)).extend(steps)
+                self.total[path] = self.total.get(path, 0) + len(steps)
 
     def summary(self, now_ns: int) -> tuple[int, float | None, float | None]:
         """(total steps of the busiest process, its steps/s and data-wait share over RECENT_S; the
@@ -73,13 +78,14 @@ class StepTail:
         if not steps:
             return self.total[path], None, None
         span = (steps[-1]["t1"] - steps[0]["t0"]) / 1e9
-        busy = sum(s["t1"] - s["t0"] for s in steps)
+        rate = len(steps) / span if span > 0 else None
         if steps[-1].get("by") == "keras":  # input wait known once the profiler window is read
             ratio = self.window_ratio.get(path)
             data = None if ratio is None else sum(s.get("fn") or 0 for s in steps) * ratio
-        else:
-            data = sum(s.get("data") or 0 for s in steps)
-        rate = len(steps) / span if span > 0 else None
+        else:  # from the steps whose data wait was timed (not the rows of steps without detail)
+            steps = [s for s in steps if s.get("data") is not None]
+            data = sum(s["data"] for s in steps)
+        busy = sum(s["t1"] - s["t0"] for s in steps)
         return self.total[path], rate, (data / busy if busy and data is not None else None)
 
 
