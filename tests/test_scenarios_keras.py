@@ -72,7 +72,7 @@ def test_c03_sequential_map_is_input_bound_and_the_fix_helps(tmp_path):
     _, fixed = scenario(tmp_path, C03, "--variant", "fixed")
     assert fixed["verdict"] != "input_bound", findings_summary(fixed)
     assert data_wait(fixed) < 0.15  # measured ~0.03 without whyidle
-    # measured 2.25-2.52x without whyidle (script docstring)
+    # measured 2.3x without whyidle (script docstring)
     assert sps(fixed) >= 1.5 * sps(faulty), (sps(fixed), sps(faulty))
 
 

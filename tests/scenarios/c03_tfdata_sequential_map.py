@@ -1,7 +1,7 @@
 """C03: a tf.data ``map`` that runs sequentially (no ``num_parallel_calls``) and no ``prefetch``.
 
 Stages (shared/cases.md C03, CPU scenario): ``tf.data.Dataset.range(3000)`` mapped through
-``tf.numpy_function(load_sample)``, which sleeps 2 ms (an I/O-like read that releases the GIL) and
+``tf.numpy_function(load_sample)``, which sleeps 4 ms (an I/O-like read that releases the GIL) and
 spends ~0.3 ms of numpy "decoding" into a 32x32x3 float image; ``.batch(32)``; a small CNN
 (Conv → Conv → GAP → Dense 10) trained with ``model.fit(ds, steps_per_epoch=N)``.
 
@@ -39,7 +39,14 @@ times per batch, medians; see ``measure``):
     faulty   79-84 ms      22-30 ms           87-91 ms    0.64               350-369
     fixed    20-24 ms      23-25 ms           37-41 ms    0.03               779-858
 
-and ``fit`` (RESULT, 3 alternating runs of 80 steps): faulty 303-351 samples/s (step 91-106 ms),
+That was with a 2 ms read. On 2026-12-01 the same box ran the train step alone in 54-68 ms and
+the pipeline in ~119 ms per batch, so the faulty run's input wait fell to 0.30-0.37 (without
+whyidle too) and the scenario no longer showed its fault; the read is now 4 ms, which keeps the
+faulty pipeline well behind the step on a box ~2.5x slower than the one above: ``--measure``
+faulty input 181 ms, train step 54 ms, loop 192 ms, input wait 0.62, 166 samples/s; fixed input
+59 ms, train step 64 ms, loop 83 ms, input wait 0.02, 387 samples/s (2.3x).
+
+Earlier figures (2 ms read), ``fit`` (RESULT, 3 alternating runs of 80 steps): faulty 303-351 samples/s (step 91-106 ms),
 fixed 744-789 samples/s (step 41-43 ms): fixed/faulty 2.25-2.52x (2.45x in 2 runs of 50 steps).
 The fixed step is longer than the train step alone because the loading threads' CPU work
 (~12 ms of CPU per batch) shares the two cores with it. Process time: faulty ~9-11 s at the
@@ -64,7 +71,7 @@ from keras_common import StepTimer, interleaved
 
 BATCH = 32
 IMAGE = (32, 32, 3)
-READ_LATENCY_S = 0.002  # the "read" of one pickled sample: an I/O-like wait that releases the GIL
+READ_LATENCY_S = 0.004  # the "read" of one pickled sample: an I/O-like wait that releases the GIL
 DECODE_ROUNDS = 6       # numpy "decoding" rounds: ~0.3 ms of CPU per sample on the 2-core dev box
 DATA_THREADS = 8        # tf.data thread-pool size (see make_dataset)
 
