@@ -238,8 +238,9 @@ class TorchInstrument:
         self.t0 = now
         self.t_phase = now
         self.phase = "other" if tracking else "lite"
-        self.saved = []
-        self.acc = dict.fromkeys(PHASES, 0)
+        if tracking:  # a lite step with its hooks out has no phases: nothing to allocate
+            self.saved = []
+            self.acc = dict.fromkeys(PHASES, 0)
         self.batches = 0
         self.samples = 0
         self.samples_known = True
