@@ -12,7 +12,8 @@ from whyidle.diagnose import diagnose, fixes, rules
 from whyidle.diagnose import thresholds as T
 from whyidle.record.reader import RunData
 
-CONTRACT_KEYS = {"id", "severity", "title", "summary", "evidence", "est_speedup", "fix"}
+CONTRACT_KEYS = {"id", "severity", "title", "summary", "evidence", "bound", "est_speedup_if_removed", "est_speedup",
+                 "fix"}
 PHASES = ("other", "data", "forward", "backward", "optimizer")
 
 
@@ -25,7 +26,15 @@ def assert_contract(f: dict) -> None:
     assert "\n" not in f["summary"]
     assert isinstance(f["evidence"], dict)
     assert f["est_speedup"] is None or isinstance(f["est_speedup"], float)
-    assert set(f["fix"]) == {"text", "code", "docs"}
+    assert set(f["fix"]) == {"text", "code", "docs", "options"}
+    assert f["bound"] is None or 0.0 <= f["bound"] <= 1.0
+    if f["bound"] is not None:
+        assert f["est_speedup_if_removed"] == pytest.approx(rules.speedup_if_removed(f["bound"]), rel=2e-3)
+    for o in f["fix"]["options"]:
+        assert set(o) == {"text", "code", "est_speedup", "condition"} and o["text"]
+    if f["fix"]["options"]:  # the printed fix is the first option
+        assert f["fix"]["options"][0]["text"] == f["fix"]["text"]
+        assert f["fix"]["options"][0]["est_speedup"] == f["est_speedup"]
     assert isinstance(f["fix"]["text"], str) and f["fix"]["text"]
     assert f["fix"]["code"] is None or isinstance(f["fix"]["code"], str)
     assert isinstance(f["fix"]["docs"], list)

@@ -151,8 +151,9 @@ def test_torch_cpu_build_uses_the_run_rule_wording_and_a_driver_matched_command(
     assert f["fix"]["code"] == ('pip uninstall -y torch && pip install "torch<2.6" '
                                 "--index-url https://download.pytorch.org/whl/cu121")
     assert f["est_speedup"] is None
-    assert set(f) == {"id", "severity", "title", "summary", "evidence", "est_speedup", "fix"}
-    assert set(f["fix"]) == {"text", "code", "docs"}
+    assert set(f) == {"id", "severity", "title", "summary", "evidence", "bound", "est_speedup_if_removed", "est_speedup",
+                      "fix"}
+    assert set(f["fix"]) == {"text", "code", "docs", "options"}
     assert exit_code({"findings": [f]}) == 1
 
 

@@ -8,21 +8,14 @@ import pytest
 from whyidle.diagnose import rules
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules_work import no_mixed_precision, small_workload
+from test_diagnose import assert_contract  # the one report-contract check
 
-CONTRACT_KEYS = {"id", "severity", "title", "summary", "evidence", "est_speedup", "fix"}
 GB = 10**9
 NAMES = {"6.1": "NVIDIA GeForce GTX 1070", "7.0": "Tesla V100-SXM2-16GB", "7.5": "Tesla T4",
          "8.0": "NVIDIA A100-SXM4-80GB", "8.6": "NVIDIA GeForce RTX 3090", "8.9": "NVIDIA L4",
          "9.0": "NVIDIA H200"}
 
 
-def assert_contract(f: dict) -> None:
-    assert set(f) == CONTRACT_KEYS, f
-    assert f["severity"] in ("critical", "warning", "info")
-    assert isinstance(f["summary"], str) and f["summary"] and "\n" not in f["summary"]
-    assert isinstance(f["evidence"], dict)
-    assert f["est_speedup"] is None or isinstance(f["est_speedup"], float)
-    assert set(f["fix"]) == {"text", "code", "docs"} and f["fix"]["text"]
 
 
 def make_step(data=0.05, fwd=0.35, bwd=0.45, opt=0.1, mean=0.1, p50=None, batch=64.0):

@@ -8,10 +8,10 @@ import pytest
 from whyidle.analysis.gpu import gpu_metrics
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules_device import throttling
+from test_diagnose import assert_contract  # the one report-contract check
 
 S = 1_000_000_000
 MS = 1_000_000
-CONTRACT_KEYS = {"id", "severity", "title", "summary", "evidence", "est_speedup", "fix"}
 
 
 def static(n: int = 1, cvd: str | None = None) -> dict:
@@ -126,7 +126,8 @@ def facts_of(records: list[dict], window=None) -> dict:
 
 def test_power_cap_below_the_maximum_limit():
     f = throttling(facts_of(power_capped_run(limit=450.0, util=80)))
-    assert set(f) == CONTRACT_KEYS and (f["id"], f["severity"]) == ("throttling", "warning")
+    assert_contract(f)
+    assert (f["id"], f["severity"]) == ("throttling", "warning")
     assert "the power limit (SwPowerCap) 40% of the analyzed time" in f["summary"]
     assert "1,410 MHz while throttled, of a 1,980 MHz maximum" in f["summary"]
     assert f["summary"].count(".") <= 2 and f["summary"].endswith(".")

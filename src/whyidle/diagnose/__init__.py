@@ -1,22 +1,18 @@
 """Diagnosis: facts → verdict and ranked findings (pure; no framework imports).
 
-``diagnose`` runs every rule of :mod:`whyidle.diagnose.rules`. The verdict is the id of the
-warning/critical finding with the highest ``est_speedup`` of at least
-``thresholds.VERDICT_MIN_SPEEDUP``; ``"device_bound"`` when none limits the device. With too few steps
-to judge the verdict is ``"unknown"``, unless the GPU cannot be used at all (``wrong_device``,
-``gpu_not_visible``), which needs no steps. Those two are the verdict whenever critical (the model
-or its inputs, not just a few per-step tensors, are off the GPU): the GPU doing no work at all
-answers the question before any other bottleneck does.
+``diagnose`` runs every rule of :mod:`whyidle.diagnose.rules`; the verdict follows the one rule of
+:mod:`whyidle.diagnose.verdict`: the warning/critical finding whose cause holds the largest measured
+share of the step (``bound`` ≥ ``thresholds.VERDICT_MIN_BOUND``), whatever its fix can give here;
+``"device_bound"`` when none does. With too few steps to judge the verdict is ``"unknown"``, unless
+the GPU cannot be used at all (``wrong_device``, ``gpu_not_visible``, critical), which needs no steps
+and answers the question before any other bottleneck does.
 """
 
 from __future__ import annotations
 
 from whyidle.diagnose import rules, rules_device, rules_gpu, rules_keras, rules_work
 from whyidle.diagnose import thresholds as T
-
-_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
-#: Findings that mean the GPU cannot or does not do the work; they are the verdict when present.
-PLACEMENT = ("gpu_not_visible", "wrong_device")
+from whyidle.diagnose.verdict import PLACEMENT, choose_verdict, order  # noqa: F401 (PLACEMENT: re-exported)
 
 
 def _insufficient(facts: dict) -> dict | None:
@@ -62,6 +58,8 @@ def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
         return
     share = inp["evidence"]["data_wait_share"]
     contention["est_speedup"] = round(contention["est_speedup"] / (1.0 - min(share, 0.95)), 3)
+    contention["bound"] = round(1.0 - (1.0 - contention["bound"]) * (1.0 - share), 4)
+    contention["est_speedup_if_removed"] = contention["est_speedup"]
     contention["evidence"]["workers_run_delay_share"] = round(delay, 4)
     contention["evidence"]["data_wait_share"] = share
     contention["summary"] = contention["summary"][:-1] + (
@@ -76,7 +74,8 @@ def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
 
 
 def diagnose(facts: dict) -> tuple[str, list[dict]]:
-    """Returns ``(verdict, findings)``, findings most important first (severity, then est_speedup).
+    """Returns ``(verdict, findings)``: the verdict's finding first, then by severity and measured
+    share (:func:`whyidle.diagnose.verdict.order`).
 
     ``facts`` is the output of :func:`whyidle.analysis.run.analyze`.
     """
@@ -100,7 +99,7 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
         # Python work outside the model, or per-operation overhead inside it: one host_bound
         host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts)) if f]
         if host:
-            findings.append(max(host, key=lambda f: f["est_speedup"] or 0))
+            findings.append(max(host, key=lambda f: f["bound"] or 0))
     _link_contention_to_input(facts, findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
     for f in findings:  # tf.data: smells whose fixed lines input_bound already shows
@@ -109,17 +108,8 @@ def diagnose(facts: dict) -> tuple[str, list[dict]]:
     config = (rules_keras.input_pipeline_config if tf else rules.input_pipeline_config)(facts, causes)
     if config:
         findings.append(config)
-    findings.sort(key=lambda f: (_SEVERITY_RANK[f["severity"]], -(f["est_speedup"] or 0)))
-    limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
-    placement = [f for f in findings if f["id"] in PLACEMENT and f["severity"] == "critical"]
-    if placement:  # the GPU does no work at all: that answers "why is my GPU idle" before anything else
-        verdict = placement[0]["id"]
-    elif limiting and short is None:
-        verdict = max(limiting, key=lambda f: f["est_speedup"])["id"]
-    elif short is not None:
-        verdict = "unknown"
-    else:
+    verdict = choose_verdict(findings, judged=short is None)
+    if verdict is None:
         verdict = "device_bound"
-        findings.insert(0, rules.device_bound(facts))
-    findings.sort(key=lambda f: f["id"] != verdict)  # stable: the verdict's finding leads
-    return verdict, findings
+        findings.insert(0, rules.device_bound(facts, findings))
+    return verdict, order(findings, verdict)

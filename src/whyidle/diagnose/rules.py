@@ -32,14 +32,30 @@ MATH_WORDS = {"softmax", "sumexp", "prob", "probs", "likelihood", "det", "sigmoi
 
 def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
             est_speedup: float | None, fix_text: str, code: str | None = None,
-            docs: list[str] | None = None) -> dict:
-    """Builds one finding of the report contract (see the module docstring)."""
+            docs: list[str] | None = None, bound: float | None = None,
+            options: list[dict] | None = None) -> dict:
+    """Builds one finding of the report contract (see the module docstring).
+
+    ``bound``: the measured fraction (0–1) of the step (traces: of the traced time) that the
+    cause explains; ``est_speedup_if_removed`` = 1/(1 − bound) follows from it
+    (:func:`speedup_if_removed`). ``est_speedup``: what the printed fix gives on this machine
+    (None: cannot be estimated). ``options``: further fix options ranked for this machine, each
+    ``{text, code, est_speedup, condition}``, the first the printed fix (empty: only the fix).
+    """
     return {
         "id": fid, "severity": severity, "title": title, "summary": summary,
         "evidence": evidence,
+        "bound": round(min(max(bound, 0.0), 1.0), 4) if bound is not None else None,
+        "est_speedup_if_removed": round(speedup_if_removed(bound), 3) if bound is not None else None,
         "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
-        "fix": {"text": fix_text, "code": code, "docs": docs or []},
+        "fix": {"text": fix_text, "code": code, "docs": docs or [], "options": options or []},
     }
+
+
+def bound_of(est_speedup: float | None) -> float | None:
+    """The step fraction a cause holds when removing it gives ``est_speedup`` (1 − 1/est): for
+    findings whose fix removes the whole cause (Amdahl's law read backwards)."""
+    return None if est_speedup is None or est_speedup <= 0 else max(0.0, 1.0 - 1.0 / est_speedup)
 
 
 def speedup_if_removed(share: float) -> float:
@@ -258,7 +274,7 @@ def input_bound(facts: dict) -> dict | None:
     if model and model["tiny_fetch"]:
         severity = "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence,
-                   est, text, code, [DOCS_DATALOADER, DOCS_TUNING])
+                   est, text, code, [DOCS_DATALOADER, DOCS_TUNING], bound=share)
 
 
 def _words(name: str) -> set[str]:
@@ -388,7 +404,7 @@ def host_bound(facts: dict) -> dict | None:
     else:
         severity = "info"
     return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
-                   evidence, speedup_if_removed(removable), text, code, [DOCS_TUNING])
+                   evidence, speedup_if_removed(removable), text, code, [DOCS_TUNING], bound=share)
 
 
 def _in_training_step(focus: dict | None, hotspots: list[dict]) -> bool:
@@ -415,7 +431,7 @@ def many_small_ops(facts: dict) -> dict | None:
     compute_share = sh["forward"] + sh["backward"]
     per_batch = step["step_time_s"]["mean"] / max(1.0, step.get("batches_per_step") or 1)  # one backward each
     per_node = compute_share * per_batch / nodes
-    if nodes < T.MANY_OPS_PER_STEP or per_node > T.SMALL_OP_S:
+    if nodes < T.MANY_OPS_PER_STEP or per_node > T.SMALL_OP_S or per_node <= 0:
         return None
     overhead = compute_share * min(1.0, T.DISPATCH_S_PER_NODE / per_node)
     launch = gpu_idle_share(facts, "launch")
@@ -444,16 +460,17 @@ def many_small_ops(facts: dict) -> dict | None:
     evidence["hotspots"] = []
     severity = "critical" if overhead >= T.HOST_SHARE_CRITICAL else "warning"
     return finding("host_bound", severity, "Host-bound: thousands of tiny operations per step", summary, evidence,
-                   1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, compile_code, [DOCS_TUNING])
+                   1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, compile_code, [DOCS_TUNING], bound=overhead)
 
 
 def small_batch(facts: dict) -> dict | None:
     """Per-step fixed cost dominates because batches are tiny (≤ ``SMALL_BATCH_MAX`` samples).
 
-    Model: step time = fixed + per-sample × batch, with forward, backward and data wait counted as
-    per-sample work and optimizer plus other host time as fixed. That is conservative (forward and
-    backward of tiny batches are themselves mostly per-op overhead), so the true gain is larger.
-    ``est_speedup`` is the samples/s ratio at the target batch size.
+    Model: step time = fixed + per-sample × batch. Fixed, measured: optimizer and other host time,
+    plus the per-operation overhead inside forward and backward (autograd graph nodes ×
+    ``DISPATCH_S_PER_NODE``; on a GPU at least the measured launch idle); forward, backward and data
+    wait beyond that count as per-sample work. ``bound`` is the fixed share; ``est_speedup`` the
+    samples/s ratio at the target batch size.
 
     On a CUDA device whose peak memory use and capacity are known (``facts["gpu"]``
     ``memory_used_max_bytes`` / ``memory_total_bytes``, capacity else from ``facts["device"]``),
@@ -469,7 +486,16 @@ def small_batch(facts: dict) -> dict | None:
     if batch > T.SMALL_BATCH_MAX:
         return None
     sh = step["shares"]
-    fixed = sh["optimizer"] + sh["other_host"]
+    mean = step["step_time_s"]["mean"]
+    # per-operation overhead inside forward and backward does not grow with the batch either: the
+    # measured autograd graph size × the cost of one operation (on a GPU: the measured launch idle)
+    nodes = facts.get("graph_nodes") or 0
+    per_op = min(sh["forward"] + sh["backward"], nodes * T.DISPATCH_S_PER_NODE * (step.get("batches_per_step") or 1)
+                 / max(mean, 1e-9))
+    launch = gpu_idle_share(facts, "launch")
+    if launch is not None:
+        per_op = min(sh["forward"] + sh["backward"], max(per_op, launch))
+    fixed = min(1.0, sh["optimizer"] + sh["other_host"] + per_op)
     keras = facts.get("framework") in ("keras", "tensorflow")
     if keras:  # the optimizer runs inside the compiled step, whose call has a fixed cost of its own
         fixed = min(1.0, sh["other_host"] + T.KERAS_STEP_FIXED_S / max(step["step_time_s"]["mean"], 1e-9))
@@ -500,7 +526,8 @@ def small_batch(facts: dict) -> dict | None:
     if room is not None and not room["suggested_batch_size"]:
         text += (" GPU memory is nearly full: free some first (mixed precision halves activation memory; "
                  "activation checkpointing trades compute for memory).")
-    evidence = _round({"batch_size": batch, "fixed_share": fixed, "step_time_s_mean": step["step_time_s"]["mean"],
+    evidence = _round({"batch_size": batch, "fixed_share": fixed, "per_op_share": per_op,
+                       "step_time_s_mean": step["step_time_s"]["mean"],
                        "samples_per_s": step.get("samples_per_s"), "target_batch_size": target})
     if room is not None:
         evidence.update(_round(room))
@@ -510,7 +537,7 @@ def small_batch(facts: dict) -> dict | None:
         code = (f"ds = ds.batch({target})                     # tf.data: was {batch:g}\n"
                 f"model.fit(x, y, batch_size={target}, ...)   # NumPy arrays: was {batch:g}")
     return finding("small_batch", severity, "Small batch: per-step overhead dominates", summary, evidence, est, text,
-                   code, [DOCS_TUNING])
+                   code, [DOCS_TUNING], bound=fixed)
 
 
 def cpu_contention(facts: dict) -> dict | None:
@@ -566,7 +593,7 @@ def cpu_contention(facts: dict) -> dict | None:
     evidence["top_other_processes"] = top
     severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
     return finding("cpu_contention", severity, "CPU contention: the job waits for cores", summary, evidence,
-                   speedup_if_removed(delay), text, code, [DOCS_THREADS])
+                   speedup_if_removed(delay), text, code, [DOCS_THREADS], bound=delay)
 
 
 def _gpu_count(facts: dict) -> int:
@@ -667,8 +694,12 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
                    code, [DOCS_DATALOADER])
 
 
-def device_bound(facts: dict) -> dict:
-    """Nothing upstream limits the device: compute (forward, backward, optimizer) fills the step."""
+def device_bound(facts: dict, findings: list[dict] = ()) -> dict:
+    """No cause upstream of the device holds ``VERDICT_MIN_BOUND`` of the step: the verdict when no
+    finding qualifies (:func:`whyidle.diagnose.verdict.choose_verdict`). ``bound`` is the device's
+    own share (forward, backward, optimizer, compiled compute). The summary states that share and,
+    when it is under half the step or other findings hold a smaller part, names them, so it never
+    contradicts the shares printed with it."""
     step = facts["step"]
     sh = step["shares"]
     compute = sh["forward"] + sh["backward"] + sh["optimizer"] + sh.get("compute", 0.0)
@@ -678,8 +709,17 @@ def device_bound(facts: dict) -> dict:
                  "a smaller model or less work per sample")
     else:
         where = f"the {device.get('name') or 'GPU'} is the limit"
-    summary = (f"Nothing upstream holds the device back: forward, backward and optimizer take {_pct(compute)} of each "
-               f"{_ms(step['step_time_s']['mean'])} step; {where}.")
+    minor = [f for f in findings if f.get("bound")]
+    rest = ", ".join(f"{f['id']} {_pct(f['bound'])}" for f in sorted(minor, key=lambda f: -f["bound"])[:3])
+    if compute >= 0.5:
+        summary = (f"Nothing upstream holds the device back: forward, backward and optimizer take {_pct(compute)} of "
+                   f"each {_ms(step['step_time_s']['mean'])} step; {where}"
+                   + (f" (smaller causes: {rest})." if rest else "."))
+    else:
+        spread = rest or f"data wait {_pct(sh['data_wait'])}, other host work {_pct(sh['other_host'])}"
+        summary = (f"No single cause holds {T.VERDICT_MIN_BOUND:.0%} of the step: forward, backward and optimizer take "
+                   f"{_pct(compute)} of each {_ms(step['step_time_s']['mean'])} step and the rest is spread thin "
+                   f"({spread}).")
     evidence = _round({"compute_share": compute, "data_wait_share": sh["data_wait"],
                        "other_host_share": sh["other_host"]})
     text = f"Nothing to fix upstream. For more speed: {fixes.faster_device_options(facts)}."
@@ -692,4 +732,4 @@ def device_bound(facts: dict) -> dict:
             summary += (f" The input wait inside Keras's compiled step was not measured ({iw.get('reason')}), so part "
                         "of the compute share may be waiting for data.")
     return finding("device_bound", "info", "Device-bound: compute fills the step", summary, evidence, None,
-                   text, None, [DOCS_TUNING])
+                   text, None, [DOCS_TUNING], bound=compute)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from whyidle.analysis.gpu import CLOCK_LIMITING_REASONS
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import _round, finding
+from whyidle.diagnose.rules import _round, bound_of, finding
 
 DOCS_REASONS = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksThrottleReasons.html"
 DOCS_NVIDIA_SMI = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
@@ -138,7 +138,7 @@ def throttling(facts: dict) -> dict | None:
     evidence["shares"] = _round(shares)
     evidence["throttle_s"] = _round(d["throttle_s"]) if d.get("throttle_s") else None
     return finding("throttling", "warning", "GPU clocks throttled", summary, evidence, est,
-                   fix, code=code, docs=[DOCS_REASONS, DOCS_NVIDIA_SMI])
+                   fix, code=code, docs=[DOCS_REASONS, DOCS_NVIDIA_SMI], bound=bound_of(est))
 
 
 def _fix(d: dict, reasons: set[str], at_max: bool | None) -> tuple[str, str]:

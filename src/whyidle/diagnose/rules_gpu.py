@@ -78,7 +78,7 @@ def sync_bound(facts: dict) -> dict | None:
                 "sites": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in s.items()} for s in sites]}
     severity = "critical" if share >= T.SYNC_IDLE_CRITICAL else "warning"
     return finding("sync_bound", severity, "Sync-bound: host↔device syncs stall the GPU", summary, evidence,
-                   speedup_if_removed(share), text, code, [DOCS_SYNC])
+                   speedup_if_removed(share), text, code, [DOCS_SYNC], bound=share)
 
 
 def _per_micro(per_step: float | None, micro: float | None, lead: str = " ") -> str:
@@ -199,7 +199,7 @@ def pageable_transfers(facts: dict) -> dict | None:
                 "sites": sites}
     severity = "warning" if share >= T.PAGEABLE_HOST_WARN else "info"
     return finding("pageable_transfers", severity, "Pageable host→device copies", summary, evidence,
-                   speedup_if_removed(share), text, code, [DOCS_PINNED])
+                   speedup_if_removed(share), text, code, [DOCS_PINNED], bound=share)
 
 
 def cpu_built_tensors(facts: dict) -> dict | None:
@@ -229,4 +229,4 @@ def cpu_built_tensors(facts: dict) -> dict | None:
     severity = "warning" if share >= T.CPU_BUILT_WARN else "info"
     return finding("wrong_device", severity, "Tensors built on the CPU every step", summary, evidence,
                    speedup_if_removed(share), text, "mask = torch.arange(n, device=device)  # not .to(device)",
-                   ["https://pytorch.org/docs/stable/notes/cuda.html#best-practices"])
+                   ["https://pytorch.org/docs/stable/notes/cuda.html#best-practices"], bound=share)

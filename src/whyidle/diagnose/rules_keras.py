@@ -181,7 +181,7 @@ def input_bound(facts: dict) -> dict | None:
     evidence["runtime_stages"] = (iw.get("iterators") or [])[:4]
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence, est,
-                   text, code, [DOCS_TFDATA, DOCS_TF_PROFILER])
+                   text, code, [DOCS_TFDATA, DOCS_TF_PROFILER], bound=share)
 
 
 def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from whyidle.analysis.capability import capability_of
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import _ms, _pct, _round, finding
+from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding
 
 DOCS_AMP = "https://pytorch.org/docs/stable/amp.html"
 DOCS_AMP_RECIPE = "https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html"
@@ -191,7 +191,7 @@ def no_mixed_precision(facts: dict) -> dict | None:
         docs = [DOCS_KERAS_MP]
     severity = "warning" if est >= T.VERDICT_MIN_SPEEDUP else "info"
     return finding("no_mixed_precision", severity, "No mixed precision: float32 math on tensor-core GPU",
-                   summary, evidence, est, text, code, docs)
+                   summary, evidence, est, text, code, docs, bound=bound_of(est))
 
 
 def small_workload(facts: dict) -> dict | None:

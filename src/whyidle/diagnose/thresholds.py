@@ -69,9 +69,13 @@ SMALL_BATCH_MAX = 8
 #: most models; the estimate scales per-sample work and keeps per-step work fixed).
 SMALL_BATCH_TARGET = 32
 
-#: A finding becomes the verdict only when fixing it would gain at least 10 %; otherwise the
-#: verdict is ``device_bound``.
+#: A fix worth a warning gains at least 10 % (``no_mixed_precision``).
 VERDICT_MIN_SPEEDUP = 1.10
+#: A warning/critical finding becomes the verdict when the cause it names holds at least this
+#: fraction of the step (its ``bound``), whatever its fix can give on this machine: removing it
+#: would gain 1/(1 − 0.10) = 1.11×, the noise of a shared machine (as ``DATA_WAIT_WARN``). Below
+#: it on every finding the verdict is ``device_bound``.
+VERDICT_MIN_BOUND = 0.10
 #: Fewer analyzed steps than this: say so rather than guess.
 MIN_STEPS = 5
 

@@ -13,9 +13,11 @@ from whyidle.diagnose.rules import (
     DOCS_TUNING,
     _ms,
     _pct,
+    bound_of,
     finding,
 )
 from whyidle.diagnose.rules import speedup_if_removed as _speedup
+from whyidle.diagnose.verdict import choose_verdict, order
 
 #: A straggler rank whose median step is this much longer than the others' median makes the job
 #: wait at every collective: 5 % is 1.05× for the whole job, above step-time noise between ranks.
@@ -62,7 +64,7 @@ def input_bound(m: dict, loader: str | None) -> dict | None:
                     "est_speedup_if_removed": round(_speedup(share), 3)},
                    _speedup(share), fix,
                    "loader = DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True,\n"
-                   "                    pin_memory=True, prefetch_factor=4)", [DOCS_DATALOADER, DOCS_TUNING])
+                   "                    pin_memory=True, prefetch_factor=4)", [DOCS_DATALOADER, DOCS_TUNING], bound=share)
 
 
 def sync_bound(m: dict) -> dict | None:
@@ -88,7 +90,7 @@ def sync_bound(m: dict) -> dict | None:
                    "Take synchronizations out of the step: read values (.item(), .cpu()) every N steps, avoid "
                    "explicit synchronize calls, keep data-dependent shapes off the hot path.",
                    ACCUMULATE_CODE,
-                   ["https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html"])
+                   ["https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html"], bound=share)
 
 
 def host_bound(m: dict) -> dict | None:
@@ -123,7 +125,8 @@ def host_bound(m: dict) -> dict | None:
                    summary, {"kind": "launch_bound" if launch else "python_compute", "host_wait_share": round(share, 4),
                              "short_kernel_time_share": round(short, 4), "launch_overhead_us_p50": delay,
                              "hotspots": []},
-                   _speedup(share), text, "model = torch.compile(model)" if launch else None, [DOCS_TUNING])
+                   _speedup(share), text, "model = torch.compile(model)" if launch else None, [DOCS_TUNING],
+                   bound=share)
 
 
 def pageable_transfers(m: dict) -> dict | None:
@@ -144,7 +147,7 @@ def pageable_transfers(m: dict) -> dict | None:
                     "h2d_gbps": mc.get("h2d_gbps")}, _speedup(share),
                    "Pin host memory (DataLoader pin_memory=True) and copy with .to(device, non_blocking=True).",
                    "loader = DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)",
-                   ["https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"])
+                   ["https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"], bound=share)
 
 
 def imbalance(job: dict) -> dict | None:
@@ -159,7 +162,8 @@ def imbalance(job: dict) -> dict | None:
                    {"straggler_rank": s["rank"], "excess_s": s.get("excess_s"), "excess_share": s["excess_share"],
                     "step_s_by_rank": job.get("step_s_by_rank")}, 1.0 + s["excess_share"],
                    "Compare the straggler's trace with another rank's (its DataLoader, host work, GPU clocks and "
-                   "placement); balance the data per rank (equal sequence lengths / bucketing).", None, [])
+                   "placement); balance the data per rank (equal sequence lengths / bucketing).", None, [],
+                   bound=bound_of(1.0 + s["excess_share"]))
 
 
 def device_bound(m: dict) -> dict:
@@ -168,13 +172,13 @@ def device_bound(m: dict) -> dict:
                    f"The GPU ran work {_pct(m.get('busy_share'))} of the traced time; nothing upstream holds it back.",
                    {"busy_share": m.get("busy_share")}, None,
                    "For more speed: mixed precision on tensor-core GPUs, torch.compile, or a bigger GPU.", None,
-                   [DOCS_TUNING])
+                   [DOCS_TUNING], bound=m.get("busy_share"))
 
 
 def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict]]:
     """``(verdict, findings)`` for a job (:func:`whyidle.analysis.trace.job_metrics`), judged on its
-    first rank with GPU activity (the straggler finding uses all ranks). Verdict as for live runs:
-    the warning/critical finding with the highest est ≥ ``VERDICT_MIN_SPEEDUP``, else
+    first rank with GPU activity (the straggler finding uses all ranks). Verdict as for live runs
+    (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured ``bound``), else
     ``device_bound``; ``unknown`` when no rank has GPU activity."""
     ranks = [r["metrics"] for r in job.get("ranks") or []]
     m = next((r for r in ranks if r.get("has_gpu")), None)
@@ -189,13 +193,8 @@ def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict
         return "unknown", [f]
     findings = [f for f in (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m),
                             imbalance(job)) if f]
-    rank = {"critical": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: (rank[f["severity"]], -(f["est_speedup"] or 0)))
-    limiting = [f for f in findings if f["severity"] != "info" and (f["est_speedup"] or 0) >= T.VERDICT_MIN_SPEEDUP]
-    if limiting:
-        verdict = max(limiting, key=lambda f: f["est_speedup"])["id"]
-    else:
+    verdict = choose_verdict(findings)
+    if verdict is None:
         verdict = "device_bound"
         findings.insert(0, device_bound(m))
-    findings.sort(key=lambda f: f["id"] != verdict)
-    return verdict, findings
+    return verdict, order(findings, verdict)

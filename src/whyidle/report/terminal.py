@@ -168,8 +168,10 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
     for n, f in enumerate(findings, 1):
         head = Text.assemble((f"{n}. ", "bold"), (f"[{f['severity']}] ", _SEVERITY_STYLE.get(f["severity"], "")),
                              (f["title"], "bold"), (f"  ({f['id']})", "dim"))
+        if f.get("bound") is not None and f["id"] != "device_bound":
+            head.append(f"  holds {f['bound']:.0%}", style="bold")
         if f.get("est_speedup"):
-            head.append(f"  est. {f['est_speedup']:.2f}×", style="bold")
+            head.append(f"  fix est. {f['est_speedup']:.2f}×", style="bold")
         console.print(head)
         console.print(_indent(Text(f["summary"]), 3))
         for site in (f.get("evidence") or {}).get("sites") or []:
@@ -193,6 +195,13 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
             console.print(_indent(Text.assemble(("Fix: ", "bold green"), fix["text"]), 3))
         if fix.get("code"):
             console.print(_indent(Text(fix["code"], style="cyan"), 5))
+        options = fix.get("options") or []
+        if options and options[0].get("condition"):
+            console.print(_indent(Text(f"(grows: {options[0]['condition']})", style="dim"), 5))
+        for o in options[1:]:
+            gain = f"est. {o['est_speedup']:.2f}× here" if o.get("est_speedup") else "gain not estimable here"
+            cond = f"; {o['condition']}" if o.get("condition") else ""
+            console.print(_indent(Text.assemble(("Or: ", "bold"), o["text"], (f"  ({gain}{cond})", "dim")), 3))
         console.print()
     notes = report.get("notes") or []
     if notes:

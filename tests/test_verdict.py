@@ -1,0 +1,141 @@
+"""The one verdict rule (whyidle.diagnose.verdict): chosen by measured time (`bound`), never by what
+a fix can give on this machine. Regression tests for every flip issue 13 found, and a property
+test over many synthetic facts: no `device_bound` while a warning/critical finding holds at least
+``VERDICT_MIN_BOUND`` of the step."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from test_diagnose import assert_contract, make_facts, make_host, make_loader, make_step
+from test_rules_keras import SEQUENTIAL_PY_MAP
+from test_rules_keras import facts as keras_facts
+from whyidle.diagnose import diagnose, rules
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.trace_rules import diagnose_trace
+from whyidle.diagnose.verdict import choose_verdict, limiting
+
+
+def _lead(findings, verdict):
+    assert findings[0]["id"] == verdict
+    for f in findings:
+        assert_contract(f)
+    return findings[0]
+
+
+def test_input_bound_leads_even_when_its_fix_gains_little_here():
+    """93 % data wait with num_workers=0 on 2 cores: one more worker gains ~1.07× here, but the
+    input pipeline holds the step; it was DEVICE-BOUND ("compute takes 6 %")."""
+    facts = make_facts(make_step(data=0.93, fwd=0.03, bwd=0.02, opt=0.01, data_cpu_share=0.95),
+                       make_host(cores=2, cpu_busy=0.6), make_loader(nw=0))
+    verdict, findings = diagnose(facts)
+    f = _lead(findings, verdict)
+    assert verdict == "input_bound" and f["severity"] == "critical"
+    assert f["bound"] == pytest.approx(0.93)
+    assert f["est_speedup_if_removed"] == pytest.approx(1 / 0.07, rel=1e-3)
+    assert f["est_speedup"] < T.VERDICT_MIN_SPEEDUP  # what the printed fix gives here: not the verdict's basis
+    assert not any(g["id"] == "device_bound" for g in findings)
+
+
+@pytest.mark.parametrize("busy", [0.89, 0.90])
+def test_cpu_edge_gives_the_same_verdict_on_both_sides(busy):
+    """At the CPU_SATURATED edge the cause may change (too_few_workers / cpu_preprocessing) but the
+    verdict and the measured share do not."""
+    facts = make_facts(make_step(data=0.6, fwd=0.2, bwd=0.1, opt=0.05, data_cpu_share=0.95),
+                       make_host(cores=2, cpu_busy=busy, workers=1, worker_busy=0.95), make_loader(nw=1))
+    verdict, findings = diagnose(facts)
+    assert verdict == "input_bound" and findings[0]["bound"] == pytest.approx(0.6)
+
+
+def test_keras_spinning_pools_do_not_hide_an_86_percent_input_wait():
+    """TensorFlow's spinning thread pools raise the process's CPU floor, so the parallel-map fix is
+    estimated low (~1.05×); 86 % of the step is still input wait."""
+    facts = keras_facts(data_share=0.86, pipeline=SEQUENTIAL_PY_MAP, cores=2)
+    facts["host"]["trainer_cores"] = 1.95
+    facts.update({"trainers": [1], "proc": {"framework": "tensorflow"}, "hotspots": {}, "loader": None})
+    verdict, findings = diagnose(facts)
+    f = _lead(findings, verdict)
+    assert verdict == "input_bound" and f["bound"] == pytest.approx(0.86)
+
+
+def test_small_batch_counts_per_operation_overhead_as_fixed_cost():
+    """Batch 2 where forward and backward are mostly per-op overhead (3,000 graph nodes at 5 µs in a
+    40 ms step): the fixed share includes it, so small_batch is a warning with a bigger estimate."""
+    step = make_step(data=0.0, fwd=0.35, bwd=0.45, opt=0.1, other=0.1, mean=0.04, batch=2.0)
+    facts = make_facts(step, make_host(cores=2), make_loader(nw=0, batch=2))
+    without = rules.small_batch(facts)
+    facts["graph_nodes"] = 3000
+    f = rules.small_batch(facts)
+    assert_contract(f)
+    assert without["bound"] == pytest.approx(0.2)
+    assert f["bound"] == pytest.approx(0.2 + 3000 * T.DISPATCH_S_PER_NODE / 0.04)
+    assert f["evidence"]["per_op_share"] == pytest.approx(0.375)
+    assert f["est_speedup"] > without["est_speedup"] and f["severity"] == "warning"
+    verdict, findings = diagnose(facts)
+    assert verdict == "small_batch" and findings[0]["id"] == "small_batch"
+
+
+def test_device_bound_text_agrees_with_the_shares():
+    """Compute under half the step and no cause over the line: the summary says the time is spread,
+    never that compute fills the step."""
+    facts = make_facts(make_step(data=0.08, fwd=0.2, bwd=0.15, opt=0.05, other=0.52), make_host(cores=8),
+                       make_loader(nw=4))
+    facts["step"]["shares"]["other_host"] = 0.52
+    facts["hotspots"] = {"other": []}
+    verdict, findings = diagnose(facts)
+    if verdict == "device_bound":
+        assert "spread" in findings[0]["summary"]
+    facts = make_facts(make_step(data=0.02, fwd=0.5, bwd=0.4, opt=0.05), make_host(cores=8), make_loader(nw=4))
+    verdict, findings = diagnose(facts)
+    assert verdict == "device_bound"
+    assert "95%" in findings[0]["summary"] and findings[0]["bound"] == pytest.approx(0.95)
+
+
+def test_placement_first_and_unknown_without_steps():
+    crit = {"id": "wrong_device", "severity": "critical", "bound": None}
+    big = {"id": "input_bound", "severity": "critical", "bound": 0.9}
+    assert choose_verdict([big, crit]) == "wrong_device"
+    assert choose_verdict([big], judged=False) == "unknown"
+    assert choose_verdict([{"id": "sync_bound", "severity": "warning", "bound": 0.06}]) is None
+    assert choose_verdict([{"id": "a", "severity": "info", "bound": 0.9}]) is None
+
+
+def test_trace_verdict_by_measured_share():
+    job = {"ranks": [{"metrics": {"has_gpu": True, "window_s": 10.0, "busy_share": 0.3,
+                                  "steps": {"shares": {"dataloader": 0.5}, "dataloader_share": 0.6,
+                                            "step_s": {"mean": 0.1}},
+                                  "syncs": {"count": 40, "idle_after_s": 1.5, "events": []}}}]}
+    verdict, findings = diagnose_trace(job, "single")
+    assert verdict == "input_bound" and findings[0]["bound"] == pytest.approx(0.5)
+    assert {f["id"] for f in findings} >= {"input_bound", "sync_bound"}
+
+
+shares = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=shares, fwd=shares, bwd=shares, opt=shares, other=shares, cores=st.sampled_from([1, 2, 8, 64]),
+       nw=st.sampled_from([0, 1, 4]), busy=shares, cpu_busy=shares, delay=st.floats(0.0, 0.6),
+       batch=st.sampled_from([1.0, 2.0, 8.0, 64.0]), nodes=st.sampled_from([None, 50, 3000, 20000]),
+       gpus=st.sampled_from([0, 1]), mean=st.sampled_from([0.002, 0.03, 0.4]))
+def test_no_device_bound_while_a_finding_holds_the_step(data, fwd, bwd, opt, other, cores, nw, busy, cpu_busy,
+                                                         delay, batch, nodes, gpus, mean):
+    total = data + fwd + bwd + opt + other or 1.0
+    data, fwd, bwd, opt, other = (x / total for x in (data, fwd, bwd, opt, other))
+    step = make_step(data=data, fwd=fwd, bwd=bwd, opt=opt, other=other, mean=mean, batch=batch,
+                     data_cpu_share=busy)
+    host = make_host(cores=cores, cpu_busy=cpu_busy, workers=nw, worker_busy=busy if nw else None, run_delay=delay)
+    facts = make_facts(step, host, make_loader(nw=nw, batch=int(batch)), gpus=gpus)
+    facts["graph_nodes"] = nodes
+    verdict, findings = diagnose(facts)
+    for f in findings:
+        assert_contract(f)
+    assert findings[0]["id"] == verdict
+    held = limiting([f for f in findings if f["id"] != "device_bound"])
+    if held:
+        assert verdict != "device_bound"
+        assert findings[0]["bound"] == max(f["bound"] for f in held)
+    else:
+        assert verdict == "device_bound"
