@@ -25,17 +25,23 @@ def _lead(findings, verdict):
     return findings[0]
 
 
-def test_input_bound_leads_even_when_its_fix_gains_little_here():
-    """93 % data wait with num_workers=0 on 2 cores: one more worker gains ~1.07× here, but the
-    input pipeline holds the step; it was DEVICE-BOUND ("compute takes 6 %")."""
+@pytest.mark.parametrize("cores", [1, 2])
+def test_input_bound_leads_whatever_its_fix_gains_here(cores):
+    """93 % data wait with num_workers=0: on one core a worker gains ~1.05× (all of it is CPU work
+    on that core), on two ~1.9×; either way the input pipeline holds the step. It was DEVICE-BOUND
+    ("compute takes 6 %") when the verdict followed the fix's estimate."""
     facts = make_facts(make_step(data=0.93, fwd=0.03, bwd=0.02, opt=0.01, data_cpu_share=0.95),
-                       make_host(cores=2, cpu_busy=0.6), make_loader(nw=0))
+                       make_host(cores=cores, cpu_busy=0.6), make_loader(nw=0))
     verdict, findings = diagnose(facts)
     f = _lead(findings, verdict)
     assert verdict == "input_bound" and f["severity"] == "critical"
     assert f["bound"] == pytest.approx(0.93)
     assert f["est_speedup_if_removed"] == pytest.approx(1 / 0.07, rel=1e-3)
-    assert f["est_speedup"] < T.VERDICT_MIN_SPEEDUP  # what the printed fix gives here: not the verdict's basis
+    workers = next(o for o in f["fix"]["options"] if "worker process" in o["text"])
+    if cores == 1:
+        assert workers["est_speedup"] < T.VERDICT_MIN_SPEEDUP and f["fix"]["options"][0] is not workers
+    else:
+        assert workers["est_speedup"] > 1.5 and f["fix"]["options"][0] is workers
     assert not any(g["id"] == "device_bound" for g in findings)
 
 
@@ -139,3 +145,18 @@ def test_no_device_bound_while_a_finding_holds_the_step(data, fwd, bwd, opt, oth
         assert findings[0]["bound"] == max(f["bound"] for f in held)
     else:
         assert verdict == "device_bound"
+
+
+def test_fixed_run_is_not_told_to_undo_its_workers():
+    """After the input fix (2 workers, 1 intra-op thread on 2 cores) the trainer waits for a core
+    but the data wait is gone: cpu_contention must not advise fewer workers (the advice went in a
+    circle); with 6 workers on 2 cores it names the count."""
+    host = make_host(cores=2, cpu_busy=0.98, workers=2, worker_busy=0.6, run_delay=0.2)
+    facts = make_facts(make_step(data=0.04, fwd=0.4, bwd=0.4, opt=0.1), host, make_loader(nw=2))
+    facts["proc"]["threads"] = 1
+    c = rules.cpu_contention(facts)
+    assert c["evidence"]["cause"] == "oversubscription"
+    assert "fewer of them would bring it back" in c["fix"]["text"] and "at most" not in c["fix"]["text"]
+    facts["host"] = make_host(cores=2, cpu_busy=0.98, workers=6, worker_busy=0.3, run_delay=0.2)
+    facts["loader"] = make_loader(nw=6)
+    assert "use at most 1 loader workers" in rules.cpu_contention(facts)["fix"]["text"]

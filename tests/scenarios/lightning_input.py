@@ -191,6 +191,7 @@ class StepTimer(L.Callback):
 
 def main():
     p = make_parser(__doc__, steps=80)
+    p.add_argument("--workers", type=int, default=None, help="num_workers of the fixed variant (default 1)")
     args = p.parse_args()
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
@@ -198,7 +199,8 @@ def main():
     if args.variant == "faulty":
         dm = AudioDataModule(num_workers=0, seed=args.seed)
     else:
-        dm = AudioDataModule(num_workers=1, persistent_workers=True, prefetch_factor=4, seed=args.seed)
+        dm = AudioDataModule(num_workers=args.workers or 1, persistent_workers=True, prefetch_factor=4,
+                             seed=args.seed)
     meter = SteadyMeter(warmup=5)
     trainer = L.Trainer(
         accelerator="cpu",

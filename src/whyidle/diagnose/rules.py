@@ -39,8 +39,9 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
     ``bound``: the measured fraction (0–1) of the step (traces: of the traced time) that the
     cause explains; ``est_speedup_if_removed`` = 1/(1 − bound) follows from it
     (:func:`speedup_if_removed`). ``est_speedup``: what the printed fix gives on this machine
-    (None: cannot be estimated). ``options``: further fix options ranked for this machine, each
-    ``{text, code, est_speedup, condition}``, the first the printed fix (empty: only the fix).
+    (None: cannot be estimated). ``options``: the fix options ranked for this machine, each
+    ``{text, code, est_speedup, condition}`` (:func:`fix_option`), the first the printed fix (empty:
+    the finding has only that fix).
     """
     return {
         "id": fid, "severity": severity, "title": title, "summary": summary,
@@ -50,6 +51,14 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
         "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
         "fix": {"text": fix_text, "code": code, "docs": docs or [], "options": options or []},
     }
+
+
+def fix_option(text: str, est_speedup: float | None, condition: str | None = None,
+               code: str | None = None) -> dict:
+    """One fix option of a finding: ``text`` what to do, ``est_speedup`` its step-time ratio on this
+    machine (None: unknown), ``condition`` when it gains more (or when it applies), ``code``."""
+    return {"text": text, "code": code, "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
+            "condition": condition}
 
 
 def bound_of(est_speedup: float | None) -> float | None:
@@ -94,21 +103,29 @@ def _loader_extras(loader: dict) -> str:
 
 
 def loader_model(facts: dict) -> dict:
-    """What more DataLoader workers would do, from the measured step (times in seconds, per batch).
+    """What more DataLoader workers would do on this machine, from the measured step (seconds per
+    batch; CPU in core-seconds per batch).
 
     - ``fetch_s``: loader work per batch in one process: the data wait itself with
       ``num_workers=0``; ``num_workers`` × step time with workers (each worker delivers one batch
-      per ``num_workers`` steps while the loop waits on them).
-    - ``compute_s``: the rest of the step. ``need``: ⌈fetch / compute × headroom⌉ workers
-      (cases.md C01).
-    - ``cpu_bound``: the loader is on a CPU (or waiting for one) at least half its time; then
-      workers beyond the cores left beside the training process only contend, so the suggestion
-      is capped there, and only as many run at once as there are cores for them (today's workers
-      plus the idle cores); loaders that wait on I/O may use up to 4 workers per core.
-    - ``workers``: the suggestion, always one more than today unless fetching is cheaper than a
-      worker's IPC (``WORKER_MIN_FETCH_S``), where it stays at today's value.
-    - ``step_s`` / ``predicted_step_s``: step per batch now and with ``workers``
-      (max(compute, fetch / workers running at once)); ``est_speedup`` their ratio.
+      per ``num_workers`` steps while the loop waits on them). ``compute_s``: the rest of the step.
+    - ``need``: ⌈fetch / compute × headroom⌉ workers (cases.md C01), capped at the cores when the
+      loader is on a CPU at least half its time (``cpu_bound``), else at 4 per core.
+    - The step with ``w`` workers is a roofline, continuous in the CPU the job uses:
+      max(compute, fetch / w, (loader CPU + training-process CPU) / usable cores), usable cores =
+      cores − other processes − whyidle. On a CPU-only run the cores *are* the device: when the
+      cores the model's compute keeps busy (its measured CPU ÷ compute time, at most its intra-op
+      threads) plus ``w`` workers exceed the usable cores, the fix also lowers
+      ``torch.set_num_threads`` to cores − w (``threads``) and the compute is counted as slower in
+      proportion (measured on 2 cores: 2 workers beside 2 busy intra-op threads made a 12 ms
+      compute 4× slower; with 1 thread it took 2.3×).
+    - ``workers``: of the counts up to ``need`` whose predicted step is within 3 % of the best, the
+      smallest when the cores cap it, else the largest (headroom); one more than today at least,
+      unless fetching is cheaper than a worker's IPC (``WORKER_MIN_FETCH_S``). The cores term is
+      divided by ``CPU_PARALLEL_EFFICIENCY``.
+    - ``limit``: what caps the prediction: ``cores``, ``compute`` or ``workers``;
+      ``cores_for_all`` / ``est_speedup_unbounded``: the cores at which enough workers (``need``)
+      would reach the compute-only step, and that gain.
     """
     step = facts["step"]
     host = facts.get("host") or {}
@@ -117,27 +134,78 @@ def loader_model(facts: dict) -> dict:
     cores = host.get("cores") or 1
     per_batch = 1 / max(1.0, step.get("batches_per_step") or 1)
     now = step["step_time_s"]["mean"] * per_batch
-    fetch = (step["data_wait_s_per_step"] if nw == 0 else nw * step["step_time_s"]["mean"]) * per_batch
+    wait = step["data_wait_s_per_step"] * per_batch
+    fetch = wait if nw == 0 else nw * now
     compute = max(step["compute_s_per_step"] * per_batch, 1e-6)
     busy = step.get("data_cpu_share") if nw == 0 else host.get("worker_busy_share")
     demand = (busy or 0.0) + (host.get("workers_run_delay_share") or 0.0 if nw else 0.0)
     cpu_bound = demand >= T.LOADER_OFF_CPU
-    spare = max(1, cores - 1)
+    loader_cpu = (busy or 0.0) * wait if nw == 0 else (host.get("workers_cores") or 0.0) * now
+    trainer_cpu = (host.get("trainer_cores") or step.get("main_cpu_share") or 1.0) * now
+    compute_cpu = max(trainer_cpu - (loader_cpu if nw == 0 else 0.0), 0.0)
+    usable = max(1.0, cores - (host.get("other_procs_cores") or 0.0) - (host.get("whyidle_cores") or 0.0))
+    on_cpu = (facts.get("device") or {}).get("kind") == "cpu"
+    threads = (facts.get("devices") or {}).get("threads") or (facts.get("proc") or {}).get("threads") or 1
+    compute_cpu = min(compute_cpu, compute * min(threads, usable))  # no more cores than its threads, or the box
+    # cores the model's own compute keeps busy, measured (its intra-op threads at work)
+    parallel = min(max(1.0, compute_cpu / compute), usable, float(threads))
+
+    def predict(w: int) -> tuple[float, int, str]:
+        t = threads
+        comp = compute
+        taken = w * (busy if busy is not None else 1.0)  # cores w workers keep busy at today's CPU share
+        if on_cpu and w and parallel + taken > usable:  # the workers take cores the model's threads use
+            t = max(1, round(usable - taken))
+            comp = compute * max(1.0, parallel / t)
+        terms = {"compute": comp, "workers": fetch / w if w else fetch + comp,
+                 "cores": (loader_cpu + compute_cpu) / (usable * T.CPU_PARALLEL_EFFICIENCY)}
+        limit = max(terms, key=terms.get)
+        return min(now, terms[limit]) if w else now, t, limit
+
     need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
-    cap = spare if cpu_bound else max(4, 4 * cores)
+    cap = min(cores if cpu_bound else max(4, 4 * cores), T.MAX_SUGGESTED_WORKERS)
     tiny = fetch < T.WORKER_MIN_FETCH_S
-    workers = nw if tiny else int(min(max(min(need, cap), nw + 1), T.MAX_SUGGESTED_WORKERS))
-    idle = cores * (1.0 - min(1.0, host.get("cpu_busy_share") or 0.0))
-    if not cpu_bound:
-        running = workers
-    elif nw == 0:
-        running = min(workers, spare)
+    if tiny:
+        workers = nw
     else:
-        running = min(workers, max(1.0, nw + idle))
-    predicted = min(now, max(compute, fetch / running)) if running else now
+        tried = {w: predict(w)[0] for w in range(nw + 1, max(nw + 1, min(need, cap)) + 1)}
+        best = min(tried.values())
+        near = [w for w, t in tried.items() if t <= best * 1.03]
+        # headroom: where workers would just keep up, the largest count as fast (up to ``need``), so
+        # the queue refills faster than it drains; where the cores cap it, more would only compete
+        workers = min(near) if predict(min(near))[2] == "cores" else max(near)
+    predicted, new_threads, limit = predict(workers)
+    cpu_total = loader_cpu + compute_cpu
+    floor = max(compute, fetch / max(1, need))
     return {"fetch_s": fetch, "compute_s": compute, "need": need, "cpu_bound": cpu_bound, "tiny_fetch": tiny,
             "workers": workers, "step_s": now, "predicted_step_s": predicted, "est_speedup": now / predicted,
-            "demand": demand}
+            "demand": demand, "threads": new_threads if new_threads != threads else None, "limit": limit,
+            "loader_cpu_s": loader_cpu, "compute_cpu_s": compute_cpu, "usable_cores": usable,
+            "cores_for_all": math.ceil(cpu_total / floor) if floor > 0 else None,
+            "est_speedup_unbounded": now / floor if floor > 0 else None}
+
+
+def _workers_condition(model: dict, cores: int) -> str | None:
+    """When more workers would give more than they do here (``None`` when this machine is not
+    what caps them): ``"≈8.6× with ≥ 11 cores and 10 workers"``."""
+    big = model.get("est_speedup_unbounded")
+    need_cores = model.get("cores_for_all")
+    if model["limit"] != "cores" or not big or not need_cores or need_cores <= cores \
+            or big < model["est_speedup"] * T.VERDICT_MIN_SPEEDUP:
+        return None
+    return f"≈{big:.1f}× with ≥ {need_cores} cores and {model['need']} workers (the {cores} cores here cap it)"
+
+
+def rank_options(options: list[dict]) -> list[dict]:
+    """Fix options, the one that gains most *here* first: options estimated at ≥
+    ``VERDICT_MIN_SPEEDUP`` by their estimate, then those that cannot be estimated (their gain
+    depends on how much cheaper the work gets), then those estimated below it."""
+    def key(o: dict) -> tuple[int, float]:
+        est = o["est_speedup"]
+        if est is None:
+            return (1, 0.0)
+        return (0 if est >= T.VERDICT_MIN_SPEEDUP else 2, -est)
+    return sorted(options, key=key)
 
 
 def suggested_workers(facts: dict) -> int:
@@ -197,8 +265,8 @@ def input_bound(facts: dict) -> dict | None:
         cause = "storage"
     elif not nw:
         cause = "loader_in_main_process"
-    elif model["cpu_bound"] and (cpu_busy or 0) >= T.CPU_SATURATED:
-        cause = "cpu_preprocessing"
+    elif model["cpu_bound"] and ((cpu_busy or 0) >= T.CPU_SATURATED or model["est_speedup"] < T.VERDICT_MIN_SPEEDUP):
+        cause = "cpu_preprocessing"  # the workers are on a CPU and more of them would not gain here
     else:
         cause = "too_few_workers"
     workers = model["workers"] if model else 2
@@ -226,38 +294,52 @@ def input_bound(facts: dict) -> dict | None:
                + (f", and the GPU sits idle {_pct(gpu_share)} of the time for it" if gpu_share is not None else "")
                + f": {reason}.{hot_text}")
     removed = speedup_if_removed(share)
-    est = removed if cause in ("cpu_preprocessing", "unknown") else min(model["est_speedup"], removed)
-    limit = ""
-    if model and model["cpu_bound"] and cause != "cpu_preprocessing" and model["need"] > workers:
-        limit = (f" This machine has {cores} cores, so about {est:.2f}× is what more workers can give; "
-                 "the rest needs cheaper per-sample work.")
+    gain = None if model is None else min(model["est_speedup"], removed)
     code = fixes.loader_code(facts, workers)
     where = fixes.loader_where(facts)
     also = _loader_extras(loader)
-    fixes_by_cause = {
-        "storage": (f"Reads wait on storage. Overlap more of them with num_workers={workers}{where}; copy the dataset "
-                    "to local disk or RAM (/dev/shm), or pack small files into large shards (tar/WebDataset, "
-                    "LMDB) so each read fetches many samples.", code),
-        "loader_in_main_process": (f"Prepare batches in {workers} worker process{'es' if workers != 1 else ''}{where} "
-                                   f"so loading overlaps the training step{also}." + limit, code),
-        "too_few_workers": (f"Raise num_workers from {nw} to {workers}{where}{also}." + limit, code),
-        "cpu_preprocessing": ("All cores are already busy preparing samples, so more workers will not help: "
-                              "make each sample cheaper. Cache the result of expensive deterministic work once "
-                              "(decoded images, tokenized text as an int32 array/memmap), decode at lower "
-                              "resolution, or move augmentation to the GPU on whole batches.", None),
-        "unknown": (f"Try num_workers={workers}{where}{also}, then re-run whyidle.", code),
+    grows = _workers_condition(model, cores) if model else None
+    threads = ""
+    if model and model["threads"]:
+        threads = (f"; give the training process {model['threads']} intra-op thread{'s' if model['threads'] != 1 else ''} "
+                   f"(torch.set_num_threads({model['threads']})) so the workers do not stall the model's own threads")
+        code = f"torch.set_num_threads({model['threads']})   # leave cores to the workers\n" + (code or "")
+    worker_text = {
+        "storage": f"Reads wait on storage. Overlap more of them with num_workers={workers}{where}{threads}.",
+        "loader_in_main_process": f"Prepare batches in {workers} worker process{'es' if workers != 1 else ''}{where} "
+                                  f"so loading overlaps the training step{also}{threads}.",
+        "too_few_workers": f"Raise num_workers from {nw} to {workers}{where}{also}{threads}.",
+        "unknown": f"Try num_workers={workers}{where}{also}, then re-run whyidle.",
     }
-    text, code = fixes_by_cause[cause]
+    options = []
+    if model and not model["tiny_fetch"] and cause in worker_text:
+        options.append(fix_option(worker_text[cause], gain, grows, code))
+    if cause == "storage":
+        options.append(fix_option("Copy the dataset to local disk or RAM (/dev/shm), or pack small files into large "
+                                  "shards (tar/WebDataset, LMDB) so each read fetches many samples.", None,
+                                  f"up to {removed:.1f}× if reads cost nothing"))
     if model and model["tiny_fetch"] and cause in ("loader_in_main_process", "too_few_workers"):
-        est = removed
-        text = (f"Each batch takes only {_ms(model['fetch_s'])} to load, less than a worker process costs per batch "
-                "(pickling, a pipe, shared memory), so workers would slow this loop down. The step itself is tiny: "
-                "use bigger batches, or index in-memory tensors directly (x[idx] with a shuffled index) instead of "
-                "a per-sample Dataset.")
-        code = None
-    if focus and cause in ("loader_in_main_process", "cpu_preprocessing") and (busy or 0) >= T.LOADER_OFF_CPU:
-        text += (f" The per-sample work in `{focus['function'].split()[-1]}` is CPU-heavy: precomputing or caching "
-                 "its result once removes it from every epoch.")
+        options.append(fix_option(
+            f"Each batch takes only {_ms(model['fetch_s'])} to load, less than a worker process costs per batch "
+            "(pickling, a pipe, shared memory), so workers would slow this loop down. The step itself is tiny: use "
+            "bigger batches, or index in-memory tensors directly (x[idx] with a shuffled index) instead of a "
+            "per-sample Dataset.", None, f"up to {removed:.1f}× if loading cost nothing"))
+    cpu_work = cause in ("loader_in_main_process", "cpu_preprocessing", "too_few_workers") and (busy or 0) >= T.LOADER_OFF_CPU
+    if cpu_work and not (model and model["tiny_fetch"]):
+        name = f"`{focus['function'].split()[-1]}`" if focus else "each sample's preparation"
+        lead = ("All cores are already busy preparing samples, so more workers will not help: make each sample "
+                "cheaper. " if cause == "cpu_preprocessing" else "Make each sample cheaper: ")
+        options.append(fix_option(
+            lead + f"the work in {name} runs on a CPU every epoch. Decode at reduced size (PIL Image.draft / "
+            "reduce, torchvision decode_jpeg at lower resolution), resize before colour conversion and "
+            "normalisation, or cache decoded or tokenized samples once (an int8/uint8 array or memmap)"
+            + (", or decode and augment on the GPU on whole batches (torchvision.io.decode_jpeg(device=\"cuda\"), "
+               "DALI)." if (facts.get("device") or {}).get("kind") == "cuda" else "."), None,
+            f"up to {removed:.1f}× if loading cost nothing; a 2× cheaper sample roughly halves the data wait"))
+    if not options:
+        options.append(fix_option(worker_text["unknown"], gain, None, code))
+    options = rank_options(options)
+    text, code, est = options[0]["text"], options[0]["code"], options[0]["est_speedup"]
     evidence = _round({
         "cause": cause, "data_wait_share": host_share, "gpu_idle_share": gpu_share,
         "data_wait_s_per_step": wait, "step_time_s_mean": mean,
@@ -274,7 +356,7 @@ def input_bound(facts: dict) -> dict | None:
     if model and model["tiny_fetch"]:
         severity = "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence,
-                   est, text, code, [DOCS_DATALOADER, DOCS_TUNING], bound=share)
+                   est, text, code, [DOCS_DATALOADER, DOCS_TUNING], bound=share, options=options)
 
 
 def _words(name: str) -> set[str]:
@@ -581,9 +663,20 @@ def cpu_contention(facts: dict) -> dict | None:
                     "loader = DataLoader(..., worker_init_fn=one_thread)")
         else:
             busy = trainers + workers
-            text = (f"Threads are already {threads} per process, but {busy} busy processes ({trainers} training, "
-                    f"{workers} loader workers) share {cores} cores: use fewer loader workers per process, fewer "
-                    "processes per machine, or a machine with more cores.")
+            wait = ((facts.get("step") or {}).get("shares") or {}).get("data_wait")
+            if workers and workers <= cores and wait is not None and wait < T.DATA_WAIT_WARN:
+                # the workers are why the step no longer waits for data: never advise undoing them
+                text = (f"Threads are already {threads} per process; {trainers} training process"
+                        f"{'es' if trainers > 1 else ''} and {workers} loader workers share {cores} cores, and the "
+                        f"workers are what keeps the data wait at {_pct(wait)}: fewer of them would bring it back. "
+                        "This contention is the price of preparing samples on these cores: make each sample cheaper "
+                        "(decode at reduced size, cache decoded samples) or use a machine with more cores.")
+            else:
+                room = max(1, cores - trainers)
+                fewer = f"use at most {room} loader workers per process, " if workers > room else ""
+                text = (f"Threads are already {threads} per process, but {busy} busy processes ({trainers} training, "
+                        f"{workers} loader workers) share {cores} cores: {fewer}fewer processes per machine, or a "
+                        "machine with more cores.")
             code = None
     summary = f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}."
     evidence = _round({"cause": cause, "run_delay_share": delay, "cores": cores, "other_procs_cores": others,

@@ -35,6 +35,12 @@ CPU_SATURATED = 0.9
 #: (cases.md C01), so the prefetch queue refills faster than it drains.
 WORKER_HEADROOM = 1.25
 MAX_SUGGESTED_WORKERS = 32
+#: Share of the usable cores a job gets done on when its training process and loader workers keep
+#: them all busy (context switches, IPC, cache misses, the sampler): the worker model's cores term
+#: divides by it. Measured on the 2-core box (issue 13): the roofline's 1.77x for 2 workers on an
+#: image pipeline measured 1.49-1.71x (median 1.59, ratio 0.90); Lightning's 1.98x measured
+#: 1.43-1.64x (0.77); 0.85 sits between.
+CPU_PARALLEL_EFFICIENCY = 0.85
 #: Loading work per batch below which worker processes cost more than they save: a worker
 #: hands each batch over through a pipe and shared memory (~1 ms per batch on a small machine);
 #: measured here, a 0.2 ms in-memory fetch moved to one worker made the loop 1.6× slower.

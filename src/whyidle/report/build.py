@@ -239,3 +239,11 @@ def verdict_line(report: dict) -> tuple[str, float | None, bool]:
     else:
         text = str(verdict)
     return text, (lead or {}).get("est_speedup"), verdict in VERDICT_TEXT
+
+
+def option_gain(option: dict) -> str:
+    """How one fix option (``finding.fix.options[i]``) is worded in the terminal and HTML reports:
+    ``"est. 1.50× here; ≈8.3× with ≥ 10 cores …"`` or ``"gain not estimable here; …"``."""
+    est = option.get("est_speedup")
+    gain = f"est. {est:.2f}× here" if isinstance(est, (int, float)) else "gain not estimable here"
+    return gain + (f"; {option['condition']}" if option.get("condition") else "")

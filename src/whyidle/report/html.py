@@ -29,7 +29,7 @@ from whyidle.analysis import series
 from whyidle.record.reader import RunData
 from whyidle.record.writer import atomic_file
 from whyidle.report import plots
-from whyidle.report.build import framework_text, logged_text, verdict_line
+from whyidle.report.build import framework_text, logged_text, option_gain, verdict_line
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
                           autoescape=True, trim_blocks=False, lstrip_blocks=False,
@@ -187,11 +187,16 @@ def _findings(report: dict) -> list[dict]:
     out = []
     for f in report.get("findings") or []:
         fix = f.get("fix") or {}
+        options = [o for o in fix.get("options") or [] if isinstance(o, dict)]
         docs = [str(u) for u in fix.get("docs") or [] if str(u).startswith(("https://", "http://"))]
         out.append({
             "id": str(f.get("id")), "severity": f.get("severity") if f.get("severity") in ("critical", "warning", "info")
             else "info", "title": str(f.get("title") or f.get("id")), "summary": str(f.get("summary") or ""),
             "est": f"{f['est_speedup']:.2f}×" if isinstance(f.get("est_speedup"), (int, float)) else None,
+            "holds": f"{f['bound']:.0%}" if isinstance(f.get("bound"), (int, float)) and f.get("id") != "device_bound"
+            else None,
+            "grows": (options[0].get("condition") if options else None),
+            "options": [{"text": str(o.get("text") or ""), "gain": option_gain(o)} for o in options[1:]],
             "sites": _site_lines(f), "fix_text": fix.get("text"), "fix_code": fix.get("code"), "docs": docs,
             "evidence": json.dumps(f.get("evidence"), indent=1, default=str, ensure_ascii=False)
             if f.get("evidence") else None,

@@ -11,7 +11,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from whyidle.report.build import framework_text, logged_text, verdict_line
+from whyidle.report.build import framework_text, logged_text, option_gain, verdict_line
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
@@ -199,9 +199,7 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         if options and options[0].get("condition"):
             console.print(_indent(Text(f"(grows: {options[0]['condition']})", style="dim"), 5))
         for o in options[1:]:
-            gain = f"est. {o['est_speedup']:.2f}× here" if o.get("est_speedup") else "gain not estimable here"
-            cond = f"; {o['condition']}" if o.get("condition") else ""
-            console.print(_indent(Text.assemble(("Or: ", "bold"), o["text"], (f"  ({gain}{cond})", "dim")), 3))
+            console.print(_indent(Text.assemble(("Or: ", "bold"), o["text"], (f"  ({option_gain(o)})", "dim")), 3))
         console.print()
     notes = report.get("notes") or []
     if notes:
