@@ -273,3 +273,18 @@ def test_step_table_rows_without_eval_field():
     m = step_metrics(steps_of(table_of(recs)))
     assert m["shares"]["eval"] == 0.0
     assert m["shares"]["data_wait"] == pytest.approx(200 / 700)
+
+
+def test_whyidle_boundary_work_is_left_out_of_the_shares():
+    """A 10 ms step holding 1 ms of whyidle's own boundary work ("wi") and 2 ms of the program's
+    host work: other_host is 2/9 of the program's step, never 3/10."""
+    steps = []
+    for i in range(4):
+        s = step(i, 10 * i, 10 * (i + 1), data=1, fwd=3, bwd=2, opt=1)
+        s["wi"] = 1 * MS
+        steps.append(s)
+    m = step_metrics(steps)
+    assert m["shares"]["other_host"] == pytest.approx(2 / 9)
+    assert m["shares"]["forward"] == pytest.approx(3 / 9)
+    assert m["whyidle_share"] == pytest.approx(0.1)
+    assert m["step_time_s"]["mean"] == pytest.approx(0.010)  # step times stay wall time

@@ -160,3 +160,41 @@ def test_fixed_run_is_not_told_to_undo_its_workers():
     facts["host"] = make_host(cores=2, cpu_busy=0.98, workers=6, worker_busy=0.3, run_delay=0.2)
     facts["loader"] = make_loader(nw=6)
     assert "use at most 1 loader workers" in rules.cpu_contention(facts)["fix"]["text"]
+
+
+def test_worker_model_uses_the_jobs_cpu_affinity():
+    """A job pinned to 2 of 64 CPUs (taskset, a cpuset): the worker model plans for 2 cores."""
+    step = make_step(data=0.9, fwd=0.05, bwd=0.05, opt=0.0, mean=1.0, data_cpu_share=0.95)
+    wide = make_facts(step, make_host(cores=64), make_loader(nw=0))
+    pinned = make_facts(step, make_host(cores=64), make_loader(nw=0))
+    pinned["host"]["cpu_affinity"] = 2
+    assert rules.loader_model(wide)["workers"] >= 8
+    model = rules.loader_model(pinned)
+    assert model["workers"] <= 2 and model["limit"] == "cores"
+    assert model["usable_cores"] == pytest.approx(2 - 0.05)
+
+
+finding_st = st.fixed_dictionaries({
+    "id": st.sampled_from(["input_bound", "host_bound", "sync_bound", "small_batch", "cpu_contention", "imbalance",
+                           "pageable_transfers", "wrong_device", "gpu_not_visible", "no_mixed_precision"]),
+    "severity": st.sampled_from(["critical", "warning", "info"]),
+    "bound": st.one_of(st.none(), st.floats(0.0, 1.0)),
+    "est_speedup": st.one_of(st.none(), st.floats(1.0, 20.0)),
+})
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(finding_st, max_size=6))
+def test_choose_verdict_never_device_bound_while_a_finding_holds_the_step(findings):
+    """The rule itself, as every caller (live, Keras, traces) uses it, over arbitrary findings."""
+    verdict = choose_verdict(findings)
+    placement = [f for f in findings if f["id"] in ("wrong_device", "gpu_not_visible") and f["severity"] == "critical"]
+    held = limiting(findings)
+    if placement:
+        assert verdict == placement[0]["id"]
+    elif held:
+        assert verdict is not None
+        top = max(f["bound"] for f in held)
+        assert any(f["id"] == verdict and f["bound"] == top for f in held)
+    else:
+        assert verdict is None  # device_bound

@@ -111,6 +111,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
             (workers re-spawned every epoch would otherwise count several times).
     Returns:
         None when fewer than two host ticks exist; otherwise a dict with ``cores``,
+        ``cpu_affinity`` (CPUs the job may run on, None when not recorded),
         ``cpu_busy_share``, ``percpu_busy_share`` (list), ``iowait_share``, ``trainer_cores``,
         ``workers`` (count alive at the window's end), ``workers_cores``, ``worker_busy_share`` (per
         worker, fraction of a core), ``tree_other_cores``, ``whyidle_cores``,
@@ -203,6 +204,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     return {
         "window_s": dt,
         "cores": cores,
+        "cpu_affinity": static.get("cpu_affinity"),
         "cpu_busy_share": min(1.0, busy_cores / cores),
         "percpu_busy_share": [min(1.0, x) for x in percpu],
         "iowait_share": max(0.0, iowait),

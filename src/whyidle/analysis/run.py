@@ -6,8 +6,6 @@ This is the facade over the one-question modules: :mod:`.steps` (step time and i
 
 from __future__ import annotations
 
-import platform
-
 from whyidle.analysis import api as api_analysis
 from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
@@ -18,17 +16,6 @@ from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
 from whyidle.record.reader import RunData
-
-
-def _cpu_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def _first(records: list[dict], kind: str) -> dict | None:
@@ -167,7 +154,7 @@ def analyze(run: RunData) -> dict:
             other_trainers.append({"pid": pid, "steps": m["steps"], "samples_per_s": m["samples_per_s"],
                                    "step_time_p50_s": m["step_time_s"]["p50"]})
     device = gpu_analysis.device_info(run.gpu) or {
-        "kind": "cpu", "name": _cpu_name(), "compute_capability": None,
+        "kind": "cpu", "name": (_first(run.host, "host_static") or {}).get("cpu_model"), "compute_capability": None,
         "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
     }
     audit = devices[-1] if devices else None

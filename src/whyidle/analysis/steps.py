@@ -121,7 +121,10 @@ def step_metrics(steps: list[dict]) -> dict:
     ``step_time_s`` {p50, p90, mean, min, max}, ``shares``, ``data_wait_s_per_step`` (mean),
     ``compute_s_per_step`` (mean of step minus data wait), ``data_cpu_share``,
     ``main_cpu_share`` (main-thread CPU / step time), ``lite_steps`` (steps recorded with less
-    detail: shares, samples and CPU times come from the others), ``gpu_ms`` {p50, mean} or None.
+    detail: shares, samples and CPU times come from the others), ``whyidle_share`` (fraction of the
+    detailed steps' time that was whyidle's own step-boundary work, the step records' ``wi``,
+    which the shares leave out),
+    ``gpu_ms`` {p50, mean} or None.
     Errors: ``ValueError`` for an empty list.
     """
     if not steps:
@@ -130,7 +133,11 @@ def step_metrics(steps: list[dict]) -> dict:
     total = sum(times) or 1e-12
     # phase shares over the steps whose phases were timed (lite steps without hooks have none)
     phased = [s for s in steps if not (s.get("lite") and s.get("data") is None)] or steps
-    phased_s = sum(s["t1"] - s["t0"] for s in phased) / 1e9 or 1e-12
+    # whyidle's own step-boundary work ("wi": record building, hook switching) is not the program's
+    # host work: shares are of the step time without it
+    own_s = sum(s.get("wi") or 0 for s in phased) / 1e9
+    phased_wall_s = sum(s["t1"] - s["t0"] for s in phased) / 1e9
+    phased_s = (phased_wall_s - own_s) or 1e-12
     shares = {}
     keys = PHASE_KEYS + ((COMPUTE_KEY,) if any(s.get(COMPUTE_KEY[1]) is not None for s in steps) else ())
     for name, key in keys:
@@ -170,5 +177,6 @@ def step_metrics(steps: list[dict]) -> dict:
         "data_cpu_share": (data_cpu / timed_data_s) if timed_data_s > 0 else None,
         "main_cpu_share": sum(s["cpu"] for s in timed) / 1e9 / timed_s if timed_s > 0 else None,
         "lite_steps": sum(1 for s in steps if s.get("lite")),
+        "whyidle_share": own_s / phased_wall_s if phased_wall_s > 0 else 0.0,
         "gpu_ms": {"p50": percentile(gpu, 50), "mean": sum(gpu) / len(gpu)} if gpu else None,
     }

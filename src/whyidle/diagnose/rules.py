@@ -113,7 +113,7 @@ def loader_model(facts: dict) -> dict:
       loader is on a CPU at least half its time (``cpu_bound``), else at 4 per core.
     - The step with ``w`` workers is a roofline, continuous in the CPU the job uses:
       max(compute, fetch / w, (loader CPU + training-process CPU) / usable cores), usable cores =
-      cores − other processes − whyidle. On a CPU-only run the cores *are* the device: when the
+      the smaller of cores − other processes and the job's CPU affinity, less whyidle's own. On a CPU-only run the cores *are* the device: when the
       cores the model's compute keeps busy (its measured CPU ÷ compute time, at most its intra-op
       threads) plus ``w`` workers exceed the usable cores, the fix also lowers
       ``torch.set_num_threads`` to cores − w (``threads``) and the compute is counted as slower in
@@ -143,7 +143,8 @@ def loader_model(facts: dict) -> dict:
     loader_cpu = (busy or 0.0) * wait if nw == 0 else (host.get("workers_cores") or 0.0) * now
     trainer_cpu = (host.get("trainer_cores") or step.get("main_cpu_share") or 1.0) * now
     compute_cpu = max(trainer_cpu - (loader_cpu if nw == 0 else 0.0), 0.0)
-    usable = max(1.0, cores - (host.get("other_procs_cores") or 0.0) - (host.get("whyidle_cores") or 0.0))
+    own = host.get("whyidle_cores") or 0.0
+    usable = max(1.0, min(cores - (host.get("other_procs_cores") or 0.0), host.get("cpu_affinity") or cores) - own)
     on_cpu = (facts.get("device") or {}).get("kind") == "cpu"
     threads = (facts.get("devices") or {}).get("threads") or (facts.get("proc") or {}).get("threads") or 1
     compute_cpu = min(compute_cpu, compute * min(threads, usable))  # no more cores than its threads, or the box

@@ -207,6 +207,7 @@ class TorchInstrument:
         self.timeline = None  # CudaTimeline once the model is on CUDA
         self.marking = False  # this step gets CUDA phase marks (full steps, once the model is on CUDA)
         self.full = True  # this step is recorded in full detail (see FULL_DETAIL_PERIOD_S)
+        self.wi = 0  # ns of whyidle's own step-boundary work at the start of this step (step record "wi")
         self.tracking = True  # the phase hooks are in: full steps, and every step on CUDA
         self.switches: list = []  # callables(on) putting the phase hooks in or taking them out
         self.phase_map = None  # PhaseMap for the stack samples of lite steps (install())
@@ -312,7 +313,7 @@ class TorchInstrument:
                 "opt": acc["optimizer"], "eval": acc["eval"],
                 "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
                 "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
-                "mb": self.micro, "ld": self.loader_key, "ph": self.ph,
+                "mb": self.micro, "ld": self.loader_key, "ph": self.ph, "wi": self.wi,
             })
         elif self.tracking:  # one tuple per lite step, in LITE_COLUMNS order
             self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), acc["data"], acc["forward"],
@@ -334,6 +335,7 @@ class TorchInstrument:
         if self.stacks is not None:
             self.stacks.maybe_reinstall()  # a library reset the sampler's SIGURG handler (stacks.py)
         self._begin_step(now)
+        self.wi = monotonic_ns() - now  # this boundary's own cost, inside the next step's [t0, t1]
 
     def _track(self, on: bool) -> None:
         """Puts the phase hooks in (``on``) or takes them out for lite steps (see

@@ -8,7 +8,7 @@ SCHEMA = "whyidle.report/1"
 
 #: Host metrics copied into ``metrics.host`` (names and units documented in
 #: :func:`whyidle.analysis.host.host_metrics`).
-HOST_KEYS = ("cores", "cpu_busy_share", "percpu_busy_share", "iowait_share", "trainer_cores", "workers",
+HOST_KEYS = ("cores", "cpu_affinity", "cpu_busy_share", "percpu_busy_share", "iowait_share", "trainer_cores", "workers",
              "workers_cores", "worker_busy_share", "tree_other_cores", "other_procs_cores", "whyidle_cores",
              "trainer_run_delay_share", "invol_ctx_per_s", "disk_read_bytes_per_s", "loader_read_bytes_per_s",
              "trainer_rss_max_bytes", "tree_rss_max_bytes", "tree_threads")
@@ -170,6 +170,7 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "batches_per_step": step.get("batches_per_step"),
         "micro_batches_per_step": step.get("micro_batches_per_step"),
         "detailed_steps": (step["steps"] - step.get("lite_steps", 0)) if step else None,
+        "whyidle_share": step.get("whyidle_share"),
         "step_time_s": {k: step["step_time_s"][k] for k in ("p50", "p90", "mean")} if step else None,
         "shares": step.get("shares"),
         "data_wait_s_per_step": step.get("data_wait_s_per_step"),

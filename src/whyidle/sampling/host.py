@@ -10,6 +10,7 @@ psutil has neither (kernel Documentation/scheduler/sched-stats.rst, accounting/p
 from __future__ import annotations
 
 import os
+import platform
 
 import psutil
 
@@ -66,6 +67,19 @@ def short_command(cmdline: list[str], name: str | None = None, limit: int = 80) 
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def cpu_model() -> str | None:
+    """This machine's CPU model name (``/proc/cpuinfo`` "model name", else ``platform.processor()``),
+    recorded at run time so a report rendered elsewhere names the machine that ran the job."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 class HostPoller:
     """Samples the host and the process tree under ``tree_root_pid`` (see the Poller protocol).
 
@@ -92,8 +106,13 @@ class HostPoller:
             physical = psutil.cpu_count(logical=False)
         except Exception:
             physical = None
+        try:
+            affinity = len(os.sched_getaffinity(self.root_pid))
+        except (AttributeError, OSError):
+            affinity = None
         return [{
             "k": "host_static", "t": now_ns, "cpu_count": psutil.cpu_count() or 1,
+            "cpu_model": cpu_model(), "cpu_affinity": affinity,
             "cpu_count_physical": physical, "mem_total_bytes": psutil.virtual_memory().total,
             "clk_tck": os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else None,
             "boot_time_s": psutil.boot_time(),
