@@ -1,9 +1,11 @@
 """Diagnosis rules: facts (from :func:`whyidle.analysis.run.analyze`) → findings.
 
 One small function per finding id; each returns a finding dict or ``None``. A finding follows
-the report contract: ``{id, severity, title, summary, evidence, est_speedup, fix: {text, code,
-docs}}``. ``est_speedup`` is the predicted step-time ratio if the cause were removed (for
-``small_batch``: the samples/s ratio at the target batch size); ``None`` when it cannot be
+the report contract (docs/report.md): ``{id, severity, title, summary, evidence, bound,
+est_speedup_if_removed, est_speedup, fix: {text, code, docs, options}}``. ``bound`` is the measured
+fraction of the step the cause holds (the verdict is chosen by it, :mod:`whyidle.diagnose.verdict`);
+``est_speedup`` is the predicted step-time ratio once the printed fix is applied on this machine
+(for ``small_batch``: the samples/s ratio at the target batch size); ``None`` when it cannot be
 estimated. Thresholds live in :mod:`whyidle.diagnose.thresholds`.
 """
 
@@ -113,8 +115,8 @@ def loader_model(facts: dict) -> dict:
       loader is on a CPU at least half its time (``cpu_bound``), else at 4 per core.
     - The step with ``w`` workers is a roofline, continuous in the CPU the job uses:
       max(compute, fetch / w, (loader CPU + training-process CPU) / usable cores), usable cores =
-      the smaller of cores − other processes and the job's CPU affinity, less whyidle's own. On a CPU-only run the cores *are* the device: when the
-      cores the model's compute keeps busy (its measured CPU ÷ compute time, at most its intra-op
+      the smaller of cores − other processes and the job's CPU affinity, less whyidle's own. On a
+      CPU-only run the cores *are* the device: when the cores the model's compute keeps busy (its measured CPU ÷ compute time, at most its intra-op
       threads) plus ``w`` workers exceed the usable cores, the fix also lowers
       ``torch.set_num_threads`` to cores − w (``threads``) and the compute is counted as slower in
       proportion (measured on 2 cores: 2 workers beside 2 busy intra-op threads made a 12 ms
