@@ -157,6 +157,7 @@ def test_fixed_run_is_not_told_to_undo_its_workers():
     c = rules.cpu_contention(facts)
     assert c["evidence"]["cause"] == "oversubscription"
     assert "fewer of them would bring it back" in c["fix"]["text"] and "at most" not in c["fix"]["text"]
+    assert c["est_speedup"] is None and c["bound"] == pytest.approx(0.2)  # advice only: no gain to promise
     facts["host"] = make_host(cores=2, cpu_busy=0.98, workers=6, worker_busy=0.3, run_delay=0.2)
     facts["loader"] = make_loader(nw=6)
     assert "use at most 1 loader workers" in rules.cpu_contention(facts)["fix"]["text"]

@@ -57,9 +57,10 @@ def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
     if contention is None or inp is None or delay is None or delay < T.RUN_DELAY_WARN:
         return
     share = inp["evidence"]["data_wait_share"]
-    contention["est_speedup"] = round(contention["est_speedup"] / (1.0 - min(share, 0.95)), 3)
+    if contention["est_speedup"] is not None:
+        contention["est_speedup"] = round(contention["est_speedup"] / (1.0 - min(share, 0.95)), 3)
     contention["bound"] = round(1.0 - (1.0 - contention["bound"]) * (1.0 - share), 4)
-    contention["est_speedup_if_removed"] = contention["est_speedup"]
+    contention["est_speedup_if_removed"] = round(rules.speedup_if_removed(contention["bound"]), 3)
     contention["evidence"]["workers_run_delay_share"] = round(delay, 4)
     contention["evidence"]["data_wait_share"] = share
     contention["summary"] = contention["summary"][:-1] + (

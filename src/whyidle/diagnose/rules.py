@@ -643,6 +643,7 @@ def cpu_contention(facts: dict) -> dict | None:
     threads = devices.get("threads") or proc.get("threads")
     trainers = max(1, len(facts.get("trainers") or []))
     workers = host.get("workers") or 0
+    gain = speedup_if_removed(delay)  # the printed fix removes the wait
     if others >= T.OTHER_PROCS_MIN_CORES:
         cause = "other_processes"
         names = ", ".join(f"`{p['command']}` (pid {p['pid']}, {p['cores']:.1f} cores)" for p in top[:3])
@@ -668,7 +669,9 @@ def cpu_contention(facts: dict) -> dict | None:
             busy = trainers + workers
             wait = ((facts.get("step") or {}).get("shares") or {}).get("data_wait")
             if workers and workers <= cores and wait is not None and wait < T.DATA_WAIT_WARN:
-                # the workers are why the step no longer waits for data: never advise undoing them
+                # the workers are why the step no longer waits for data: never advise undoing them;
+                # what the advice (cheaper samples, more cores) gains here cannot be estimated
+                gain = None
                 text = (f"Threads are already {threads} per process; {trainers} training process"
                         f"{'es' if trainers > 1 else ''} and {workers} loader workers share {cores} cores, and the "
                         f"workers are what keeps the data wait at {_pct(wait)}: fewer of them would bring it back. "
@@ -689,7 +692,7 @@ def cpu_contention(facts: dict) -> dict | None:
     evidence["top_other_processes"] = top
     severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
     return finding("cpu_contention", severity, "CPU contention: the job waits for cores", summary, evidence,
-                   speedup_if_removed(delay), text, code, [DOCS_THREADS], bound=delay)
+                   gain, text, code, [DOCS_THREADS], bound=delay)
 
 
 def _gpu_count(facts: dict) -> int:
