@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from whyidle.diagnose import rules, rules_device, rules_gpu, rules_keras, rules_work
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.verdict import PLACEMENT, choose_verdict, order  # noqa: F401 (PLACEMENT: re-exported)
+from whyidle.diagnose.verdict import choose_verdict, order
 
 
 def _insufficient(facts: dict) -> dict | None:
