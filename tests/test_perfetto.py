@@ -274,8 +274,11 @@ def test_overlays_a_torch_profiler_trace_of_the_same_run(tmp_path):
             a, b, got, _ = phases[j]
             overlap[got] += max(0, min(b, t1) - max(a, t0))
             j += 1
-        assert overlap.most_common(1)[0][0] == phase, (name, t0, t1, overlap)
-        assert overlap[phase] >= (t1 - t0) - 50, (name, t0, t1, overlap)  # µs apart at most
+        # µs apart at most: within 50 µs (the two clocks meet through the run's anchors, which
+        # jitter by tens of µs on a loaded box); an op longer than twice that lies mostly in its phase
+        assert overlap[phase] >= (t1 - t0) - 50, (name, t0, t1, overlap)
+        if t1 - t0 > 100:
+            assert overlap.most_common(1)[0][0] == phase, (name, t0, t1, overlap)
         checked[phase] += 1
     assert min(checked.values()) >= 5 and len(checked) == 3
 
