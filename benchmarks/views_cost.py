@@ -24,21 +24,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = r"""
 import json, resource, sys, time
 t = time.perf_counter()
-from whyidle.record.reader import load_run
-from whyidle.analysis.run import analyze
-from whyidle.diagnose import diagnose
+from whyidle import pipeline
 from whyidle.report.build import build_report
 run_dir, view, out = sys.argv[1], sys.argv[2], sys.argv[3]
-run = load_run(run_dir)
-facts = analyze(run)
-verdict, findings = diagnose(facts)
-report = build_report(facts, verdict, findings, run.problems)
+a = pipeline.analyze_run(run_dir)
+report = build_report(a.facts, a.verdict, a.findings, a.run.problems)
 if view == "html":
-    from whyidle.report.html import write_html
-    write_html(out, report, facts, run)
+    pipeline.write_parts(out, pipeline.render_html_parts(a, report))
 elif view == "timeline":
-    from whyidle.report.perfetto import write_timeline
-    write_timeline(out, facts, run)
+    pipeline.write_timeline(a, out)
 print(json.dumps({"s": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 

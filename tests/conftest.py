@@ -49,16 +49,33 @@ def whyidle_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "whyidle", *args]
 
 
+def invoke(args) -> subprocess.CompletedProcess:
+    """``whyidle ARGS`` in this process (click's ``CliRunner``: no interpreter start-up), as a
+    ``CompletedProcess`` with ``returncode``, ``stdout`` and ``stderr`` (text). For commands that
+    read files (``report``, ``trace``, ``compare``); ``run`` needs :func:`run_whyidle`."""
+    from click.testing import CliRunner
+
+    from whyidle.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 def run_whyidle(args, timeout=120, **kwargs) -> subprocess.CompletedProcess:
     """Runs ``python -m whyidle ARGS`` and returns the completed process (text mode)."""
     return subprocess.run(whyidle_cmd(*args), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def observe(tmp_path, cmd, *options, timeout=180, name="run", **kwargs):
-    """``whyidle run -q --out DIR --json FILE [options] -- CMD``; returns (proc, report, run_dir)."""
+def observe(tmp_path, cmd, *options, timeout=180, name="run", html=False, **kwargs):
+    """``whyidle run -q --out DIR --json FILE [--no-html] [options] -- CMD``; returns (proc, report,
+    run_dir). The page (~5 MB, a second or so to render) is written only when a test asks for it
+    (``html=True``); the report and timeline are the same either way."""
     run_dir = os.path.join(str(tmp_path), name)
     report_path = os.path.join(str(tmp_path), f"{name}.json")
-    proc = run_whyidle(["run", "-q", "--out", run_dir, "--json", report_path, *options, "--", *cmd],
+    no_html = () if html else ("--no-html",)
+    proc = run_whyidle(["run", "-q", "--out", run_dir, "--json", report_path, *no_html, *options, "--", *cmd],
                        timeout=timeout, **kwargs)
     report = None
     if os.path.exists(report_path):

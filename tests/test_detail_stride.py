@@ -19,6 +19,8 @@ from whyidle.record.steptable import LITE_COLUMNS, StepTable, expand_lite
 
 from conftest import observe
 
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
+
 MS = 1_000_000
 
 
@@ -93,7 +95,7 @@ print("trained", step)
 def test_short_steps_are_thinned_the_report_says_so_and_a_periodic_cost_is_not_aliased(tmp_path):
     script = tmp_path / "periodic.py"
     script.write_text(PERIODIC.format(steps=1500))
-    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], "--no-html", timeout=240)
+    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trained 1500" in proc.stdout
     m = report["metrics"]

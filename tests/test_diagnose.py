@@ -11,6 +11,7 @@ from whyidle.analysis.run import analyze
 from whyidle.diagnose import diagnose, fixes, rules
 from whyidle.diagnose import thresholds as T
 from whyidle.record.reader import RunData
+from whyidle.analysis.facts import RunFacts
 
 CONTRACT_KEYS = {"id", "severity", "title", "summary", "evidence", "bound", "est_speedup_if_removed", "est_speedup",
                  "fix"}
@@ -90,30 +91,30 @@ def make_facts(step=None, host=None, loader=None, devices=None, gpus=0, cuda_bui
                                    "gpm_supported": True} for i in range(gpus)]}
     hs = {p: [] for p in PHASES}
     hs.update(hotspots or {})
-    return {
-        "framework": "torch",
-        "trainers": trainers if trainers is not None else ([primary] if primary is not None else []),
-        "primary": primary,
-        "proc": proc if primary is not None else None,
-        "instrumented": [primary] if primary is not None else [],
-        "steps_info": {"total": (step["steps"] + 2) if step else 0, "warmup": 2, "boundary_excluded": 0,
-                       "boundary_s": 0.0},
-        "step": step,
-        "host": host,
-        "top_others": top_others or [],
-        "gpu": None,
-        "gpu_static": gpu_static,
-        "device": {"kind": "cuda" if gpus else "cpu", "name": "NVIDIA H200" if gpus else "Some CPU",
-                   "compute_capability": "9.0" if gpus else None, "memory_total_bytes": None},
-        "loader": loader,
-        "loader_iters": iters or {"count": 1, "seconds": [0.01]},
-        "devices": devices,
-        "hotspots": hs,
-        "notices": [],
-        "gpu_records_notices": [],
-        "other_trainers": [],
-        "meta": {"format": "whyidle.run/1", "command": ["python", "train.py"]},
-    }
+    return RunFacts(
+        framework="torch",
+        trainers=trainers if trainers is not None else ([primary] if primary is not None else []),
+        primary=primary,
+        proc=proc if primary is not None else None,
+        instrumented=[primary] if primary is not None else [],
+        steps_info={"total": (step["steps"] + 2) if step else 0, "warmup": 2, "boundary_excluded": 0,
+                    "boundary_s": 0.0},
+        step=step,
+        host=host,
+        top_others=top_others or [],
+        gpu=None,
+        gpu_static=gpu_static,
+        device={"kind": "cuda" if gpus else "cpu", "name": "NVIDIA H200" if gpus else "Some CPU",
+                "compute_capability": "9.0" if gpus else None, "memory_total_bytes": None},
+        loader=loader,
+        loader_iters=iters or {"count": 1, "seconds": [0.01]},
+        devices=devices,
+        hotspots=hs,
+        notices=[],
+        gpu_records_notices=[],
+        other_trainers=[],
+        meta={"format": "whyidle.run/1", "command": ["python", "train.py"]},
+    )
 
 
 def hot(function, share, site=None, leaf=None, library=False, seconds=1.0):
@@ -250,7 +251,7 @@ def test_suggested_workers_cpu_bound_cap_is_the_cores():
     model = rules.loader_model(facts)
     assert model["threads"] == 1 and model["limit"] == "cores"
     # one core: still at least one worker
-    facts["host"] = make_host(cores=1)
+    facts.host = make_host(cores=1)
     assert rules.suggested_workers(facts) == 1
 
 
@@ -258,11 +259,11 @@ def test_suggested_workers_io_cap_is_four_per_core():
     facts = make_facts(make_step(data=0.9, fwd=0.05, bwd=0.05, opt=0.0, mean=1.0, data_cpu_share=0.1),
                        make_host(cores=2), make_loader(nw=0))
     assert rules.suggested_workers(facts) == 8  # min(12, 4 × 2)
-    facts["host"] = make_host(cores=1)
+    facts.host = make_host(cores=1)
     assert rules.suggested_workers(facts) == 4  # max(4, 4 × 1)
     # without data_cpu_share the loader is not known to be CPU-bound: I/O cap
-    facts["step"]["data_cpu_share"] = None
-    facts["host"] = make_host(cores=2)
+    facts.step["data_cpu_share"] = None
+    facts.host = make_host(cores=2)
     assert rules.suggested_workers(facts) == 8
 
 
@@ -272,7 +273,7 @@ def test_suggested_workers_never_above_max():
                        make_host(cores=16), make_loader(nw=0))
     assert rules.suggested_workers(facts) == T.MAX_SUGGESTED_WORKERS == 32
     # 0.95 / 0.05: ⌈23.75⌉ = 24 stays below both caps
-    facts["step"] = make_step(data=0.95, fwd=0.05, bwd=0.0, opt=0.0, mean=1.0, data_cpu_share=0.1)
+    facts.step = make_step(data=0.95, fwd=0.05, bwd=0.0, opt=0.0, mean=1.0, data_cpu_share=0.1)
     assert rules.suggested_workers(facts) == 24
 
 
@@ -300,7 +301,7 @@ def test_suggested_workers_per_batch_with_several_batches_per_step():
     one = make_facts(make_step(data=0.75, fwd=0.1, bwd=0.1, opt=0.05, mean=0.2, data_cpu_share=0.9),
                      make_host(cores=8), make_loader(nw=0))
     two = copy.deepcopy(one)
-    two["step"]["batches_per_step"] = 2.0
+    two.step["batches_per_step"] = 2.0
     assert rules.suggested_workers(one) == rules.suggested_workers(two) == 4
 
 
@@ -440,7 +441,7 @@ def test_cpu_contention_other_processes():
 def test_cpu_contention_oversubscription():
     facts = make_facts(make_step(), make_host(cores=8, run_delay=0.15, others=0.2, workers=4, worker_busy=0.5),
                        trainers=[100, 101])
-    facts["devices"] = {"params": {"cpu": 10}, "threads": 8}
+    facts.devices = {"params": {"cpu": 10}, "threads": 8}
     f = rules.cpu_contention(facts)
     assert_contract(f)
     assert f["evidence"]["cause"] == "oversubscription"
@@ -566,10 +567,10 @@ def test_config_persistent_workers_smell():
     assert f["evidence"]["smells"] == [
         "persistent_workers=False: 4 workers are started again every epoch (3 times, 300 ms each to create the iterator)"]
     # one epoch only, or persistent: no smell
-    facts["loader_iters"] = {"count": 1, "seconds": [0.2]}
+    facts.loader_iters = {"count": 1, "seconds": [0.2]}
     assert rules.input_pipeline_config(facts, set()) is None
-    facts["loader_iters"] = {"count": 3, "seconds": [0.2, 0.4, 0.3]}
-    facts["loader"]["persistent_workers"] = True
+    facts.loader_iters = {"count": 3, "seconds": [0.2, 0.4, 0.3]}
+    facts.loader["persistent_workers"] = True
     assert rules.input_pipeline_config(facts, set()) is None
 
 
@@ -618,7 +619,7 @@ def test_highest_speedup_wins_across_severities():
     assert verdict == "input_bound"
     assert [f["id"] for f in findings] == ["input_bound", "cpu_contention"]
     # now contention is worse: 1/(1−0.5) = 2.0
-    facts["host"]["trainer_run_delay_share"] = 0.5
+    facts.host["trainer_run_delay_share"] = 0.5
     verdict, findings = diagnose(facts)
     assert verdict == "cpu_contention"
     assert [f["id"] for f in findings] == ["cpu_contention", "input_bound"]
@@ -661,7 +662,7 @@ def test_device_bound_first_ahead_of_small_findings():
 
 def test_no_steps_without_instrumented_process():
     facts = make_facts(None, make_host(), primary=None)
-    facts["instrumented"] = []
+    facts.instrumented = []
     verdict, findings = diagnose(facts)
     assert verdict == "unknown"
     assert [f["id"] for f in findings] == ["no_steps"]
@@ -672,7 +673,7 @@ def test_no_steps_without_instrumented_process():
 
 def test_no_steps_with_torch_imported():
     facts = make_facts(None, make_host(), primary=None)
-    facts["instrumented"] = [123]
+    facts.instrumented = [123]
     verdict, findings = diagnose(facts)
     assert verdict == "unknown"
     assert findings[0]["id"] == "no_steps"
@@ -683,7 +684,7 @@ def test_no_steps_with_torch_imported():
 def test_too_few_steps_skips_step_rules():
     step = make_step(data=0.9, fwd=0.05, bwd=0.05, opt=0.0, steps=4, data_cpu_share=0.9)
     facts = make_facts(step, make_host(), None)
-    facts["steps_info"] = {"total": 5, "warmup": 1, "boundary_excluded": 0, "boundary_s": 0.0}
+    facts.steps_info = {"total": 5, "warmup": 1, "boundary_excluded": 0, "boundary_s": 0.0}
     verdict, findings = diagnose(facts)
     assert verdict == "unknown"
     assert [f["id"] for f in findings] == ["too_few_steps"]
@@ -694,7 +695,7 @@ def test_too_few_steps_skips_step_rules():
 
 def test_too_few_steps_when_all_were_warm_up():
     facts = make_facts(None, make_host())
-    facts["steps_info"] = {"total": 2, "warmup": 0, "boundary_excluded": 0, "boundary_s": 0.0}
+    facts.steps_info = {"total": 2, "warmup": 0, "boundary_excluded": 0, "boundary_s": 0.0}
     verdict, findings = diagnose(facts)
     assert verdict == "unknown"
     assert findings[0]["id"] == "too_few_steps"
@@ -730,7 +731,7 @@ def test_analyze_then_diagnose_synthetic_run():
                                               "command": ["python", "train.py"]},
                   host=[], gpu=[], procs={100: recs}, problems=[])
     facts = analyze(run)
-    assert facts["primary"] == 100 and facts["step"]["steps"] == 28
+    assert facts.primary == 100 and facts.step["steps"] == 28
     verdict, findings = diagnose(facts)
     assert verdict == "input_bound"
     ib = findings[0]
@@ -806,10 +807,10 @@ def test_saturated_machine_with_cpu_bound_workers_is_cpu_preprocessing():
 def test_loader_snippet_keeps_the_users_settings():
     loader = dict(make_loader(nw=0, batch=64), sampler="SequentialSampler", collate_fn="pad_batch",
                   drop_last=True, iterable=True)
-    code = fixes.loader_code({"loader": loader}, 4)
+    code = fixes.loader_code(RunFacts(loader=loader), 4)
     assert "shuffle" not in code  # no RandomSampler; an IterableDataset cannot shuffle
     assert "collate_fn=pad_batch" in code and "drop_last=True" in code and "batch_size=64" in code
     assert "get_worker_info" in code  # sharding note for an IterableDataset
     loader.update(sampler="RandomSampler", collate_fn="default_collate", iterable=False, drop_last=False)
-    code = fixes.loader_code({"loader": loader}, 2)
+    code = fixes.loader_code(RunFacts(loader=loader), 2)
     assert "shuffle=True" in code and "collate_fn" not in code and "get_worker_info" not in code

@@ -494,6 +494,7 @@ def test_missing_data_path_raises_before_probing():
 
 # -- framework probes in real subprocesses ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_probe_frameworks_on_this_machine():
     """Real subprocess probes: PyTorch and TensorFlow are installed here; a missing one says so."""
     res = probe.probe_frameworks()
@@ -614,6 +615,7 @@ def test_cli_json_and_exit_code(monkeypatch, tmp_path):
     assert result.exit_code == 1 and "GPU not visible to PyTorch" in result.output
 
 
+@pytest.mark.slow
 def test_cli_env_on_this_machine(tmp_path):
     """`whyidle env --json --data DIR` as a user runs it (real probes, real NVML or its absence)."""
     import subprocess

@@ -5,14 +5,14 @@ records."""
 from __future__ import annotations
 
 import pytest
+from test_diagnose import make_facts, make_host, make_loader, make_step
 
 from whyidle.analysis import stacks
 from whyidle.analysis.api import training_api
+from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.run import _train_loader
 from whyidle.analysis.transfers import read_summary
 from whyidle.diagnose import fixes, rules, rules_gpu, rules_work
-
-from test_diagnose import make_facts, make_host, make_loader, make_step
 
 LIGHTNING = {"name": "lightning", "label": "Lightning", "version": "2.6.6", "entries": ["Trainer.fit"],
              "entry_sites": ["train.py:80 main"], "also": [],
@@ -30,8 +30,8 @@ TORCH = {"name": "torch", "label": "PyTorch", "version": None, "entries": [], "e
          "config": {}}
 
 
-def with_api(facts: dict, api: dict, compiled: bool = False) -> dict:
-    return dict(facts, api=api, compiled=compiled)
+def with_api(facts: RunFacts, api: dict, compiled: bool = False) -> RunFacts:
+    return facts.replace(api=api, compiled=compiled)
 
 
 def input_facts(api: dict, **loader):
@@ -61,17 +61,17 @@ def test_lightning_gets_its_train_dataloader_hook():
     assert "def train_dataloader(self):" in code and "return DataLoader(self.train_set" in code
     assert "RemoveColumnsCollator" not in code and "pin_memory=torch.cuda.is_available())" in code  # no GPU here
     assert "ImageData.train_dataloader" in f["fix"]["text"]
-    on_gpu = dict(input_facts(LIGHTNING), device={"kind": "cuda", "name": "NVIDIA H200"})
+    on_gpu = input_facts(LIGHTNING).replace(device={"kind": "cuda", "name": "NVIDIA H200"})
     assert "pin_memory=True)" in rules.input_bound(on_gpu)["fix"]["code"]
 
 
 def test_accelerate_gets_its_dataloader_and_prepare():
     gpu = {"kind": "cuda", "name": "NVIDIA H200"}
-    code = rules.input_bound(dict(input_facts(ACC), device=gpu))["fix"]["code"]
+    code = rules.input_bound(input_facts(ACC).replace(device=gpu))["fix"]["code"]
     assert "loader = DataLoader(dataset" in code and "accelerator.prepare(model, optimizer, loader)" in code
     assert "DataLoaderConfiguration(non_blocking=True)" in code
     done = dict(ACC, config=dict(ACC["config"], non_blocking=True))
-    assert "DataLoaderConfiguration" not in rules.input_bound(dict(input_facts(done), device=gpu))["fix"]["code"]
+    assert "DataLoaderConfiguration" not in rules.input_bound(input_facts(done).replace(device=gpu))["fix"]["code"]
     assert "DataLoaderConfiguration" not in rules.input_bound(input_facts(ACC))["fix"]["code"]  # CPU-only run
 
 
@@ -79,18 +79,18 @@ def test_plain_torch_loader_names_its_line_and_keeps_a_users_collate():
     facts = input_facts(TORCH)
     code = rules.input_bound(facts)["fix"]["code"]
     assert code.splitlines()[0].endswith("# train.py:40 main") and "collate_fn" not in code  # library collate
-    facts["loader"].update(collate_fn="pad_batch", collate_user=True)
+    facts.loader.update(collate_fn="pad_batch", collate_user=True)
     assert "collate_fn=pad_batch" in rules.input_bound(facts)["fix"]["code"]
     # the arguments as the program wrote them (recorded at the DataLoader(...) call)
-    facts["loader"]["args"] = {"dataset": "splits['train']", "batch_size": "cfg.bs", "collate_fn": "partial(pad, 0)"}
+    facts.loader["args"] = {"dataset": "splits['train']", "batch_size": "cfg.bs", "collate_fn": "partial(pad, 0)"}
     first = rules.input_bound(facts)["fix"]["code"].splitlines()[0]
     assert first.startswith("loader = DataLoader(splits['train'], batch_size=cfg.bs, ") and "collate_fn=partial(pad, 0)" in first
 
 
 def test_no_advice_to_do_what_the_loader_already_does():
     facts = input_facts(TORCH, persistent_workers=True)
-    facts["loader"].update(num_workers=1, prefetch_factor=8)
-    facts["host"].update(workers=1, worker_busy_share=0.9)
+    facts.loader.update(num_workers=1, prefetch_factor=8)
+    facts.host.update(workers=1, worker_busy_share=0.9)
     f = rules.input_bound(facts)
     assert "keep them alive" not in f["fix"]["text"] and "queue" not in f["fix"]["text"]
     code = f["fix"]["code"]
@@ -126,7 +126,7 @@ def test_metric_loop_gets_vectorized_code_and_lightning_torchmetrics():
     focus = {"function": "model.py per_class_acc", "site": "model.py:9 per_class_acc", "code": "for c in range(K):",
              "seconds": 1.0, "share_of_phase": 0.8, "callers": ["training_step"]}
     facts = make_facts(make_step(fwd=0.1, bwd=0.1, opt=0.05), make_host(), make_loader())
-    facts["focus"] = {"other": focus}
+    facts.focus = {"other": focus}
     lt = rules.host_bound(with_api(facts, LIGHTNING))
     assert "torchmetrics" in lt["fix"]["code"] and "training_step" in lt["fix"]["text"]
     plain = rules.host_bound(with_api(facts, TORCH))
@@ -137,7 +137,7 @@ def test_metric_loop_gets_vectorized_code_and_lightning_torchmetrics():
 
 def test_compiled_model_is_never_told_to_compile():
     facts = make_facts(make_step(fwd=0.45, bwd=0.45, opt=0.05), make_host(), make_loader())
-    facts["graph_nodes"] = 5000
+    facts.graph_nodes = 5000
     f = rules.many_small_ops(with_api(facts, TORCH))
     assert f["fix"]["code"] == "model = torch.compile(model)"
     f = rules.many_small_ops(with_api(facts, TORCH, compiled=True))
@@ -157,17 +157,17 @@ def test_device_bound_leaves_out_mixed_precision_that_is_on():
 
 def test_mixed_precision_fix_is_a_framework_setting():
     for api, want in ((LIGHTNING, 'precision="bf16-mixed"'), (HF, "bf16=True"), (ACC, 'mixed_precision="bf16"')):
-        text, code = fixes.mixed_precision_code({"api": api}, bf16=True)
+        text, code = fixes.mixed_precision_code(RunFacts(**{"api": api}), bf16=True)
         assert want in code
-    assert fixes.mixed_precision_code({"api": TORCH}, bf16=True) is None
-    assert "16-mixed" in fixes.mixed_precision_code({"api": LIGHTNING}, bf16=False)[1]
+    assert fixes.mixed_precision_code(RunFacts(**{"api": TORCH}), bf16=True) is None
+    assert "16-mixed" in fixes.mixed_precision_code(RunFacts(**{"api": LIGHTNING}), bf16=False)[1]
 
 
 def test_host_reads_that_are_python_branches_get_the_vectorize_advice():
     reads = {"steps": 2, "per_step": 12288.5, "micro_batches_per_step": 1,
              "sites": [{"site": "m.py:9 stats", "leaf": "m.py:9 stats", "ops": ["__bool__"], "per_step": 12288.5}]}
     facts = make_facts(make_step(), make_host(), make_loader())
-    facts["reads"] = reads
+    facts.reads = reads
     f = rules_gpu.sync_bound(with_api(facts, LIGHTNING))
     assert "12,288 times" in f["summary"] or "12,289 times" in f["summary"]
     assert "branching in Python" in f["fix"]["text"] and f["fix"]["code"] is None
@@ -175,8 +175,8 @@ def test_host_reads_that_are_python_branches_get_the_vectorize_advice():
 
 def test_hf_loader_without_batch_size_uses_the_measured_one_and_no_pin_advice_on_cpu():
     facts = input_facts(TORCH)
-    facts["loader"]["batch_size"] = None  # built on a batch sampler
-    facts["step"]["batch_size"] = 48.0
+    facts.loader["batch_size"] = None  # built on a batch sampler
+    facts.step["batch_size"] = 48.0
     assert "batch_size=48," in rules.input_bound(facts)["fix"]["code"]  # the measured batch
     hf = input_facts(dict(HF, config=dict(HF["config"], dataloader_pin_memory=False)))
     assert "dataloader_pin_memory" not in rules.input_bound(hf)["fix"]["code"]
@@ -186,7 +186,7 @@ def test_sync_fix_per_api_and_per_micro_batch():
     reads = {"steps": 2, "per_step": 4.0, "micro_batches_per_step": 4,
              "sites": [{"site": "train.py:12 main", "leaf": "train.py:12 main", "ops": ["item"], "per_step": 4.0}]}
     facts = make_facts(make_step(), make_host(), make_loader())
-    facts["reads"] = reads
+    facts.reads = reads
     f = rules_gpu.sync_bound(with_api(facts, ACC))
     assert "(1.0 per micro-batch, 4 micro-batches of gradient accumulation per step)" in f["summary"]
     assert f["evidence"]["per_micro_batch"] == 1.0
@@ -260,7 +260,7 @@ def test_mixed_precision_rule_uses_the_framework_setting():
     facts = make_facts(make_step(fwd=0.45, bwd=0.45, opt=0.05), make_host(), make_loader(), gpus=1,
                        devices={"params": {"cuda": 1000}, "param_dtypes": {"float32": 1000}, "autocast": False,
                                 "matmul_tf32": True, "cuda_initialized": True})
-    facts["device"] = {"kind": "cuda", "name": "NVIDIA H200", "compute_capability": [9, 0]}
+    facts.device = {"kind": "cuda", "name": "NVIDIA H200", "compute_capability": [9, 0]}
     f = rules_work.no_mixed_precision(with_api(facts, HF))
     assert f is not None and f["fix"]["code"] == "args = TrainingArguments(..., bf16=True)"
     assert "torch.autocast" in rules_work.no_mixed_precision(with_api(facts, TORCH))["fix"]["code"]
@@ -269,6 +269,6 @@ def test_mixed_precision_rule_uses_the_framework_setting():
 def test_lightning_sync_fix_keeps_tensors_and_claims_nothing_about_the_program():
     """The Lightning sync fix shows the pattern (log tensors, keep detached tensors, read them at
     epoch end) without asserting what the program logs today."""
-    code = fixes.sync_code({"api": {"name": "lightning"}})
+    code = fixes.sync_code(RunFacts(**{"api": {"name": "lightning"}}))
     assert "self.log(" in code and "loss.detach()" in code and "log_every_n_steps=50" in code
     assert "the tensor, not loss.item()" not in code

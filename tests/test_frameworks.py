@@ -17,7 +17,7 @@ import pytest
 
 from conftest import SCENARIOS, finding, observe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 pytest.importorskip("lightning")
 
@@ -25,7 +25,7 @@ pytest.importorskip("lightning")
 def run(tmp_path, script, *args, name=None):
     """Runs a scenario under whyidle; returns (proc, report)."""
     cmd = [sys.executable, os.path.join(SCENARIOS, script), *args]
-    proc, report, _ = observe(tmp_path, cmd, "--no-html", timeout=300, name=name or script[:-3])
+    proc, report, _ = observe(tmp_path, cmd, timeout=300, name=name or script[:-3])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report is not None
     return proc, report

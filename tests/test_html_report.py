@@ -22,9 +22,8 @@ import pytest
 
 from conftest import run_whyidle, write_script
 from synthetic_run import write_run
-from whyidle.analysis.run import analyze
-from whyidle.diagnose import diagnose
-from whyidle.record.reader import load_run
+from whyidle import pipeline
+from whyidle.analysis.series import run_series
 from whyidle.report import html, plots
 from whyidle.report.build import build_report
 
@@ -33,12 +32,10 @@ INJECT_SITE = "<img src=x onerror=window.__pwned=2>"
 
 
 def render(run_dir: str) -> tuple[str, dict]:
-    run = load_run(run_dir)
-    facts = analyze(run)
-    verdict, findings = diagnose(facts)
-    report = build_report(facts, verdict, findings, run.problems)
+    a = pipeline.analyze_run(run_dir)
+    report = build_report(a.facts, a.verdict, a.findings, a.run.problems)
     report["run"]["run_dir"] = run_dir
-    return html.render_html(report, facts, run), report
+    return html.render_html(report, run_series(a.run, a.facts)), report
 
 
 def figures(page: str) -> dict:
@@ -132,9 +129,9 @@ def test_step_columns_of_step_table_rows_equal_those_of_records(tmp_path):
 
     from whyidle.analysis import series
 
-    run = load_run(write_run(tmp_path / "run", steps=200, ph=True))
-    facts = analyze(run)
-    rows = facts["step_rows"]
+    a = pipeline.analyze_run(write_run(tmp_path / "run", steps=200, ph=True))
+    run, facts = a.run, a.facts
+    rows = facts.step_rows
     assert type(rows[0]).__name__ == "StepView"
     records = [dict(r) for r in rows]
     records[5]["samples"] = None
@@ -148,12 +145,13 @@ def test_step_columns_of_step_table_rows_equal_those_of_records(tmp_path):
     assert listed["step_s"] == rows_cols["step_s"].tolist() and series.step_series(rows, 7)["i"] == list(range(200))
     part = series.step_columns(rows[10:20], 0, ("i", "other_host"))
     assert set(part) == {"i", "other_host", "has"} and part["i"].tolist() == list(range(10, 20))
-    analyzed = facts["analyzed_steps"]
+    analyzed = facts.analyzed_steps
     left = series.left_out_steps(rows, analyzed, 2)
     assert left == series.left_out_steps(records, [dict(r) for r in analyzed], 2)
     assert left[:2] == ["warm-up"] * 2 and left[25] == "boundary" and left[26] is None
 
 
+@pytest.mark.slow
 def test_100k_step_run_stays_small(tmp_path):
     """A long run: every trace ≤ MAX_POINTS, ≤ MAX_BARS bars, the page a few MB."""
     page, _ = render(write_run(tmp_path / "run", steps=100_000, gpu=True))
@@ -165,6 +163,7 @@ def test_100k_step_run_stays_small(tmp_path):
                          else plots.MAX_POINTS), (fid, trace.get("name"), n)
 
 
+@pytest.mark.slow
 def test_no_html_run_writes_the_timeline_but_no_page(tmp_path):
     script = write_script(tmp_path / "train.py", steps=20)
     proc = run_whyidle(["run", "-q", "--no-html", "--out", str(tmp_path / "run"), "--", sys.executable, script])
@@ -180,6 +179,7 @@ def test_no_html_run_writes_the_timeline_but_no_page(tmp_path):
     assert proc.returncode == 0 and (tmp_path / "asked.html").read_text().startswith("<!DOCTYPE html>")
 
 
+@pytest.mark.slow
 def test_report_command_writes_html(tmp_path):
     run_dir = write_run(tmp_path / "run", steps=30)
     out = tmp_path / "r.html"
@@ -274,6 +274,7 @@ def check_in_browser(browser, path: str) -> dict:
     return {"figures": info, "text": text, "pwned": pwned}
 
 
+@pytest.mark.slow
 def test_cpu_report_in_browser(browser, tmp_path):
     page, _ = render(write_run(tmp_path / "run", steps=120))
     path = tmp_path / "report.html"
@@ -319,6 +320,7 @@ def gpu_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_gpu_report_in_browser_with_injection_strings(browser, gpu_run, tmp_path):
     page, report = render(gpu_run)
     gpu = report["metrics"]["gpu"]

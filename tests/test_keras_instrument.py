@@ -7,12 +7,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
+import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import observe
+from conftest import SCENARIOS, observe
 from whyidle.record.steptable import PHASE_CODES
 
 pytestmark = pytest.mark.slow
@@ -198,3 +200,28 @@ def test_an_error_in_a_hook_turns_the_instrumentation_off_once():
     _safe(inst, broken)  # off now: not run again
     assert inst.off and calls == [1]
     assert len(agent.notices) == 1 and "RuntimeError('boom')" in agent.notices[0]
+
+
+#: The RESULT line of tests/scenarios/c03_tfdata_sequential_map.py (its numbers differ run to run).
+_RESULT = re.compile(r"^RESULT samples_per_s=[0-9.]+ step_s=[0-9.]+$", re.M)
+
+
+def test_c03_output_and_exit_code_pass_through(tmp_path):
+    script = os.path.join(SCENARIOS, "c03_tfdata_sequential_map.py")
+    plain = subprocess.run([sys.executable, script, "--steps", "15"], capture_output=True, text=True, timeout=180)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    proc, report, _ = observe(tmp_path, [sys.executable, script, "--steps", "15"], name="c03-short")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report is not None
+    # the program's stdout is unchanged: the same lines, the RESULT line once (its numbers differ run to run)
+    strip = lambda out: [_RESULT.sub("RESULT", line) for line in out.splitlines()]  # noqa: E731
+    assert strip(proc.stdout) == strip(plain.stdout), (proc.stdout[-2000:], plain.stdout[-2000:])
+    assert len(_RESULT.findall(proc.stdout)) == 1
+
+    # a failing program keeps its exit code and its error message (argparse: exit 2)
+    bad = subprocess.run([sys.executable, script, "--variant", "bogus"], capture_output=True, text=True, timeout=180)
+    assert bad.returncode == 2
+    proc, _, _ = observe(tmp_path, [sys.executable, script, "--variant", "bogus"], name="c03-bad")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "invalid choice: 'bogus'" in proc.stderr
+    assert proc.stdout == bad.stdout

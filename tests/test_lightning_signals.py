@@ -88,7 +88,7 @@ def test_lightning_program_runs_to_completion_every_time(tmp_path):
     assert plain.stdout.splitlines()[-1] == "saved"
     results = []
     for i in range(RUNS):
-        proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], "--no-html", name=f"run{i}",
+        proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], name=f"run{i}",
                                         timeout=300, cwd=str(tmp_path))
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == plain.stdout

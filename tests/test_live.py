@@ -15,6 +15,8 @@ import pytest
 
 from conftest import whyidle_cmd, write_script
 
+pytestmark = pytest.mark.slow
+
 
 def test_pinned_status_line_on_a_terminal(tmp_path):
     script = write_script(tmp_path / "t.py", steps=150, in_step="time.sleep(0.02)")
@@ -67,7 +69,7 @@ def test_quiet_prints_nothing(tmp_path):
 def test_keras_steps_show_input_wait_once_the_window_is_read(tmp_path):
     import json
 
-    from whyidle.report.live import StepTail
+    from whyidle.record.tail import StepTail
 
     path = tmp_path / "proc-7.jsonl"
     steps = [{"k": "step", "i": i, "t0": i * 100, "t1": i * 100 + 100, "by": "keras", "fn": 80} for i in range(5)]
@@ -89,7 +91,7 @@ def test_steps_without_detail_count_and_the_wait_comes_from_timed_steps(tmp_path
     import json
 
     from whyidle.record.steptable import LITE_COLUMNS
-    from whyidle.report.live import StepTail
+    from whyidle.record.tail import StepTail
 
     rows = [dict.fromkeys(LITE_COLUMNS) | {"i": i, "t0": i * 100, "t1": i * 100 + 100, "by": 0, "boundary": 0}
             for i in range(9)]

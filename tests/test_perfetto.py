@@ -31,7 +31,7 @@ from conftest import REPO, observe, write_script
 from whyidle.analysis import series
 from whyidle.analysis.run import analyze
 from whyidle.record.reader import load_run
-from whyidle.report import perfetto as pf
+from whyidle.export import perfetto as pf
 
 SHARED_TRACES = os.path.join(os.path.dirname(REPO), "shared", "traces")
 
@@ -187,8 +187,8 @@ def torch_run(tmp_path_factory):
 @pytest.mark.slow
 def test_real_torch_run_steps_phases_and_counters(torch_run, tmp_path):
     obj, shown, facts, run = timeline(torch_run)
-    pid = facts["primary"]
-    rows = facts["step_rows"]
+    pid = facts.primary
+    rows = facts.step_rows
     steps, phases = steps_and_phases(shown, pid)
     assert len(steps) == len(rows) == 40
     assert all(r.get("ph") for r in rows)
@@ -197,8 +197,8 @@ def test_real_torch_run_steps_phases_and_counters(torch_run, tmp_path):
     counts = obj["otherData"]["counts"]["trainers"][str(pid)]
     assert counts["steps"] == 40 and counts["steps_with_phases"] == 40 and counts["phase_slices"] == len(phases)
     # the analyzed steps, the warm-up and the boundaries are marked
-    assert sum(a["analyzed"] for *_, a in steps) == len(facts["analyzed_steps"])
-    assert sum(bool(a.get("warmup")) for *_, a in steps) == facts["steps_info"]["warmup"] == 2
+    assert sum(a["analyzed"] for *_, a in steps) == len(facts.analyzed_steps)
+    assert sum(bool(a.get("warmup")) for *_, a in steps) == facts.steps_info["warmup"] == 2
     assert sum(bool(a.get("boundary")) for *_, a in steps) == sum(bool(r["boundary"]) for r in rows)
     assert steps[5][3]["step_ms"] == pytest.approx((rows[5]["t1"] - rows[5]["t0"]) / 1e6, abs=1e-3)
     # the trace clock: wall-clock µs since Kineto's base, from the first anchor
@@ -256,7 +256,7 @@ def test_overlays_a_torch_profiler_trace_of_the_same_run(tmp_path):
         kineto = json.load(f)
     obj, shown, facts, run = timeline(run_dir)
     assert obj["baseTimeNanoseconds"] == kineto["baseTimeNanoseconds"]
-    phases = shown["tracks"][(facts["primary"], "phases")]
+    phases = shown["tracks"][(facts.primary, "phases")]
     starts = [a for a, *_ in phases]
     import bisect
 
@@ -291,23 +291,23 @@ def test_fake_cuda_run_has_gpu_starved_slices_by_cause(tmp_path):
     proc, _, run_dir = observe(tmp_path, [sys.executable, script])
     assert proc.returncode == 0, proc.stderr
     obj, shown, facts, run = timeline(run_dir)
-    pid = facts["primary"]
+    pid = facts.primary
     starved = shown["tracks"][(pid, "GPU starved (CUDA timeline)")]
     assert {name for *_, name, _ in starved} <= set(pf.STARVED_NAMES.values())
     assert {a["cause"] for *_, a in starved} >= {"data", "sync"}
     # over the analyzed window the slices add up to what the analysis reports
     base = obj["baseTimeNanoseconds"]
-    w0, w1 = (wall_us(t, run.meta, base) for t in facts["step"]["window"])
+    w0, w1 = (wall_us(t, run.meta, base) for t in facts.step["window"])
     by_cause = collections.Counter()
     for a, b, _, args in starved:
         by_cause[args["cause"]] += max(0.0, min(b, w1) - max(a, w0)) / 1e6
-    idle = facts["gpu_idle"]
+    idle = facts.gpu_idle
     tol = 1e-6 * (len(starved) + 2)  # µs rounding of each slice's ends
     assert sum(by_cause.values()) == pytest.approx(idle["starved_s"], abs=tol)
     for cause, seconds in idle["idle_s_by_cause"].items():
         assert by_cause[cause] == pytest.approx(seconds, abs=tol), cause
     steps, phases = steps_and_phases(shown, pid)
-    check_phases_tile_steps(steps, phases, facts["step_rows"])
+    check_phases_tile_steps(steps, phases, facts.step_rows)
 
 
 @pytest.mark.slow
@@ -378,7 +378,7 @@ def test_synthetic_gpu_run_counter_tracks(tmp_path):
     assert shown["counters"][(gpu_pid, "GPU util %")][1][0] == pytest.approx(
         wall_us(util_samples[0][0], run.meta, base), abs=1)
     assert first[1] == shown["counters"][(gpu_pid, "GPU util %")][1][1]
-    cpu = series.cpu_series(run.host, facts["trainers"], run.meta["whyidle_pid"], series.run_origin(run.meta))
+    cpu = series.cpu_series(run.host, facts.trainers, run.meta["whyidle_pid"], series.run_origin(run.meta))
     workers = [v for _, v in shown["counters"][(pf.MACHINE_PID, "CPU cores workers")]]
     assert workers == [round(v, 3) for v in cpu["workers"]]
     assert shown["processes"][pf.MACHINE_PID] == "machine (vm)"
@@ -393,7 +393,7 @@ def test_run_recorded_before_phase_spans_has_step_slices_only(tmp_path):
     steps, phases = steps_and_phases(shown, synthetic_run.TRAINER)
     assert len(steps) == 60 and phases == []
     args = steps[10][3]
-    row = facts["step_rows"][10]
+    row = facts.step_rows[10]
     assert args["data_wait_ms"] == pytest.approx(row["data"] / 1e6, abs=1e-3)
     assert args["forward_ms"] == pytest.approx(row["fwd"] / 1e6, abs=1e-3)
     assert args["samples"] == 32 and args["analyzed"] is True
@@ -408,8 +408,8 @@ def test_run_recorded_before_phase_spans_has_step_slices_only(tmp_path):
 def test_sample_demo_runs_load_when_present():
     for run_dir in glob.glob("/tmp/runs/demo/*-demo-*"):
         obj, shown, facts, _ = timeline(run_dir)
-        steps, phases = steps_and_phases(shown, facts["primary"])
-        assert len(steps) == len(facts["step_rows"]) and phases == []
+        steps, phases = steps_and_phases(shown, facts.primary)
+        assert len(steps) == len(facts.step_rows) and phases == []
 
 
 def test_two_trainers_notices_and_overlapping_regions(tmp_path):
@@ -425,12 +425,12 @@ def test_two_trainers_notices_and_overlapping_regions(tmp_path):
         {"k": "iter", "t": t + 60_000_000, "loader": 2, "t0": t + 20_000_000, "t1": t + 60_000_000},  # overlaps
     ])
     obj, shown, facts, run = timeline(run_dir)
-    assert set(facts["trainers"]) == {synthetic_run.TRAINER, other}
-    for pid in facts["trainers"]:
+    assert set(facts.trainers) == {synthetic_run.TRAINER, other}
+    for pid in facts.trainers:
         steps, phases = steps_and_phases(shown, pid)
         assert len(steps) == 30 and len(phases) == 30 * 6
-        check_phases_tile_steps(steps, phases, facts["step_rows"])
-    assert shown["sort"][facts["primary"]] == 0
+        check_phases_tile_steps(steps, phases, facts.step_rows)
+    assert shown["sort"][facts.primary] == 0
     loader = shown["tracks"][(synthetic_run.TRAINER, "DataLoader")]
     assert len(loader) == 2 and loader[1][1] == loader[0][1] and loader[1][3]["cut"]  # cut at the first's end
     assert loader[0][2] == "DataLoader iter (3 workers start)" and loader[0][3]["num_workers"] == 3
@@ -467,7 +467,7 @@ def test_keras_run_regions_and_profiled_steps(tmp_path):
     os.remove(os.path.join(run_dir, f"proc-{synthetic_run.TRAINER}.jsonl"))
     append_records(run_dir, pid, recs)
     obj, shown, facts, run = timeline(run_dir)
-    assert facts["primary"] == pid and facts["framework"] == "keras"
+    assert facts.primary == pid and facts.framework == "keras"
     assert shown["processes"][pid] == f"trainer {pid} (keras)"
     fit = shown["tracks"][(pid, "Keras")]
     assert [(name, a["epochs"], a["input"]) for *_, name, a in fit] == [("keras fit", 1, "tf.data")]
@@ -486,7 +486,7 @@ def test_clock_without_anchors_and_with_epoch_base(tmp_path):
     steps, _ = steps_and_phases(shown, synthetic_run.TRAINER)
     a = run.meta["anchors"][0]
     assert obj["baseTimeNanoseconds"] == 0
-    assert steps[0][0] == round((facts["step_rows"][0]["t0"] + a["time_ns"] - a["monotonic_ns"]) / 1000)
+    assert steps[0][0] == round((facts.step_rows[0]["t0"] + a["time_ns"] - a["monotonic_ns"]) / 1000)
     with open(os.path.join(run_dir, "meta.json")) as f:
         meta = json.load(f)
     meta["anchors"] = []
@@ -496,7 +496,7 @@ def test_clock_without_anchors_and_with_epoch_base(tmp_path):
     steps, _ = steps_and_phases(shown, synthetic_run.TRAINER)
     origin = obj["otherData"]["origin_monotonic_ns"]
     assert obj["baseTimeNanoseconds"] == origin and obj["otherData"]["wall_minus_monotonic_ns"] is None
-    assert steps[0][0] == round((facts["step_rows"][0]["t0"] - origin) / 1000)
+    assert steps[0][0] == round((facts.step_rows[0]["t0"] - origin) / 1000)
 
 
 def test_run_without_steps_or_meta(tmp_path):
@@ -505,7 +505,7 @@ def test_run_without_steps_or_meta(tmp_path):
     run_dir = synthetic_run.write_run(tmp_path / "run", steps=20)
     os.remove(os.path.join(run_dir, f"proc-{synthetic_run.TRAINER}.jsonl"))
     obj, shown, facts, run = timeline(run_dir)
-    assert facts["trainers"] == [] and shown["tracks"] == {}
+    assert facts.trainers == [] and shown["tracks"] == {}
     assert (pf.MACHINE_PID, "CPU cores whyidle") in shown["counters"]
     os.remove(os.path.join(run_dir, "meta.json"))
     obj, shown, facts, run = timeline(run_dir)
@@ -550,6 +550,7 @@ def test_phase_stride_for_very_long_runs(tmp_path, monkeypatch):
     assert [n for n, (*_, a) in enumerate(steps) if a.get("phases") is not False] == list(range(0, 35, 4))
 
 
+@pytest.mark.slow
 def test_large_run_size_and_time(tmp_path):
     """100,000 steps with phase spans: every step and phase is written, in a file of ~1 KB per
     step at most, in seconds (numbers for the record: ~93 MB, ~3-4 s on 2 cores)."""
@@ -574,6 +575,7 @@ def test_large_run_size_and_time(tmp_path):
     assert len(shown["tracks"][(synthetic_run.TRAINER, "steps")]) == 100_000
 
 
+@pytest.mark.slow
 def test_write_timeline_memory_stays_flat(tmp_path):
     """Streaming: writing 20,000 steps with 8 phase slices each (~200,000 events, ~80 MB as dicts)
     allocates a few MB at a time."""
@@ -621,7 +623,7 @@ def test_streamed_file_equals_the_built_object(tmp_path, monkeypatch):
                                                             add(self, ev)))
     built = pf.build_timeline(facts, run)
     shown = check_trace(built)
-    assert facts["primary"] == synthetic_run.TRAINER
+    assert facts.primary == synthetic_run.TRAINER
     assert not kept[(synthetic_run.TRAINER, "step")] and not kept[(synthetic_run.TRAINER, "forward")]  # streamed
     assert kept[(other, "step")] == 40 and kept[(other, "forward")] == 40  # overlapping: kept and sorted
     cut = [a for *_, a in shown["tracks"][(other, "steps")] if a.get("cut")]

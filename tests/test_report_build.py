@@ -13,6 +13,7 @@ from whyidle.diagnose import diagnose
 from whyidle.record.reader import RunData
 from whyidle.report.build import HOST_KEYS, SCHEMA, build_report, notes_of
 from whyidle.report.terminal import render, render_brief
+from whyidle.analysis.facts import RunFacts
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -166,8 +167,8 @@ def test_report_without_anything_but_meta():
 
 def test_floats_are_rounded():
     facts = analyze(run_data())
-    facts["step"]["samples_per_s"] = 1234.5678
-    facts["step"]["shares"]["forward"] = 0.123456789
+    facts.step["samples_per_s"] = 1234.5678
+    facts.step["shares"]["forward"] = 0.123456789
     rep = build_report(facts, "device_bound", [])
     assert rep["metrics"]["samples_per_s"] == 1234.6
     assert rep["metrics"]["shares"]["forward"] == 0.1235
@@ -178,8 +179,8 @@ def test_floats_are_rounded():
 def facts_with_meta(**kw):
     meta = dict(META)
     meta.update(kw)
-    return {"meta": meta, "steps_info": {"total": 10, "warmup": 2, "boundary_excluded": 0, "boundary_s": 0.0},
-            "gpu": None, "gpu_records_notices": [], "notices": [], "other_trainers": []}
+    return RunFacts(meta=meta, steps_info={"total": 10, "warmup": 2, "boundary_excluded": 0, "boundary_s": 0.0},
+                    gpu=None, gpu_records_notices=[], notices=[], other_trainers=[])
 
 
 def test_note_signal_with_ctrl_c():
@@ -207,7 +208,7 @@ def test_note_unfinished_run():
     meta = dict(META)
     del meta["ended_utc"]
     meta["exit_code"] = None
-    notes = notes_of({"meta": meta, "gpu": None}, [])
+    notes = notes_of(RunFacts(meta=meta, gpu=None), [])
     assert notes[0].startswith("The run did not finish cleanly")
 
 
@@ -218,11 +219,11 @@ def test_clean_exit_has_no_exit_note():
 
 def test_notes_problems_first_then_the_rest():
     facts = facts_with_meta(exit_code=3)
-    facts["steps_info"].update(boundary_excluded=2, boundary_s=1.234)
-    facts["other_trainers"] = [{"pid": 200, "steps": 50, "samples_per_s": 10.0}]
-    facts["primary"] = 100
-    facts["gpu_records_notices"] = [{"k": "gpu_notice", "t": 0, "msg": "NVML Shared Library Not Found"}]
-    facts["notices"] = ["PyTorch instrumentation disabled after an error in x"]
+    facts.steps_info.update(boundary_excluded=2, boundary_s=1.234)
+    facts.other_trainers = [{"pid": 200, "steps": 50, "samples_per_s": 10.0}]
+    facts.primary = 100
+    facts.gpu_records_notices = [{"k": "gpu_notice", "t": 0, "msg": "NVML Shared Library Not Found"}]
+    facts.notices = ["PyTorch instrumentation disabled after an error in x"]
     notes = notes_of(facts, ["host.jsonl: skipped a truncated last line"])
     assert notes == [
         "host.jsonl: skipped a truncated last line",
@@ -237,8 +238,8 @@ def test_notes_problems_first_then_the_rest():
 
 def test_gpu_notices_pass_through_when_a_gpu_was_seen():
     facts = facts_with_meta()
-    facts["gpu"] = {"util_mean": 50.0}
-    facts["gpu_records_notices"] = [{"k": "gpu_notice", "t": 0, "msg": "GPM not supported"}]
+    facts.gpu = {"util_mean": 50.0}
+    facts.gpu_records_notices = [{"k": "gpu_notice", "t": 0, "msg": "GPM not supported"}]
     notes = notes_of(facts, [])
     assert "GPM not supported" in notes
     assert not any("No NVIDIA GPU" in n for n in notes)

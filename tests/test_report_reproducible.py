@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_saved_run_renders_the_same_report_elsewhere(tmp_path, monkeypatch):
     script = write_script(tmp_path / "train.py", steps=40)
-    proc, report, run_dir = observe(tmp_path, [sys.executable, script], "--no-html")
+    proc, report, run_dir = observe(tmp_path, [sys.executable, script])
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(os.path.join(run_dir, "report.json")) as f:
         saved = json.load(f)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import diagnose, rules_keras
 
 MB = 1 << 20
@@ -40,7 +41,7 @@ def facts(data_share=0.86, step_s=0.078, pipeline=SEQUENTIAL_PY_MAP, method="tf_
         "tfdata": pipeline, "host_mem_total_bytes": 24 << 30, "device": {"kind": "cpu"},
     }
     f.update(extra)
-    return f
+    return RunFacts(**f)
 
 
 def test_c03_sequential_python_map_is_input_bound_with_the_two_lines():
@@ -126,7 +127,7 @@ def test_gpu_not_visible_to_tensorflow():
 
 
 def test_no_steps_message_names_keras():
-    verdict, findings = diagnose({"framework": "tensorflow", "primary": None, "instrumented": [5]})
+    verdict, findings = diagnose(RunFacts(**{"framework": "tensorflow", "primary": None, "instrumented": [5]}))
     assert verdict == "unknown" and "Keras/TensorFlow was imported" in findings[0]["summary"]
 
 
@@ -152,7 +153,7 @@ def test_keras_mixed_precision_policy_only_with_tensor_cores():
 
 
 def with_trainer(f, cores_used):
-    f["host"] = dict(f["host"], trainer_cores=cores_used)
+    f.host = dict(f.host, trainer_cores=cores_used)
     return f
 
 
@@ -203,7 +204,7 @@ def test_keras_small_batch_counts_the_compiled_steps_fixed_cost():
     from whyidle.diagnose import rules
 
     f = facts(data_share=0.02, step_s=0.00045)
-    f["step"]["batch_size"] = 8
+    f.step["batch_size"] = 8
     sb = rules.small_batch(f)
     # 0.3 ms of the 0.45 ms step is the compiled step's fixed cost, 1 % other host: batch 32 gives ~2.2x
     fixed = 0.01 + 0.0003 / 0.00045

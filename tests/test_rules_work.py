@@ -4,11 +4,12 @@ dicts shaped like :func:`whyidle.analysis.run.analyze`'s output."""
 from __future__ import annotations
 
 import pytest
+from test_diagnose import assert_contract  # the one report-contract check
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import rules
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules_work import no_mixed_precision, small_workload
-from test_diagnose import assert_contract  # the one report-contract check
 
 GB = 10**9
 NAMES = {"6.1": "NVIDIA GeForce GTX 1070", "7.0": "Tesla V100-SXM2-16GB", "7.5": "Tesla T4",
@@ -30,8 +31,8 @@ def make_facts(cc="9.0", kind="cuda", step=None, devices=None, gpu=None, gpu_idl
                name=None):
     device = {"kind": kind, "name": name or NAMES.get(cc, "NVIDIA GPU") if kind == "cuda" else "Some CPU",
               "compute_capability": cc if kind == "cuda" else None, "memory_total_bytes": 141 * GB, "count": 1}
-    return {"framework": framework, "device": device, "step": step if step is not None else make_step(),
-            "devices": devices, "gpu": gpu, "gpu_idle": gpu_idle}
+    return RunFacts(framework=framework, device=device, step=step if step is not None else make_step(),
+                    devices=devices, gpu=gpu, gpu_idle=gpu_idle)
 
 
 def fp32_audit(autocast=False, tf32=False, dtypes=None, params=None):
@@ -127,9 +128,9 @@ def test_mixed_precision_missing_tf32_is_fine():
 
 def test_mixed_precision_silent_without_facts():
     assert no_mixed_precision(make_facts("9.0", devices=None)) is None
-    assert no_mixed_precision({}) is None
+    assert no_mixed_precision(RunFacts(**{})) is None
     facts = make_facts("9.0", devices=fp32_audit())
-    facts["step"] = None
+    facts.step = None
     assert no_mixed_precision(facts) is None
     assert no_mixed_precision(make_facts(None, devices=fp32_audit())) is None  # unknown compute capability
     assert no_mixed_precision(make_facts("13.0", devices=fp32_audit())) is None  # newer than the table
@@ -162,7 +163,7 @@ def test_mixed_precision_capped_by_gpu_starvation():
     facts = make_facts("9.0", devices=fp32_audit(), gpu_idle={"starved_share": 0.55, "starved_s": 1.0,
                                                                 "idle_s_by_cause": {}, "steps": 20})
     assert no_mixed_precision(facts) is None
-    facts["gpu_idle"]["starved_share"] = 0.3
+    facts.gpu_idle["starved_share"] = 0.3
     f = no_mixed_precision(facts)
     assert f["evidence"]["speedable_share"] == pytest.approx(0.7)
     assert f["est_speedup"] == pytest.approx(1 / (0.3 + 0.7 / 2.0), abs=1e-3)
@@ -238,7 +239,7 @@ def test_small_workload_silent_on_missing_facts_and_cpu():
     assert small_workload(make_facts("9.0", gpu=gpu(sm=0.2), gpu_idle={"steps": 3})) is None
     assert small_workload(make_facts("9.0", gpu=None, gpu_idle=idle())) is None
     assert small_workload(make_facts(kind="cpu", gpu=None, gpu_idle=idle())) is None
-    assert small_workload({}) is None
+    assert small_workload(RunFacts(**{})) is None
 
 
 # -- small_batch on a GPU ---------------------------------------------------------------------------
@@ -283,7 +284,7 @@ def test_small_batch_cpu_unchanged():
 
 def test_small_batch_gpu_without_memory_numbers():
     facts = batch_facts(batch=4.0)
-    facts["gpu"]["memory_used_max_bytes"] = None
+    facts.gpu["memory_used_max_bytes"] = None
     f = rules.small_batch(facts)
     assert "suggested_batch_size" not in f["evidence"]
     assert f["evidence"]["target_batch_size"] == T.SMALL_BATCH_TARGET

@@ -20,6 +20,8 @@ import pytest
 
 from conftest import finding, observe, write_script
 
+pytestmark = pytest.mark.slow
+
 PRE = r"""
 import warnings
 from whyidle.instrument import torch as wt

@@ -8,6 +8,7 @@ PyTorch build next to a visible GPU deserves.
 
 from __future__ import annotations
 
+import pytest
 import os
 import sys
 import threading
@@ -17,6 +18,8 @@ import pynvml
 from conftest import finding, write_script
 from fake_nvml import FakeDevice, FakeNvml, now_us
 from whyidle.run.session import RunOptions, observe
+
+pytestmark = pytest.mark.slow
 
 
 def test_run_with_a_gpu_and_a_cpu_only_torch_build(tmp_path, monkeypatch):

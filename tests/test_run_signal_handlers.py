@@ -21,8 +21,8 @@ import pytest
 
 from conftest import observe, whyidle_cmd
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="the per-thread timer signal is Linux-only")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the per-thread timer signal is Linux-only"), pytest.mark.slow]
 
 #: A training loop paced at ~10 ms a step; ``{before}``, ``{at}`` (run once at step ``{when}``)
 #: and ``{after}`` are filled in per test. Only deterministic lines go to stdout.
@@ -216,7 +216,7 @@ def test_keras_fit_with_the_handler_reset_between_epochs(tmp_path):
     script = tmp_path / "k.py"
     script.write_text(KERAS_PROGRAM.format(mark=str(mark)))
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], "--no-html", env=env, timeout=300)
+    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "fitted\n"
     reset = int(mark.read_text())

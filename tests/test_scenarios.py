@@ -19,7 +19,7 @@ import pytest
 
 from conftest import SCENARIOS, finding, observe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 
 def scenario(tmp_path, script, *args, name=None, timeout=240):
@@ -41,7 +41,7 @@ def ids(report) -> set[str]:
 # -- the scenarios -----------------------------------------------------------------------
 
 def test_main_process_loader_with_cpu_heavy_samples(tmp_path):
-    faulty = scenario(tmp_path, "main_loader_cpu.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "main_loader_cpu.py", "--variant", "faulty", "--steps", "50")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "loader_in_main_process"
@@ -55,25 +55,25 @@ def test_main_process_loader_with_cpu_heavy_samples(tmp_path):
 
     # all the loading is CPU work on 2 cores: 2 workers take it off the training thread, but the
     # fixed run stays partly input-bound (about 40 % data wait; tests/scenarios/README.md)
-    fixed = scenario(tmp_path, "main_loader_cpu.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "main_loader_cpu.py", "--variant", "fixed", "--steps", "50")
     assert fixed["metrics"]["shares"]["data_wait"] < 0.75 * faulty["metrics"]["shares"]["data_wait"]
     assert sps(fixed) >= 1.3 * sps(faulty)
 
 
 def test_loader_waiting_on_slow_storage(tmp_path):
-    faulty = scenario(tmp_path, "slow_storage.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "slow_storage.py", "--variant", "faulty", "--steps", "50")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "storage"
     assert f["evidence"]["loader_cpu_busy_share"] < 0.5  # off-CPU, waiting on reads
     assert f["evidence"]["loader_read_bytes_per_sample"] >= 2048  # ~3 KB files are really read
-    fixed = scenario(tmp_path, "slow_storage.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "slow_storage.py", "--variant", "fixed", "--steps", "50")
     assert fixed["metrics"]["shares"]["data_wait"] < faulty["metrics"]["shares"]["data_wait"] / 2
     assert sps(fixed) >= 1.5 * sps(faulty)
 
 
 def test_compute_heavy_model_on_in_memory_data_is_device_bound(tmp_path):
-    report = scenario(tmp_path, "compute_heavy.py")
+    report = scenario(tmp_path, "compute_heavy.py", "--steps", "40")
     assert report["verdict"] == "device_bound"
     assert finding(report, "input_bound") is None
     assert finding(report, "host_bound") is None
@@ -83,24 +83,24 @@ def test_compute_heavy_model_on_in_memory_data_is_device_bound(tmp_path):
 
 
 def test_python_logging_in_the_loop_is_host_bound_and_named(tmp_path):
-    faulty = scenario(tmp_path, "logging_loop.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "logging_loop.py", "--variant", "faulty", "--steps", "60")
     assert faulty["verdict"] == "host_bound"
     f = finding(faulty, "host_bound")
     assert f["evidence"]["focus"]["function"] == "logging_loop.py log_metrics"
     assert f["evidence"]["kind"] == "logging"
     assert "log_metrics" in f["summary"] and "log_metrics" in f["fix"]["text"]
-    fixed = scenario(tmp_path, "logging_loop.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "logging_loop.py", "--variant", "fixed", "--steps", "60")
     assert "host_bound" not in ids(fixed)
     assert sps(fixed) >= 1.5 * sps(faulty)
 
 
 def test_batch_size_one_is_small_batch(tmp_path):
-    faulty = scenario(tmp_path, "batch1.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "batch1.py", "--variant", "faulty", "--steps", "1500")
     assert faulty["verdict"] == "small_batch"
     f = finding(faulty, "small_batch")
     assert f["evidence"]["batch_size"] == 1
     assert f["est_speedup"] > 1.3
-    fixed = scenario(tmp_path, "batch1.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "batch1.py", "--variant", "fixed", "--steps", "80")
     assert finding(fixed, "small_batch") is None
     assert sps(fixed) >= 1.8 * sps(faulty)  # measured 2.4–2.7×
 
@@ -124,39 +124,39 @@ def test_busy_unrelated_processes_are_cpu_contention(tmp_path):
 # -- field cases of ../shared/cases.md -----------------------------------------------------------
 
 def test_c01_too_few_workers(tmp_path):
-    faulty = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "faulty", "--steps", "40")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "too_few_workers"
     assert f["evidence"]["data_wait_share"] >= 0.5
     assert f["evidence"]["suggested_num_workers"] >= 3  # the case's ⌈fetch / step⌉ is about 4
-    main = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "faulty", "--faulty-workers", "0")
+    main = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "faulty", "--faulty-workers", "0", "--steps", "40")
     assert finding(main, "input_bound")["evidence"]["cause"] == "loader_in_main_process"
-    fixed = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "fixed", "--steps", "40")
     assert "input_bound" not in ids(fixed) or fixed["metrics"]["shares"]["data_wait"] < 0.2
     assert sps(fixed) >= 2 * sps(faulty)
 
 
 def test_c07_tokenization_in_the_data_path(tmp_path):
-    faulty = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "faulty", "--steps", "30")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "loader_in_main_process"
     assert f["evidence"]["loader_cpu_busy_share"] >= 0.8
     # the hot spot inside the data fetch is the tokenizer
     assert f["evidence"]["focus"]["function"].split()[-1] in ("encode", "_token_ids", "_wordpiece", "__getitem__")
-    fixed = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "fixed", "--steps", "30")
     assert "input_bound" not in ids(fixed)
     assert sps(fixed) >= 1.7 * sps(faulty)  # measured 2.42–2.56× (tests/scenarios/README.md)
 
 
 def test_c11_progress_bar_and_logging_every_step(tmp_path):
-    faulty = scenario(tmp_path, "c11_progress_logging.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "c11_progress_logging.py", "--variant", "faulty", "--steps", "310")
     assert faulty["verdict"] == "host_bound"
     f = finding(faulty, "host_bound")
     assert f["evidence"]["kind"] == "logging"
     assert f["evidence"]["other_host_share"] >= 0.5
-    fixed = scenario(tmp_path, "c11_progress_logging.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "c11_progress_logging.py", "--variant", "fixed", "--steps", "310")
     assert sps(fixed) >= 2 * sps(faulty)
 
 
@@ -173,13 +173,13 @@ def test_c12_python_loops_in_the_loss(tmp_path):
 
 
 def test_c18_thread_oversubscription(tmp_path):
-    faulty = scenario(tmp_path, "c18_thread_oversubscription.py", "--variant", "faulty")
+    faulty = scenario(tmp_path, "c18_thread_oversubscription.py", "--variant", "faulty", "--steps", "30")
     assert faulty["verdict"] == "cpu_contention"
     f = finding(faulty, "cpu_contention")
     assert f["evidence"]["cause"] == "oversubscription"
     assert f["evidence"]["intra_op_threads"] == 8 and f["evidence"]["processes"] == 2
     assert "set_num_threads" in f["fix"]["code"]
-    fixed = scenario(tmp_path, "c18_thread_oversubscription.py", "--variant", "fixed")
+    fixed = scenario(tmp_path, "c18_thread_oversubscription.py", "--variant", "fixed", "--steps", "30")
     assert sps(fixed) >= 1.3 * sps(faulty)  # measured 2.8–3.0× idle, 1.6× on a loaded machine
 
 

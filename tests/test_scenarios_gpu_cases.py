@@ -17,7 +17,7 @@ import pytest
 
 from conftest import SCENARIOS, finding, observe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 
 def scenario(tmp_path, script, *args, timeout=240, pick_device=False):

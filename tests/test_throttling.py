@@ -8,6 +8,7 @@ import pytest
 from whyidle.analysis.gpu import gpu_metrics
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules_device import throttling
+from whyidle.analysis.facts import RunFacts
 from test_diagnose import assert_contract  # the one report-contract check
 
 S = 1_000_000_000
@@ -121,7 +122,7 @@ def power_capped_run(share: float = 0.4, seconds: int = 10, limit: float = 700.0
 
 
 def facts_of(records: list[dict], window=None) -> dict:
-    return {"gpu": gpu_metrics(records, window)}
+    return RunFacts(gpu=gpu_metrics(records, window))
 
 
 def test_power_cap_below_the_maximum_limit():
@@ -170,7 +171,7 @@ def test_not_a_throttle(mask):
 
 
 def test_quiet_when_small_unobserved_or_unknown():
-    assert throttling({"gpu": None}) is None and throttling({}) is None
+    assert throttling(RunFacts(gpu=None)) is None and throttling(RunFacts()) is None
     assert throttling(facts_of([static()])) is None
     small = power_capped_run(share=T.THROTTLE_SHARE_WARN / 2)
     assert throttling(facts_of(small)) is None

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import REPO, finding, run_whyidle
+from conftest import REPO, finding, invoke, run_whyidle
 from whyidle.record.kineto import TraceError, read_trace
 
 SHARED_TRACES = os.path.join(os.path.dirname(REPO), "shared", "traces")
@@ -65,7 +65,7 @@ def write(path, doc, gz=False) -> str:
 
 
 def trace_json(path, *extra):
-    proc = run_whyidle(["trace", str(path), "--json", "-", *extra])
+    proc = invoke(["trace", str(path), "--json", "-", *extra])
     return proc, (json.loads(proc.stdout) if proc.returncode == 0 else None)
 
 
@@ -96,7 +96,7 @@ def test_pageable_and_ranks(tmp_path):
     assert imb is not None and imb["evidence"]["straggler_rank"] == 1
     proc, rep1 = trace_json(job, "--rank", "1")
     assert proc.returncode == 0 and "ranks" not in rep1
-    proc = run_whyidle(["trace", str(job), "--rank", "5"])
+    proc = invoke(["trace", str(job), "--rank", "5"])
     assert proc.returncode == 2 and "no trace of rank 5" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -122,7 +122,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):
         path.write_text(text[: len(text) // 2])
     elif kind == "empty_file":
         path.write_text("")
-    proc = run_whyidle(["trace", str(path)])
+    proc = (run_whyidle if kind == "invalid_json" else invoke)(["trace", str(path)])  # one as a real process
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("whyidle: "), proc.stderr
@@ -159,6 +159,7 @@ def test_reader_cuts_blocks_anywhere(tmp_path):
     assert ref.device_properties[0]["computeMajor"] == 8
 
 
+@pytest.mark.slow
 @needs_shared
 def test_every_shared_trace_gives_a_report():
     for folder in sorted(glob.glob(os.path.join(SHARED_TRACES, "*"))):

@@ -59,8 +59,8 @@ def test_keras_spinning_pools_do_not_hide_an_86_percent_input_wait():
     """TensorFlow's spinning thread pools raise the process's CPU floor, so the parallel-map fix is
     estimated low (~1.05×); 86 % of the step is still input wait."""
     facts = keras_facts(data_share=0.86, pipeline=SEQUENTIAL_PY_MAP, cores=2)
-    facts["host"]["trainer_cores"] = 1.95
-    facts.update({"trainers": [1], "proc": {"framework": "tensorflow"}, "hotspots": {}, "loader": None})
+    facts.host["trainer_cores"] = 1.95
+    facts = facts.replace(trainers=[1], proc={"framework": "tensorflow"}, hotspots={}, loader=None)
     verdict, findings = diagnose(facts)
     f = _lead(findings, verdict)
     assert verdict == "input_bound" and f["bound"] == pytest.approx(0.86)
@@ -72,7 +72,7 @@ def test_small_batch_counts_per_operation_overhead_as_fixed_cost():
     step = make_step(data=0.0, fwd=0.35, bwd=0.45, opt=0.1, other=0.1, mean=0.04, batch=2.0)
     facts = make_facts(step, make_host(cores=2), make_loader(nw=0, batch=2))
     without = rules.small_batch(facts)
-    facts["graph_nodes"] = 3000
+    facts.graph_nodes = 3000
     f = rules.small_batch(facts)
     assert_contract(f)
     assert without["bound"] == pytest.approx(0.2)
@@ -88,8 +88,8 @@ def test_device_bound_text_agrees_with_the_shares():
     never that compute fills the step."""
     facts = make_facts(make_step(data=0.08, fwd=0.2, bwd=0.15, opt=0.05, other=0.52), make_host(cores=8),
                        make_loader(nw=4))
-    facts["step"]["shares"]["other_host"] = 0.52
-    facts["hotspots"] = {"other": []}
+    facts.step["shares"]["other_host"] = 0.52
+    facts.hotspots = {"other": []}
     verdict, findings = diagnose(facts)
     if verdict == "device_bound":
         assert "spread" in findings[0]["summary"]
@@ -134,7 +134,7 @@ def test_no_device_bound_while_a_finding_holds_the_step(data, fwd, bwd, opt, oth
                      data_cpu_share=busy)
     host = make_host(cores=cores, cpu_busy=cpu_busy, workers=nw, worker_busy=busy if nw else None, run_delay=delay)
     facts = make_facts(step, host, make_loader(nw=nw, batch=int(batch)), gpus=gpus)
-    facts["graph_nodes"] = nodes
+    facts.graph_nodes = nodes
     verdict, findings = diagnose(facts)
     for f in findings:
         assert_contract(f)
@@ -153,13 +153,13 @@ def test_fixed_run_is_not_told_to_undo_its_workers():
     circle); with 6 workers on 2 cores it names the count."""
     host = make_host(cores=2, cpu_busy=0.98, workers=2, worker_busy=0.6, run_delay=0.2)
     facts = make_facts(make_step(data=0.04, fwd=0.4, bwd=0.4, opt=0.1), host, make_loader(nw=2))
-    facts["proc"]["threads"] = 1
+    facts.proc["threads"] = 1
     c = rules.cpu_contention(facts)
     assert c["evidence"]["cause"] == "oversubscription"
     assert "fewer of them would bring it back" in c["fix"]["text"] and "at most" not in c["fix"]["text"]
     assert c["est_speedup"] is None and c["bound"] == pytest.approx(0.2)  # advice only: no gain to promise
-    facts["host"] = make_host(cores=2, cpu_busy=0.98, workers=6, worker_busy=0.3, run_delay=0.2)
-    facts["loader"] = make_loader(nw=6)
+    facts.host = make_host(cores=2, cpu_busy=0.98, workers=6, worker_busy=0.3, run_delay=0.2)
+    facts.loader = make_loader(nw=6)
     assert "use at most 1 loader workers" in rules.cpu_contention(facts)["fix"]["text"]
 
 
@@ -168,7 +168,7 @@ def test_worker_model_uses_the_jobs_cpu_affinity():
     step = make_step(data=0.9, fwd=0.05, bwd=0.05, opt=0.0, mean=1.0, data_cpu_share=0.95)
     wide = make_facts(step, make_host(cores=64), make_loader(nw=0))
     pinned = make_facts(step, make_host(cores=64), make_loader(nw=0))
-    pinned["host"]["cpu_affinity"] = 2
+    pinned.host["cpu_affinity"] = 2
     assert rules.loader_model(wide)["workers"] >= 8
     model = rules.loader_model(pinned)
     assert model["workers"] <= 2 and model["limit"] == "cores"

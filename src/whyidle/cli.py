@@ -82,15 +82,16 @@ def run(out, name, json_path, interval, stack_hz, quiet, no_html, command) -> No
 @click.option("--html", "html_path", metavar="FILE", help="Write the report as one self-contained HTML page to FILE.")
 def report(run_dir, json_path, html_path) -> None:
     """Re-render a saved run directory without re-running anything."""
+    from whyidle.pipeline import report_run
     from whyidle.record.reader import RunDirError
     from whyidle.run.launcher import LaunchError
-    from whyidle.run.session import check_writable_file, finish_report
+    from whyidle.run.session import check_writable_file
 
     try:
         for option, path in (("--json", json_path), ("--html", html_path)):
             if path not in (None, "-"):
                 check_writable_file(path, option)
-        rep = finish_report(run_dir, json_path if json_path not in (None, "-") else None, html_path)
+        rep = report_run(run_dir, json_path if json_path not in (None, "-") else None, html_path)
     except (RunDirError, LaunchError) as exc:
         _fail(str(exc), 2)
     except OSError as exc:
@@ -105,19 +106,14 @@ def report(run_dir, json_path, html_path) -> None:
 @click.option("--rank", type=int, default=None, help="Only this rank's trace (from distributedInfo).")
 def trace(path, json_path, rank) -> None:
     """Diagnose an existing PyTorch profiler (Kineto) trace: a .json/.json.gz file or a folder of ranks."""
-    from whyidle.analysis.trace import job_metrics
-    from whyidle.diagnose.trace_rules import diagnose_trace
-    from whyidle.record.kineto import TraceError, loader_kind, read_job
+    from whyidle.pipeline import trace_report
+    from whyidle.record.kineto import TraceError
     from whyidle.record.writer import write_json_atomic
-    from whyidle.report.trace_report import build_trace_report
 
     try:
-        traces = read_job(path, rank)
+        rep = trace_report(path, rank)
     except TraceError as exc:
         _fail(str(exc), 2)
-    job = job_metrics(traces)
-    verdict, findings = diagnose_trace(job, loader_kind(traces))
-    rep = build_trace_report(path, traces, job, verdict, findings)
     if json_path not in (None, "-"):
         try:
             write_json_atomic(json_path, rep)
@@ -183,8 +179,9 @@ def compare(run_dirs, json_path) -> None:
     Example:  whyidle compare whyidle-runs/...-before whyidle-runs/...-after
               whyidle compare before1,before2,before3 after1,after2,after3
     """
+    from whyidle.pipeline import compare as compare_runs
     from whyidle.record.writer import write_json_atomic
-    from whyidle.report.compare import CompareError, compare_runs
+    from whyidle.report.compare import CompareError
     from whyidle.report.compare_terminal import render
 
     if len(run_dirs) < 2:

@@ -13,6 +13,8 @@ Units: ``*_cores`` are CPU-seconds per second (1.0 = one core fully busy); ``*_s
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import HostMetrics
+
 # Indexes into a ``procs`` row of a host record (docs/run-format.md).
 PID, PPID, CPU_S, RSS, THREADS, CTX_VOL, CTX_INVOL, READ_BYTES, READ_CHARS, RUN_DELAY, MAIN_RUN_DELAY, CHILDREN_CPU = range(12)
 
@@ -96,7 +98,7 @@ def process_roles(records: list[dict], trainers) -> tuple[dict[int, int], set[in
 
 def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: set[int],
                  primary: int | None, whyidle_pid: int | None, samples_in_window: float | None = None,
-                 loader_in_main: bool = True, num_workers: int | None = None) -> dict | None:
+                 loader_in_main: bool = True, num_workers: int | None = None) -> HostMetrics | None:
     """CPU, scheduler, I/O and memory metrics over ``window`` (monotonic ns) or the whole run.
 
     Args:

@@ -22,7 +22,6 @@ Custom-loop steps (``by == "iterator"``) carry ``data`` (time inside the eager `
 
 from __future__ import annotations
 
-
 #: Why eager iteration without any ``tf.function`` call or ``GradientTape.gradient`` is not a
 #: training loop (the program only reads or inspects data).
 NOT_TRAINING = ("the program iterated a tf.data dataset but called no tf.function and computed no gradient "

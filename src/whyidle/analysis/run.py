@@ -15,6 +15,7 @@ from whyidle.analysis import logged as logged_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
+from whyidle.analysis.facts import RunFacts
 from whyidle.record.reader import RunData
 
 
@@ -64,10 +65,10 @@ def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
     return loaders[0] if loaders else None
 
 
-def analyze(run: RunData) -> dict:
+def analyze(run: RunData) -> RunFacts:
     """Computes the facts of a run.
 
-    Returns a dict with: ``framework``; ``api`` (the training API and its settings,
+    Returns a :class:`~whyidle.analysis.facts.RunFacts` with: ``framework``; ``api`` (the training API and its settings,
     :func:`whyidle.analysis.api.training_api`); ``compiled`` (``torch.compile`` was used);
     ``trainers`` (pids with steps, most steps first) and
     ``primary``; ``proc`` (its ``proc`` record); ``steps_info`` (see
@@ -158,41 +159,41 @@ def analyze(run: RunData) -> dict:
         "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
     }
     audit = devices[-1] if devices else None
-    return {
-        "framework": framework,
-        "api": api,
-        "compiled": bool((audit or {}).get("compiled") or api["config"].get("compiled")),
-        "trainers": trainers,
-        "primary": primary,
-        "proc": proc,
-        "instrumented": sorted(pid for pid, r in procs.items() if _first(r, "proc")),
-        "steps_info": info,
-        "step": step,
-        "host": host,
-        "top_others": host_analysis.top_other_processes(run.host, window),
-        "gpu": gpu_analysis.gpu_metrics(run.gpu, window),
-        "gpu_idle": gpu_idle_analysis.gpu_idle(recs, window, analyzed, run.meta.get("cwd")) if analyzed else None,
-        "transfers": transfer_analysis.transfer_summary(recs),
-        "reads": transfer_analysis.read_summary(recs),
-        "placement": transfer_analysis.placement_summary(recs),
-        "gpu_static": _first(run.gpu, "gpu_static"),
-        "device": device,
-        "loader": loader,
-        "loader_iters": {"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
-        "devices": audit,
-        "graph_nodes": graphs[len(graphs) // 2] if graphs else None,
-        "hotspots": hotspots,
-        "focus": focus,
-        "notices": notices,
-        "gpu_records_notices": [r for r in run.gpu if r.get("k") == "gpu_notice"],
-        "other_trainers": other_trainers,
-        "meta": run.meta,
-        "input_wait": input_wait,
-        "tfdata": _last(recs, "tfdata"),
-        "host_mem_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
-        "tf_devices": _last(recs, "tf_devices"),
-        "keras_calls": [r for r in recs if r.get("k") == "keras_call"],
-        "logged": logged_analysis.logged_metrics(procs),
-        "step_rows": step_lists[primary] if primary is not None else [],
-        "analyzed_steps": analyzed,
-    }
+    return RunFacts(
+        framework=framework,
+        api=api,
+        compiled=bool((audit or {}).get("compiled") or api["config"].get("compiled")),
+        trainers=trainers,
+        primary=primary,
+        proc=proc,
+        instrumented=sorted(pid for pid, r in procs.items() if _first(r, "proc")),
+        steps_info=info,
+        step=step,
+        host=host,
+        top_others=host_analysis.top_other_processes(run.host, window),
+        gpu=gpu_analysis.gpu_metrics(run.gpu, window),
+        gpu_idle=gpu_idle_analysis.gpu_idle(recs, window, analyzed, run.meta.get("cwd")) if analyzed else None,
+        transfers=transfer_analysis.transfer_summary(recs),
+        reads=transfer_analysis.read_summary(recs),
+        placement=transfer_analysis.placement_summary(recs),
+        gpu_static=_first(run.gpu, "gpu_static"),
+        device=device,
+        loader=loader,
+        loader_iters={"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
+        devices=audit,
+        graph_nodes=graphs[len(graphs) // 2] if graphs else None,
+        hotspots=hotspots,
+        focus=focus,
+        notices=notices,
+        gpu_records_notices=[r for r in run.gpu if r.get("k") == "gpu_notice"],
+        other_trainers=other_trainers,
+        meta=run.meta,
+        input_wait=input_wait,
+        tfdata=_last(recs, "tfdata"),
+        host_mem_total_bytes=(_first(run.host, "host_static") or {}).get("mem_total_bytes"),
+        tf_devices=_last(recs, "tf_devices"),
+        keras_calls=[r for r in recs if r.get("k") == "keras_call"],
+        logged=logged_analysis.logged_metrics(procs),
+        step_rows=step_lists[primary] if primary is not None else [],
+        analyzed_steps=analyzed,
+    )

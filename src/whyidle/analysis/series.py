@@ -12,11 +12,13 @@ the CPU-seconds used between two host ticks divided by the seconds between them 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from whyidle.analysis import host as host_analysis
+from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.steps import COMPUTE_KEY, PHASE_KEYS
 from whyidle.record.steptable import NULL_INT
 
@@ -318,3 +320,46 @@ def left_out_steps(rows: list, analyzed: list, warmup: int = 0) -> list[str | No
 
 
 _LEFT_OUT = (None, "warm-up", "boundary", "profiled", "other")
+
+
+@dataclasses.dataclass
+class RunSeries:
+    """The time series a report's plots draw, computed once from a loaded run and its facts
+    (:func:`run_series`); renderers read these, never the records.
+
+    Fields: ``origin_ns`` (the run's origin, monotonic ns, :func:`run_origin`); ``window_s``
+    (the analyzed steps' ``(start, end)`` in s since the origin, or None); ``steps``
+    (:func:`step_columns` of every step of the primary trainer: ``i``, ``step_s``,
+    ``other_host`` and each phase, seconds); ``left_out`` (:func:`left_out_steps`, one entry per
+    step); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
+    (:func:`cpu_series`); ``gpu_notices`` (texts of the sampler's ``gpu_notice`` records, why
+    no GPU was sampled); ``interval_s`` (the host sampling period, s, or None).
+    """
+
+    origin_ns: int
+    window_s: tuple[float, float] | None
+    steps: dict
+    left_out: list
+    gpus: list[dict]
+    cpu: dict
+    gpu_notices: list[str]
+    interval_s: float | None
+
+
+def run_series(run, facts: RunFacts) -> RunSeries:
+    """The :class:`RunSeries` of a loaded run (:class:`whyidle.record.reader.RunData`) and its
+    facts (:func:`whyidle.analysis.run.analyze`)."""
+    meta = run.meta or {}
+    origin = run_origin(meta, run.host, run.gpu)
+    window = (facts.step or {}).get("window")
+    rows = facts.step_rows or []
+    return RunSeries(
+        origin_ns=origin,
+        window_s=((window[0] - origin) / 1e9, (window[1] - origin) / 1e9) if window else None,
+        steps=step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(n for n, _ in STEP_PHASES)),
+        left_out=left_out_steps(rows, facts.analyzed_steps or [], (facts.steps_info or {}).get("warmup") or 0),
+        gpus=gpu_series(run.gpu, origin),
+        cpu=cpu_series(run.host, facts.trainers or [], meta.get("whyidle_pid"), origin),
+        gpu_notices=[r["msg"] for r in run.gpu if r.get("k") == "gpu_notice" and r.get("msg")],
+        interval_s=meta.get("interval_s"),
+    )

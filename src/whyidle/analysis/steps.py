@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from whyidle.analysis.facts import StepMetrics
 from whyidle.record.steptable import expand_lite
 
 #: Steps skipped at the start of a run: the first steps include worker start-up, lazy
@@ -113,7 +114,7 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def step_metrics(steps: list[dict]) -> dict:
+def step_metrics(steps: list[dict]) -> StepMetrics:
     """Metrics of the analyzed steps (see the module docstring for definitions).
 
     Returns a dict with ``steps``, ``window`` ([t0, t1] monotonic ns), ``wall_s`` (window length,

@@ -28,8 +28,9 @@ def run_demo(out_dir: str = "whyidle-runs", data_dir: str | None = None, steps: 
         stream: output (default stdout).
     """
     from whyidle.demo.data import ensure_images
+    from whyidle.pipeline import compare as compare_runs
     from whyidle.report import compare_terminal, terminal
-    from whyidle.report.compare import CompareError, compare_runs
+    from whyidle.report.compare import CompareError
     from whyidle.run.session import RunOptions, observe
 
     stream = stream or sys.stdout

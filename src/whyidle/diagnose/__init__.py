@@ -10,20 +10,22 @@ and answers the question before any other bottleneck does.
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import rules, rules_device, rules_gpu, rules_keras, rules_work
 from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.types import Finding
 from whyidle.diagnose.verdict import choose_verdict, order
 
 
-def _insufficient(facts: dict) -> dict | None:
-    info = facts.get("steps_info") or {}
-    step = facts.get("step")
-    if facts.get("primary") is None:
-        if not facts.get("instrumented"):
+def _insufficient(facts: RunFacts) -> dict | None:
+    info = facts.steps_info or {}
+    step = facts.step
+    if facts.primary is None:
+        if not facts.instrumented:
             why = ("no Python process of the command imported PyTorch (a non-Python command, Python started with "
                    "-I or -S, or a framework whyidle does not instrument yet); host and GPU samples only")
-        elif rules_keras.is_tf(facts) and (facts.get("input_wait") or {}).get("reason"):
-            why = facts["input_wait"]["reason"]
+        elif rules_keras.is_tf(facts) and (facts.input_wait or {}).get("reason"):
+            why = facts.input_wait["reason"]
         elif rules_keras.is_tf(facts):
             why = ("Keras/TensorFlow was imported but no fit() batch and no eager iteration of a tf.data dataset "
                    "was seen (the program ended before training, or it feeds batches another way, e.g. NumPy "
@@ -32,7 +34,7 @@ def _insufficient(facts: dict) -> dict | None:
             why = ("PyTorch was imported but no optimizer step or DataLoader batch was seen (the program ended "
                    "before training, or it trains without torch.optim and DataLoader)")
         return rules.finding("no_steps", "info", "No training steps seen", f"No step data was seen: {why}.",
-                             {"instrumented_processes": len(facts.get("instrumented") or [])}, None,
+                             {"instrumented_processes": len(facts.instrumented or [])}, None,
                              "Run the training script itself under whyidle (whyidle run -- python train.py).")
     if step is None or step["steps"] < T.MIN_STEPS:
         n = step["steps"] if step else 0
@@ -44,7 +46,7 @@ def _insufficient(facts: dict) -> dict | None:
     return None
 
 
-def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
+def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
     """When the loader workers themselves wait for cores, data wait is a symptom of contention.
 
     Removing the contention would speed up both the training thread and the workers, so the
@@ -53,7 +55,7 @@ def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
     """
     contention = next((f for f in findings if f["id"] == "cpu_contention"), None)
     inp = next((f for f in findings if f["id"] == "input_bound"), None)
-    delay = ((facts.get("host") or {}).get("workers_run_delay_share"))
+    delay = ((facts.host or {}).get("workers_run_delay_share"))
     if contention is None or inp is None or delay is None or delay < T.RUN_DELAY_WARN:
         return
     share = inp["evidence"]["data_wait_share"]
@@ -74,7 +76,7 @@ def _link_contention_to_input(facts: dict, findings: list[dict]) -> None:
     inp["fix"]["code"] = None
 
 
-def diagnose(facts: dict) -> tuple[str, list[dict]]:
+def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     """Returns ``(verdict, findings)``: the verdict's finding first, then by severity and measured
     share (:func:`whyidle.diagnose.verdict.order`).
 

@@ -4,8 +4,8 @@ A finding's cause is the same whatever drives the loop, but the line a user chan
 PyTorch script builds its ``DataLoader``, a Lightning program returns one from
 ``train_dataloader`` and sets flags on its ``Trainer``, an HF ``Trainer`` program sets
 ``TrainingArguments``, an Accelerate program configures its ``Accelerator``. Each function here
-takes the facts (``facts["api"]``, :func:`whyidle.analysis.api.training_api`; ``facts["loader"]``;
-``facts["devices"]``; ``facts["compiled"]``) and returns the code, or the sentence, for that API.
+takes the facts (``facts.api``, :func:`whyidle.analysis.api.training_api`; ``facts.loader``;
+``facts.devices``; ``facts.compiled``) and returns the code, or the sentence, for that API.
 They never advise what the program already does: options already set are left out or marked as
 kept, and a compiled model is never told to compile.
 """
@@ -13,6 +13,8 @@ kept, and a compiled model is never told to compile.
 from __future__ import annotations
 
 import re
+
+from whyidle.analysis.facts import RunFacts
 
 #: ``prefetch_factor`` the loader fixes suggest (batches queued per worker; PyTorch's default is 2).
 PREFETCH = 4
@@ -29,20 +31,20 @@ METRIC_WORDS = {"acc", "accuracy", "metric", "metrics", "confusion", "f1", "prec
                 "per_class", "class"}
 
 
-def api_name(facts: dict) -> str:
+def api_name(facts: RunFacts) -> str:
     """``torch``, ``lightning``, ``hf_trainer``, ``accelerate``, ``keras``, ``tensorflow`` or ``none``."""
-    api = facts.get("api") or {}
-    return api.get("name") or facts.get("framework") or "none"
+    api = facts.api or {}
+    return api.get("name") or facts.framework or "none"
 
 
-def _config(facts: dict) -> dict:
-    return (facts.get("api") or {}).get("config") or {}
+def _config(facts: RunFacts) -> dict:
+    return (facts.api or {}).get("config") or {}
 
 
-def mixed_precision_on(facts: dict) -> bool:
+def mixed_precision_on(facts: RunFacts) -> bool:
     """Autocast was seen in a forward, or the framework was told to train in mixed precision
     (Lightning ``precision="bf16-mixed"``, ``TrainingArguments(bf16=True)``, ``Accelerator(mixed_precision=...)``)."""
-    if (facts.get("devices") or {}).get("autocast"):
+    if (facts.devices or {}).get("autocast"):
         return True
     cfg = _config(facts)
     name = api_name(facts)
@@ -61,21 +63,21 @@ def _created(loader: dict) -> str | None:
     return user if user and user == leaf else None
 
 
-def _on_cuda(facts: dict) -> bool:
-    return (facts.get("device") or {}).get("kind") == "cuda"
+def _on_cuda(facts: RunFacts) -> bool:
+    return (facts.device or {}).get("kind") == "cuda"
 
 
-def _batch_size(facts: dict) -> int:
+def _batch_size(facts: RunFacts) -> int:
     """The loader's batch size, else the measured samples per batch (a loader built on a batch
     sampler, as the HF Trainer's, has ``batch_size`` None), else 32."""
-    size = (facts.get("loader") or {}).get("batch_size") or ((facts.get("step") or {}).get("batch_size"))
+    size = (facts.loader or {}).get("batch_size") or ((facts.step or {}).get("batch_size"))
     return int(round(size)) if size else 32
 
 
-def _loader_args(facts: dict, workers: int, prefetch: int, dataset: str) -> tuple[list[str], list[str]]:
+def _loader_args(facts: RunFacts, workers: int, prefetch: int, dataset: str) -> tuple[list[str], list[str]]:
     """The ``DataLoader(...)`` arguments: the user's own (batch size, shuffling, a collate_fn of
     theirs, drop_last) and the worker options, each change marked with what it was."""
-    loader = facts.get("loader") or {}
+    loader = facts.loader or {}
     written = loader.get("args") or {}  # the program's own argument texts (instrument/callsite.py)
     args = [written.get("dataset") or dataset, f"batch_size={written.get('batch_size') or _batch_size(facts)}"]
     if loader.get("sampler") == "RandomSampler":
@@ -97,7 +99,7 @@ def _loader_args(facts: dict, workers: int, prefetch: int, dataset: str) -> tupl
     return args, opts
 
 
-def loader_code(facts: dict, workers: int, prefetch: int = PREFETCH) -> str:
+def loader_code(facts: RunFacts, workers: int, prefetch: int = PREFETCH) -> str:
     """The input-pipeline fix as code for the program's API.
 
     Plain PyTorch and Accelerate: the ``DataLoader(...)`` call with the user's settings and the
@@ -107,7 +109,7 @@ def loader_code(facts: dict, workers: int, prefetch: int = PREFETCH) -> str:
     the ``TrainingArguments`` fields that change, never the ``DataLoader`` (the ``Trainer`` builds
     it with internal classes). An ``IterableDataset`` gets a sharding note.
     """
-    loader = facts.get("loader") or {}
+    loader = facts.loader or {}
     name = api_name(facts)
     cfg = _config(facts)
     nw = loader.get("num_workers") or 0
@@ -154,7 +156,7 @@ def loader_code(facts: dict, workers: int, prefetch: int = PREFETCH) -> str:
     return code
 
 
-def loader_where(facts: dict) -> str:
+def loader_where(facts: RunFacts) -> str:
     """Where the loader settings live, as a sentence ending (``" in TrainingArguments"``...), or ``""``."""
     name = api_name(facts)
     cfg = _config(facts)
@@ -163,11 +165,11 @@ def loader_where(facts: dict) -> str:
     if name == "lightning" and cfg.get("train_dataloader"):
         owner = cfg.get("datamodule") or cfg.get("model")
         return f" (in the DataLoader that {owner + '.' if owner else ''}train_dataloader returns)"
-    created = _created(facts.get("loader") or {})
+    created = _created(facts.loader or {})
     return f" (the DataLoader built at {created})" if created else ""
 
 
-def batch_code(facts: dict, target: int, batch: float) -> str:
+def batch_code(facts: RunFacts, target: int, batch: float) -> str:
     """The batch-size change in the program's API."""
     name = api_name(facts)
     cfg = _config(facts)
@@ -187,7 +189,7 @@ def batch_code(facts: dict, target: int, batch: float) -> str:
     return f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
 
 
-def logging_code(facts: dict, call: str) -> tuple[str, str]:
+def logging_code(facts: RunFacts, call: str) -> tuple[str, str]:
     """``(sentence, code)`` for per-step logging / progress work, in the program's API."""
     name = api_name(facts)
     cfg = _config(facts)
@@ -226,7 +228,7 @@ def logging_code(facts: dict, call: str) -> tuple[str, str]:
                 "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
 
 
-def metric_code(facts: dict, name: str) -> str | None:
+def metric_code(facts: RunFacts, name: str) -> str | None:
     """Vectorized code for a per-step metric function (``name`` matches :data:`METRIC_WORDS`), else
     None. Lightning gets torchmetrics (vectorized, accumulated on the device, reduced at epoch end)."""
     words = set(name.lower().replace("-", "_").split("_")) | {name.lower()}
@@ -243,7 +245,7 @@ def metric_code(facts: dict, name: str) -> str | None:
             "per_class_acc = correct / total.clamp(min=1)     # a tensor: read it (.tolist()) only when you log")
 
 
-def sync_code(facts: dict) -> str:
+def sync_code(facts: RunFacts) -> str:
     """Keep running values on the device and read them every N steps, in the program's API."""
     name = api_name(facts)
     if name == "lightning":
@@ -265,7 +267,7 @@ def sync_code(facts: dict) -> str:
     return ACCUMULATE_CODE
 
 
-def mixed_precision_code(facts: dict, bf16: bool) -> tuple[str, str] | None:
+def mixed_precision_code(facts: RunFacts, bf16: bool) -> tuple[str, str] | None:
     """``(sentence, code)`` turning on mixed precision through the framework, or None for plain PyTorch
     (the caller keeps its autocast code)."""
     name = api_name(facts)
@@ -285,9 +287,9 @@ def mixed_precision_code(facts: dict, bf16: bool) -> tuple[str, str] | None:
     return None
 
 
-def compile_code(facts: dict) -> str | None:
+def compile_code(facts: RunFacts) -> str | None:
     """``torch.compile`` in the program's API, or None when the program already compiles its model."""
-    if facts.get("compiled"):
+    if facts.compiled:
         return None
     name = api_name(facts)
     if name == "lightning":
@@ -299,7 +301,7 @@ def compile_code(facts: dict) -> str | None:
     return "model = torch.compile(model)"
 
 
-def faster_device_options(facts: dict) -> str:
+def faster_device_options(facts: RunFacts) -> str:
     """What is left once nothing upstream limits the device: mixed precision (unless on), compile
     (unless compiled), a bigger device, in the program's API."""
     name = api_name(facts)
@@ -309,13 +311,13 @@ def faster_device_options(facts: dict) -> str:
                      "hf_trainer": "TrainingArguments(bf16=True) on GPUs with tensor cores",
                      "accelerate": "Accelerator(mixed_precision=\"bf16\") on GPUs with tensor cores"}.get(
             name, "mixed precision on GPUs with tensor cores"))
-    if not facts.get("compiled"):
+    if not facts.compiled:
         opts.append({"hf_trainer": "TrainingArguments(torch_compile=True)"}.get(name, "torch.compile"))
     opts.append("a bigger device")
     return ", ".join(opts[:-1]) + (" or " if len(opts) > 1 else "") + opts[-1]
 
 
-def device_code(facts: dict) -> tuple[str, str] | None:
+def device_code(facts: RunFacts) -> tuple[str, str] | None:
     """``(sentence, code)`` putting model and batches on the GPU through the framework, or None for
     plain PyTorch."""
     name = api_name(facts)
@@ -334,7 +336,7 @@ def device_code(facts: dict) -> tuple[str, str] | None:
     return None
 
 
-def pin_code(facts: dict) -> str:
+def pin_code(facts: RunFacts) -> str:
     """Pinned batches copied asynchronously, in the program's API."""
     name = api_name(facts)
     if name == "hf_trainer":
@@ -349,7 +351,7 @@ def pin_code(facts: dict) -> str:
     return "loader = DataLoader(dataset, batch_size=..., num_workers=..., pin_memory=True)\nx = x.to(device, non_blocking=True)"
 
 
-def framework_output_code(facts: dict) -> tuple[str, str]:
+def framework_output_code(facts: RunFacts) -> tuple[str, str]:
     """``(sentence, code)`` when the framework's own progress bar or loggers hold the step: refresh and
     log every N steps through its settings."""
     name = api_name(facts)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import re
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.stacks import OUTPUT_MODULES
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.fixes import ACCUMULATE_CODE  # noqa: F401  (trace_rules imports it from here)
+from whyidle.diagnose.types import Finding, FixOption
 
 DOCS_DATALOADER = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
 DOCS_TUNING = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
@@ -35,8 +37,8 @@ MATH_WORDS = {"softmax", "sumexp", "prob", "probs", "likelihood", "det", "sigmoi
 def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
             est_speedup: float | None, fix_text: str, code: str | None = None,
             docs: list[str] | None = None, bound: float | None = None,
-            options: list[dict] | None = None) -> dict:
-    """Builds one finding of the report contract (see the module docstring).
+            options: list[FixOption] | None = None) -> Finding:
+    """Builds one finding of the report contract (:class:`whyidle.diagnose.types.Finding`).
 
     ``bound``: the measured fraction (0–1) of the step (traces: of the traced time) that the
     cause explains; ``est_speedup_if_removed`` = 1/(1 − bound) follows from it
@@ -56,7 +58,7 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
 
 
 def fix_option(text: str, est_speedup: float | None, condition: str | None = None,
-               code: str | None = None) -> dict:
+               code: str | None = None) -> FixOption:
     """One fix option of a finding: ``text`` what to do, ``est_speedup`` its step-time ratio on this
     machine (None: unknown), ``condition`` when it gains more (or when it applies), ``code``."""
     return {"text": text, "code": code, "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
@@ -104,7 +106,7 @@ def _loader_extras(loader: dict) -> str:
     return (", " + " and ".join(parts)) if parts else ""
 
 
-def loader_model(facts: dict) -> dict:
+def loader_model(facts: RunFacts) -> dict:
     """What more DataLoader workers would do on this machine, from the measured step (seconds per
     batch; CPU in core-seconds per batch).
 
@@ -129,9 +131,9 @@ def loader_model(facts: dict) -> dict:
       ``cores_for_all`` / ``est_speedup_unbounded``: the cores at which enough workers (``need``)
       would reach the compute-only step, and that gain.
     """
-    step = facts["step"]
-    host = facts.get("host") or {}
-    loader = facts.get("loader") or {}
+    step = facts.step
+    host = facts.host or {}
+    loader = facts.loader or {}
     nw = loader.get("num_workers") or 0
     cores = host.get("cores") or 1
     per_batch = 1 / max(1.0, step.get("batches_per_step") or 1)
@@ -147,8 +149,8 @@ def loader_model(facts: dict) -> dict:
     compute_cpu = max(trainer_cpu - (loader_cpu if nw == 0 else 0.0), 0.0)
     own = host.get("whyidle_cores") or 0.0
     usable = max(1.0, min(cores - (host.get("other_procs_cores") or 0.0), host.get("cpu_affinity") or cores) - own)
-    on_cpu = (facts.get("device") or {}).get("kind") == "cpu"
-    threads = (facts.get("devices") or {}).get("threads") or (facts.get("proc") or {}).get("threads") or 1
+    on_cpu = (facts.device or {}).get("kind") == "cpu"
+    threads = (facts.devices or {}).get("threads") or (facts.proc or {}).get("threads") or 1
     compute_cpu = min(compute_cpu, compute * min(threads, usable))  # no more cores than its threads, or the box
     # cores the model's own compute keeps busy, measured (its intra-op threads at work)
     parallel = min(max(1.0, compute_cpu / compute), usable, float(threads))
@@ -211,23 +213,23 @@ def rank_options(options: list[dict]) -> list[dict]:
     return sorted(options, key=key)
 
 
-def suggested_workers(facts: dict) -> int:
+def suggested_workers(facts: RunFacts) -> int:
     """The ``num_workers`` to recommend (see :func:`loader_model`)."""
     return loader_model(facts)["workers"]
 
 
-def gpu_idle_share(facts: dict, cause: str) -> float | None:
+def gpu_idle_share(facts: RunFacts, cause: str) -> float | None:
     """Share of step time the GPU sat idle for ``cause`` (``data``, ``sync``, ``host``,
     ``launch``), measured by the CUDA timeline (:mod:`whyidle.analysis.gpu_idle`); None on runs
     without one. On a GPU this, not the host's time in a phase, is what removing the cause gains:
     host time spent while the GPU still has queued work costs nothing."""
-    idle = facts.get("gpu_idle")
+    idle = facts.gpu_idle
     if not idle:
         return None
     return (idle.get("idle_share_by_cause") or {}).get(cause)
 
 
-def input_bound(facts: dict) -> dict | None:
+def input_bound(facts: RunFacts) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
     Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``storage``
@@ -242,7 +244,7 @@ def input_bound(facts: dict) -> dict | None:
     limited by the cores there are); ``evidence.est_speedup_if_removed`` is 1/(1 − share), the
     gain if the wait disappeared entirely (for ``cpu_preprocessing`` that is the estimate).
     """
-    step = facts.get("step")
+    step = facts.step
     if not step:
         return None
     host_share = step["shares"]["data_wait"]
@@ -250,8 +252,8 @@ def input_bound(facts: dict) -> dict | None:
     share = host_share if gpu_share is None else gpu_share  # on a GPU: the idle the GPU felt
     if share < T.DATA_WAIT_WARN:
         return None
-    host = facts.get("host") or {}
-    loader = facts.get("loader") or {}
+    host = facts.host or {}
+    loader = facts.loader or {}
     nw = loader.get("num_workers")
     cores = host.get("cores") or 1
     busy = step.get("data_cpu_share") if not nw else host.get("worker_busy_share")
@@ -275,9 +277,9 @@ def input_bound(facts: dict) -> dict | None:
     workers = model["workers"] if model else 2
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
-    hot = [h for h in facts.get("hotspots", {}).get("data", []) if not h["library"]][:3] if not nw else []
+    hot = [h for h in (facts.hotspots or {}).get("data", []) if not h["library"]][:3] if not nw else []
     # With workers the training thread only waits on their queue: its stack shows the loop line.
-    focus = (facts.get("focus") or {}).get("data") if not nw else None
+    focus = (facts.focus or {}).get("data") if not nw else None
     hot_text = (f" {_pct(focus['share_of_phase'])} of the loading time is inside `{focus['function']}` "
                 f"({focus['site']})." if focus else "")
     reason = {
@@ -337,7 +339,7 @@ def input_bound(facts: dict) -> dict | None:
             "reduce, torchvision decode_jpeg at lower resolution), resize before colour conversion and "
             "normalisation, or cache decoded or tokenized samples once (an int8/uint8 array or memmap)"
             + (", or decode and augment on the GPU on whole batches (torchvision.io.decode_jpeg(device=\"cuda\"), "
-               "DALI)." if (facts.get("device") or {}).get("kind") == "cuda" else "."), None,
+               "DALI)." if (facts.device or {}).get("kind") == "cuda" else "."), None,
             f"up to {removed:.1f}× if loading cost nothing; a 2× cheaper sample roughly halves the data wait"))
     if not options:
         options.append(fix_option(worker_text["unknown"], gain, None, code))
@@ -387,15 +389,15 @@ def _logging_line(h: dict) -> bool:
     return bool(code_words & LOGGING_WORDS) and not (code_words & MATH_WORDS) and not (_words(func) & LOGGING_WORDS)
 
 
-def host_bound(facts: dict) -> dict | None:
+def host_bound(facts: RunFacts) -> dict | None:
     """Host work outside data loading, forward, backward and optimizer holds the step.
 
     ``other_host`` share ≥ ``HOST_SHARE_WARN``. The work is named by the user function that holds
-    most of that time inclusively (``facts["focus"]["other"]``), else by the top sampled lines.
+    most of that time inclusively (``facts.focus["other"]``), else by the top sampled lines.
     ``est_speedup`` removes that function's time (or the top three lines' time; the whole share
     without samples).
     """
-    step = facts.get("step")
+    step = facts.step
     if not step:
         return None
     share = step["shares"]["other_host"]
@@ -404,17 +406,17 @@ def host_bound(facts: dict) -> dict | None:
         share = min(share, gpu_share)
     if share < T.HOST_SHARE_WARN:
         return None
-    spots = facts.get("hotspots", {}).get("other", [])
+    spots = (facts.hotspots or {}).get("other", [])
     # the framework's own progress bar / logging (Lightning's TQDMProgressBar, HF's callbacks) is
     # named like user code: its settings are the user's to change
     output = [h for h in spots if h.get("framework") and _is_logging(h)][:1]
     user = sorted([h for h in spots if not h["library"]][:3] + output, key=lambda h: -h["seconds"])[:3] or spots[:3]
-    focus = (facts.get("focus") or {}).get("other")
+    focus = (facts.focus or {}).get("other")
     framework_output = not focus and bool(output) and user[0] is output[0]
     if framework_output:
         top = user[0]
         attributed = top["share"]
-        label = (facts.get("api") or {}).get("label") or "the framework"
+        label = (facts.api or {}).get("label") or "the framework"
         where = (f"{label}'s own progress bar and logging take {_pct(attributed)} of step time (called from "
                  f"{top['function'].split(' inside ', 1)[-1]}, in {top['leaf']})")
     elif focus:
@@ -449,7 +451,7 @@ def host_bound(facts: dict) -> dict | None:
                 "(.item()/.cpu()) only when you log.")
         api_text, code = fixes.logging_code(facts, call)
         text += (" " + api_text) if api_text else ""
-        if facts.get("framework") in ("keras", "tensorflow"):
+        if facts.framework in ("keras", "tensorflow"):
             text = (f"Run {name if name.startswith('the code') else f'`{name}`'} every N batches instead of every "
                     "batch: in a Keras callback, return early from on_train_batch_end unless batch % 50 == 0 (or use "
                     "the epoch-level hooks). Keras converts the logs to NumPy for any callback with a batch-end hook, "
@@ -466,12 +468,12 @@ def host_bound(facts: dict) -> dict | None:
         text = (f"Move {what} out of the per-step path or make it cheaper: vectorize Python loops over "
                 "tensor elements into whole-tensor ops (masks, torch.bincount, torch.cdist, topk, amin/amax), avoid "
                 "per-element .item()/min()/max() in Python"
-                + ("." if facts.get("compiled") else ", or compile it with torch.compile."))
+                + ("." if facts.compiled else ", or compile it with torch.compile."))
         code = fixes.metric_code(facts, name)
         if fixes.api_name(facts) == "lightning" and _in_training_step(focus, user):
             text += (" Lightning runs training_step inside optimizer.step's closure: this is your training_step's "
                      "own Python, measured apart from forward and backward.")
-        if facts.get("framework") in ("keras", "tensorflow"):
+        if facts.framework in ("keras", "tensorflow"):
             text = (f"Move {what} out of the per-batch path or make it cheaper: vectorize Python loops into whole-"
                     "tensor TensorFlow ops, put per-batch tensor work inside the compiled step (a tf.function or "
                     "the model's train_step), and read values (.numpy(), float()) only every N batches.")
@@ -499,7 +501,7 @@ def _in_training_step(focus: dict | None, hotspots: list[dict]) -> bool:
     return "training_step" in names
 
 
-def many_small_ops(facts: dict) -> dict | None:
+def many_small_ops(facts: RunFacts) -> dict | None:
     """Forward and backward are made of thousands of tiny operations: per-op overhead (Python,
     the dispatcher, autograd; kernel launches on a GPU) rather than arithmetic fills them.
 
@@ -508,8 +510,8 @@ def many_small_ops(facts: dict) -> dict | None:
     min(1, ``DISPATCH_S_PER_NODE`` / mean time per node); ``est_speedup`` assumes vectorizing
     removes 90 % of it. Reported as ``host_bound`` with ``evidence.kind = "many_small_ops"``.
     """
-    step = facts.get("step")
-    nodes = facts.get("graph_nodes")
+    step = facts.step
+    nodes = facts.graph_nodes
     if not step or not nodes:
         return None
     sh = step["shares"]
@@ -524,7 +526,7 @@ def many_small_ops(facts: dict) -> dict | None:
         overhead = launch
     if overhead < T.HOST_SHARE_WARN:
         return None
-    focus = (facts.get("focus") or {}).get("forward")
+    focus = (facts.focus or {}).get("forward")
     where = f"; `{focus['function']}` holds {_pct(focus['share_of_phase'])} of the forward ({focus['site']})" if focus else ""
     summary = (f"Each batch runs about {nodes:,} operations (autograd graph nodes), {per_node * 1e6:.1f} µs each in "
                f"forward and backward, close to the ~{T.DISPATCH_S_PER_NODE * 1e6:.0f} µs a PyTorch operation costs "
@@ -548,7 +550,7 @@ def many_small_ops(facts: dict) -> dict | None:
                    1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, compile_code, [DOCS_TUNING], bound=overhead)
 
 
-def small_batch(facts: dict) -> dict | None:
+def small_batch(facts: RunFacts) -> dict | None:
     """Per-step fixed cost dominates because batches are tiny (≤ ``SMALL_BATCH_MAX`` samples).
 
     Model: step time = fixed + per-sample × batch. Fixed, measured: optimizer and other host time,
@@ -557,14 +559,14 @@ def small_batch(facts: dict) -> dict | None:
     wait beyond that count as per-sample work. ``bound`` is the fixed share; ``est_speedup`` the
     samples/s ratio at the target batch size.
 
-    On a CUDA device whose peak memory use and capacity are known (``facts["gpu"]``
-    ``memory_used_max_bytes`` / ``memory_total_bytes``, capacity else from ``facts["device"]``),
+    On a CUDA device whose peak memory use and capacity are known (``facts.gpu``
+    ``memory_used_max_bytes`` / ``memory_total_bytes``, capacity else from ``facts.device``),
     the target is bounded by the memory headroom: batch × min(``SMALL_BATCH_TARGET`` / batch,
     ``SMALL_BATCH_MEM_FILL`` × total / used), rounded down to a power of two (conservative:
     weights, optimizer state and the CUDA context do not grow with the batch). When that is no
     bigger than today's batch, the memory is full and ``SMALL_BATCH_TARGET`` stays the example.
     """
-    step = facts.get("step")
+    step = facts.step
     if not step or step.get("batch_size") is None:
         return None
     batch = step["batch_size"]
@@ -574,22 +576,22 @@ def small_batch(facts: dict) -> dict | None:
     mean = step["step_time_s"]["mean"]
     # per-operation overhead inside forward and backward does not grow with the batch either: the
     # measured autograd graph size × the cost of one operation (on a GPU: the measured launch idle)
-    nodes = facts.get("graph_nodes") or 0
+    nodes = facts.graph_nodes or 0
     per_op = min(sh["forward"] + sh["backward"], nodes * T.DISPATCH_S_PER_NODE * (step.get("batches_per_step") or 1)
                  / max(mean, 1e-9))
     launch = gpu_idle_share(facts, "launch")
     if launch is not None:
         per_op = min(sh["forward"] + sh["backward"], max(per_op, launch))
     fixed = min(1.0, sh["optimizer"] + sh["other_host"] + per_op)
-    keras = facts.get("framework") in ("keras", "tensorflow")
+    keras = facts.framework in ("keras", "tensorflow")
     if keras:  # the optimizer runs inside the compiled step, whose call has a fixed cost of its own
         fixed = min(1.0, sh["other_host"] + T.KERAS_STEP_FIXED_S / max(step["step_time_s"]["mean"], 1e-9))
     target = T.SMALL_BATCH_TARGET
-    gpu = facts.get("gpu") or {}
+    gpu = facts.gpu or {}
     used = gpu.get("memory_used_max_bytes")
-    total = gpu.get("memory_total_bytes") or (facts.get("device") or {}).get("memory_total_bytes")
+    total = gpu.get("memory_total_bytes") or (facts.device or {}).get("memory_total_bytes")
     room = None  # GPU memory headroom: None off CUDA or when used/total is unknown
-    if (facts.get("device") or {}).get("kind") == "cuda" and used and total:
+    if (facts.device or {}).get("kind") == "cuda" and used and total:
         scale = min(T.SMALL_BATCH_TARGET / max(batch, 1), T.SMALL_BATCH_MEM_FILL * total / used)
         fits = 2 ** math.floor(math.log2(max(1.0, max(batch, 1) * scale)))
         room = {"memory_used_bytes": used, "memory_total_bytes": total, "memory_used_share": used / total,
@@ -625,23 +627,23 @@ def small_batch(facts: dict) -> dict | None:
                    code, [DOCS_TUNING], bound=fixed)
 
 
-def cpu_contention(facts: dict) -> dict | None:
+def cpu_contention(facts: RunFacts) -> dict | None:
     """The training thread waits for a CPU core (run-queue wait ≥ ``RUN_DELAY_WARN`` of wall time).
 
     Cause ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
     else ``oversubscription`` (the job's own threads and processes want more cores than exist).
     """
-    host = facts.get("host") or {}
+    host = facts.host or {}
     delay = host.get("trainer_run_delay_share")
     if delay is None or delay < T.RUN_DELAY_WARN:
         return None
     cores = host.get("cores") or 1
     others = host.get("other_procs_cores") or 0.0
-    top = facts.get("top_others") or []
-    proc = facts.get("proc") or {}
-    devices = facts.get("devices") or {}
+    top = facts.top_others or []
+    proc = facts.proc or {}
+    devices = facts.devices or {}
     threads = devices.get("threads") or proc.get("threads")
-    trainers = max(1, len(facts.get("trainers") or []))
+    trainers = max(1, len(facts.trainers or []))
     workers = host.get("workers") or 0
     gain = speedup_if_removed(delay)  # the printed fix removes the wait
     if others >= T.OTHER_PROCS_MIN_CORES:
@@ -667,7 +669,7 @@ def cpu_contention(facts: dict) -> dict | None:
                     "loader = DataLoader(..., worker_init_fn=one_thread)")
         else:
             busy = trainers + workers
-            wait = ((facts.get("step") or {}).get("shares") or {}).get("data_wait")
+            wait = ((facts.step or {}).get("shares") or {}).get("data_wait")
             if workers and workers <= cores and wait is not None and wait < T.DATA_WAIT_WARN:
                 # the workers are why the step no longer waits for data: never advise undoing them;
                 # what the advice (cheaper samples, more cores) gains here cannot be estimated
@@ -695,19 +697,19 @@ def cpu_contention(facts: dict) -> dict | None:
                    gain, text, code, [DOCS_THREADS], bound=delay)
 
 
-def _gpu_count(facts: dict) -> int:
-    static = facts.get("gpu_static") or {}
+def _gpu_count(facts: RunFacts) -> int:
+    static = facts.gpu_static or {}
     return len(static.get("devices") or [])
 
 
-def wrong_device(facts: dict) -> dict | None:
+def wrong_device(facts: RunFacts) -> dict | None:
     """A GPU is present (NVML sees one, or CUDA is initialized) but the model's parameters or the
     batches stay on the CPU. Not raised when PyTorch is a CPU-only build (see ``gpu_not_visible``)."""
-    devices = facts.get("devices")
+    devices = facts.devices
     gpus = _gpu_count(facts)
     if not devices or not (gpus or devices.get("cuda_initialized")):
         return None
-    if (facts.get("proc") or {}).get("cuda_build") is None and not devices.get("cuda_initialized"):
+    if (facts.proc or {}).get("cuda_build") is None and not devices.get("cuda_initialized"):
         return None
     params = devices.get("params") or {}
     inputs = devices.get("inputs") or []
@@ -734,13 +736,13 @@ def wrong_device(facts: dict) -> dict | None:
                    None, text, code, ["https://pytorch.org/docs/stable/notes/cuda.html"])
 
 
-def gpu_not_visible(facts: dict) -> dict | None:
+def gpu_not_visible(facts: RunFacts) -> dict | None:
     """NVML sees a GPU but the PyTorch build has no CUDA support (``torch.version.cuda`` is None)."""
-    proc = facts.get("proc") or {}
+    proc = facts.proc or {}
     gpus = _gpu_count(facts)
     if not gpus or proc.get("framework") != "torch" or proc.get("cuda_build") is not None:
         return None
-    static = facts.get("gpu_static") or {}
+    static = facts.gpu_static or {}
     drv = (static.get("devices") or [{}])[0].get("cuda_driver_version")
     summary = (f"{gpus} NVIDIA GPU{'s are' if gpus > 1 else ' is'} present (driver supports CUDA {drv}) but this "
                f"PyTorch {proc.get('framework_version')} is a CPU-only build, so nothing can run on the GPU.")
@@ -752,30 +754,30 @@ def gpu_not_visible(facts: dict) -> dict | None:
                    ["https://pytorch.org/get-started/locally/"])
 
 
-def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
+def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
     """Static DataLoader smells, reported as info even when they are not today's bottleneck.
 
     ``already`` holds causes reported elsewhere (not repeated here).
     """
-    loader = facts.get("loader")
+    loader = facts.loader
     if not loader:
         return None
     smells = []
     nw = loader.get("num_workers") or 0
-    params = (facts.get("devices") or {}).get("params") or {}
-    share = ((facts.get("step") or {}).get("shares") or {}).get("data_wait") or 0.0
+    params = (facts.devices or {}).get("params") or {}
+    share = ((facts.step or {}).get("shares") or {}).get("data_wait") or 0.0
     if nw == 0 and "loader_in_main_process" not in already and share >= T.SMELL_MIN_DATA_WAIT:
         smells.append("num_workers=0: batches are prepared in the training process, serially with the step")
     if "cuda" in params and not loader.get("pin_memory"):
         smells.append("pin_memory=False while the model is on CUDA: host→device copies come from pageable memory")
-    placement = facts.get("placement") or {}
+    placement = facts.placement or {}
     blocking = [m for m in placement.get("batch_moves") or [] if not m.get("non_blocking")]
     if "cuda" not in params and not loader.get("pin_memory") and blocking and placement.get("cuda_queries"):
         # a CPU-only run of a script meant for a GPU (it asks torch.cuda.is_available()): cases.md C21
         smells.append(f"pin_memory=False and batches moved with a blocking .to(device) ({blocking[0]['site']}): on a "
                       "GPU each copy would come from pageable memory and block the host "
                       "(pin_memory=True with .to(device, non_blocking=True) overlaps it)")
-    iters = facts.get("loader_iters") or {}
+    iters = facts.loader_iters or {}
     if nw > 0 and not loader.get("persistent_workers") and iters.get("count", 0) >= 2:
         secs = iters.get("seconds") or [0.0]
         smells.append(f"persistent_workers=False: {nw} worker{'s are' if nw != 1 else ' is'} started again every epoch "
@@ -793,16 +795,16 @@ def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
                    code, [DOCS_DATALOADER])
 
 
-def device_bound(facts: dict, findings: list[dict] = ()) -> dict:
+def device_bound(facts: RunFacts, findings: list[dict] = ()) -> dict:
     """No cause upstream of the device holds ``VERDICT_MIN_BOUND`` of the step: the verdict when no
     finding qualifies (:func:`whyidle.diagnose.verdict.choose_verdict`). ``bound`` is the device's
     own share (forward, backward, optimizer, compiled compute). The summary states that share and,
     when it is under half the step or other findings hold a smaller part, names them, so it never
     contradicts the shares printed with it."""
-    step = facts["step"]
+    step = facts.step
     sh = step["shares"]
     compute = sh["forward"] + sh["backward"] + sh["optimizer"] + sh.get("compute", 0.0)
-    device = facts.get("device") or {}
+    device = facts.device or {}
     if device.get("kind") == "cpu":
         where = ("this run has no GPU, so the device is the CPU itself; faster training needs a faster device, "
                  "a smaller model or less work per sample")
@@ -822,7 +824,7 @@ def device_bound(facts: dict, findings: list[dict] = ()) -> dict:
     evidence = _round({"compute_share": compute, "data_wait_share": sh["data_wait"],
                        "other_host_share": sh["other_host"]})
     text = f"Nothing to fix upstream. For more speed: {fixes.faster_device_options(facts)}."
-    iw = facts.get("input_wait")
+    iw = facts.input_wait
     if iw is not None:  # Keras / TensorFlow
         evidence["input_wait_measured"] = iw.get("method") is not None
         text = ("Nothing to fix upstream. For more speed: the mixed_float16 / mixed_bfloat16 policy on GPUs with "

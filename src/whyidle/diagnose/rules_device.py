@@ -10,6 +10,7 @@ keeps a rule silent.
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.gpu import CLOCK_LIMITING_REASONS
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import _round, bound_of, finding
@@ -63,10 +64,10 @@ def _power_limit_at_max(d: dict) -> bool | None:
     return limit >= top - _SAME_LIMIT_W
 
 
-def throttling(facts: dict) -> dict | None:
+def throttling(facts: RunFacts) -> dict | None:
     """The GPU's clocks were cut by power or thermal limits for a meaningful share of the window.
 
-    Reads ``facts["gpu"]`` (:func:`whyidle.analysis.gpu.gpu_metrics` over the analyzed steps'
+    Reads ``facts.gpu`` (:func:`whyidle.analysis.gpu.gpu_metrics` over the analyzed steps'
     window): per device (``devices``, restricted to ``device_indices``) ``throttle_share`` (from
     NVML's cumulative throttle-time counters where the driver has them, else the share of
     clocks-event bitmask snapshots), ``throttle_s``, ``throttle_observed_s``,
@@ -89,7 +90,7 @@ def throttling(facts: dict) -> dict | None:
     when the throttled clock or the maximum clock is unknown, and when the only cause is the power
     cap with the limit already at its maximum (nothing the user can raise).
     """
-    gpu = facts.get("gpu")
+    gpu = facts.gpu
     if not gpu:
         return None
     worst = _worst_device(gpu)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import rules, rules_keras
 from whyidle.diagnose.rules import finding
 
@@ -254,13 +255,13 @@ def framework_not_visible(mod: str, facts: dict) -> dict | None:
     built = (f"CUDA {fw.get('cuda_build')}" + (f" / cuDNN {fw['cudnn_build']}" if fw.get("cudnn_build") else "")
              if fw.get("cuda_build") else None)
     if mod == "torch" and cause == "cpu_build":
-        base = rules.gpu_not_visible({"proc": {"framework": "torch", "framework_version": version, "cuda_build": None},
-                                      "gpu_static": static})
+        base = rules.gpu_not_visible(RunFacts(proc={"framework": "torch", "framework_version": version, "cuda_build": None},
+                                              gpu_static=static))
         summary, text = base["summary"], base["fix"]["text"]
     elif mod == "tensorflow" and cause in ("cpu_build", "cuda_init_failed"):
-        base = rules_keras.gpu_not_visible({"gpu_static": static, "tf_devices": {
+        base = rules_keras.gpu_not_visible(RunFacts(gpu_static=static, tf_devices={
             "physical_gpus": 0, "is_cuda_build": fw.get("is_cuda_build"), "cuda_build": fw.get("cuda_build"),
-            "cudnn_build": fw.get("cudnn_build"), "tf_version": version}})
+            "cudnn_build": fw.get("cudnn_build"), "tf_version": version}))
         summary, text = base["summary"], base["fix"]["text"]
     elif cause in ("cpu_build", "rocm_build"):
         kind = "ROCm (AMD) build" if cause == "rocm_build" else "CPU-only build"

@@ -7,6 +7,7 @@ a finding or ``None``; thresholds live in :mod:`whyidle.diagnose.thresholds`.
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import (
@@ -34,7 +35,7 @@ _SYNC_FIX = {
 }
 
 
-def sync_bound(facts: dict) -> dict | None:
+def sync_bound(facts: RunFacts) -> dict | None:
     """Host↔device synchronizations expose GPU idle (share of step time ≥ ``SYNC_IDLE_WARN``).
 
     The idle a sync causes is the starved time from its return until the queue holds work again
@@ -42,7 +43,7 @@ def sync_bound(facts: dict) -> dict | None:
     host's following work can no longer hide behind queued kernels. ``est_speedup`` = 1/(1 − that
     share).
     """
-    idle = facts.get("gpu_idle")
+    idle = facts.gpu_idle
     if idle is None:
         return _host_reads(facts)
     if not idle.get("syncs") or not idle["syncs"]["count"]:
@@ -56,7 +57,7 @@ def sync_bound(facts: dict) -> dict | None:
     top = sites[0]
     per_step = syncs.get("per_step")
     where = top["site"] or top["leaf"] or "an unknown line"
-    micro = ((facts.get("step") or {}).get("micro_batches_per_step"))
+    micro = ((facts.step or {}).get("micro_batches_per_step"))
     summary = (f"{syncs['count']} host↔device syncs ({per_step or 0:.1f} per step{_per_micro(per_step, micro, ', ')}) "
                f"leave the GPU idle {_pct(share)} of the "
                f"time ({syncs['idle_s']:.2f} s); the costliest, at {where}"
@@ -90,12 +91,12 @@ def _per_micro(per_step: float | None, micro: float | None, lead: str = " ") -> 
     return f"{lead}({text})" if lead == " " else f"{lead}{text}"
 
 
-def _host_reads(facts: dict) -> dict | None:
+def _host_reads(facts: RunFacts) -> dict | None:
     """Without a CUDA timeline (CPU-only runs): the host reads of tensor values the transfer audit
     counted, as an info ``sync_bound``: each would synchronize on a GPU (cases.md C09: "counts ~3
     sync points per step and names the call sites"). ``est_speedup`` is None: on a CPU they cost
     nothing extra."""
-    reads = facts.get("reads")
+    reads = facts.reads
     if not reads or reads["per_step"] < 1.0:
         return None
     sites = reads["sites"][:5]
@@ -126,7 +127,7 @@ def _host_reads(facts: dict) -> dict | None:
                    evidence, None, text, code, [DOCS_SYNC])
 
 
-def model_not_moved(facts: dict) -> dict | None:
+def model_not_moved(facts: RunFacts) -> dict | None:
     """The loop moves its batches with ``.to(device)`` but the model is never moved and its
     parameters are on the CPU (``wrong_device``, ``evidence.kind = "model_not_moved"``;
     cases.md C23). Only on a machine without a usable GPU, as info: the model may be moved in a
@@ -134,15 +135,15 @@ def model_not_moved(facts: dict) -> dict | None:
     summary says whether the script asks ``torch.cuda.is_available()``. With a GPU the critical
     :func:`whyidle.diagnose.rules.wrong_device` already reports the parameters on the CPU.
     """
-    placement = facts.get("placement") or {}
-    devices = facts.get("devices") or {}
+    placement = facts.placement or {}
+    devices = facts.devices or {}
     params = devices.get("params") or {}
     if not placement.get("batch_moves") or not params or set(params) != {"cpu"}:
         return None
     batch_devices = {m["device"] for m in placement["batch_moves"]}
     if any(m["device"] != "cpu" or m["device"] in batch_devices for m in placement.get("module_moves") or []):
         return None  # the model is moved, to the device its batches go to (on a CPU-only box: the CPU)
-    if (facts.get("gpu_static") or {}).get("devices") or devices.get("cuda_initialized"):
+    if (facts.gpu_static or {}).get("devices") or devices.get("cuda_initialized"):
         return None  # a GPU is there: wrong_device (critical) says it with the measured placement
     move = placement["batch_moves"][0]
     queries = placement.get("cuda_queries") or []
@@ -163,7 +164,7 @@ def model_not_moved(facts: dict) -> dict | None:
                    ["https://pytorch.org/docs/stable/notes/cuda.html"])
 
 
-def pageable_transfers(facts: dict) -> dict | None:
+def pageable_transfers(facts: RunFacts) -> dict | None:
     """Host→device copies come from pageable memory (source not pinned).
 
     Measured cost: the host time of those copies per step (the driver stages pageable memory
@@ -171,15 +172,15 @@ def pageable_transfers(facts: dict) -> dict | None:
     overlaps compute, so ``est_speedup`` = 1/(1 − pageable host time ÷ step time). Warning from
     ``PAGEABLE_HOST_WARN``, else info (the copy is not on the critical path, as in cases.md C21).
     """
-    tr = facts.get("transfers")
-    step = facts.get("step")
+    tr = facts.transfers
+    step = facts.step
     if not tr or not tr.get("pageable_bytes_per_step") or not step:
         return None
     mean = step["step_time_s"]["mean"]
     host_s = tr["pageable_host_s_per_step"]
     share = host_s / mean if mean else 0.0
     mib = tr["pageable_bytes_per_step"] / 2**20
-    loader = facts.get("loader") or {}
+    loader = facts.loader or {}
     nb = " non_blocking=True is asked, but from pageable memory the copy cannot be asynchronous." \
         if tr.get("non_blocking_pageable") else ""
     sites = [s for s in tr["sites"] if s["pinned"] is False][:3]
@@ -202,7 +203,7 @@ def pageable_transfers(facts: dict) -> dict | None:
                    speedup_if_removed(share), text, code, [DOCS_PINNED], bound=share)
 
 
-def cpu_built_tensors(facts: dict) -> dict | None:
+def cpu_built_tensors(facts: RunFacts) -> dict | None:
     """Tensors built on the CPU inside the step and copied to the GPU every step (``wrong_device``
     with ``evidence.kind = "per_step_cpu_tensors"``): e.g. ``torch.tensor(labels).cuda()`` or
     ``torch.arange(n).to(device)`` in the loop. Each costs an allocation, a pageable copy and often
@@ -210,8 +211,8 @@ def cpu_built_tensors(facts: dict) -> dict | None:
     Warning from ``CPU_BUILT_WARN`` of step time, else info. Not a placement verdict: the model
     itself is on the GPU.
     """
-    tr = facts.get("transfers")
-    step = facts.get("step")
+    tr = facts.transfers
+    step = facts.step
     if not tr or not tr.get("cpu_built") or not step:
         return None
     rows = tr["cpu_built"][:5]

@@ -12,9 +12,10 @@ Facts come from :func:`whyidle.analysis.run.analyze` (``input_wait``, ``tfdata``
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import rules_tfdata
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import _ms, _pct, _round, finding, speedup_if_removed
+from whyidle.diagnose.rules import _ms, _pct, _round, finding, fix_option, rank_options, speedup_if_removed
 
 DOCS_TFDATA = "https://www.tensorflow.org/guide/data_performance"
 DOCS_TF_PROFILER = "https://www.tensorflow.org/guide/profiler#input_pipeline_analyzer"
@@ -33,9 +34,9 @@ _METHOD_TEXT = {
 }
 
 
-def is_tf(facts: dict) -> bool:
+def is_tf(facts: RunFacts) -> bool:
     """True for runs whose framework is Keras or TensorFlow."""
-    return facts.get("framework") in ("keras", "tensorflow")
+    return facts.framework in ("keras", "tensorflow")
 
 
 def _fix_model(step: dict, cause: str, cores: int, has_prefetch: bool, trainer_cores: float | None) -> dict:
@@ -92,10 +93,10 @@ def _cause(smells: list[dict]) -> str | None:
     return None
 
 
-def input_bound(facts: dict) -> dict | None:
+def input_bound(facts: RunFacts) -> dict | None:
     """The compiled train step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
-    Needs a measured input wait (``facts["input_wait"]["method"]`` not None). ``evidence.cause``
+    Needs a measured input wait (``facts.input_wait["method"]`` not None). ``evidence.cause``
     comes from the tf.data lint (:func:`whyidle.diagnose.rules_tfdata.input_cause`):
     ``python_in_pipeline``, ``sequential_map``, ``sequential_interleave``, ``no_prefetch``, else
     ``cpu_preprocessing`` when the pipeline is already parallel and prefetched, or ``unknown``
@@ -104,17 +105,17 @@ def input_bound(facts: dict) -> dict | None:
     capped by 1/(1 − share) (``evidence.est_speedup_if_removed``); for the other causes the fix
     removes the per-element work, so it is 1/(1 − share).
     """
-    step = facts.get("step")
-    method = (facts.get("input_wait") or {}).get("method")
+    step = facts.step
+    method = (facts.input_wait or {}).get("method")
     if not step or method is None:
         return None
     share = step["shares"]["data_wait"]
     if share < T.DATA_WAIT_WARN:
         return None
-    pipeline = facts.get("tfdata")
-    host = facts.get("host") or {}
+    pipeline = facts.tfdata
+    host = facts.host or {}
     cores = host.get("cores") or 1
-    mem = facts.get("host_mem_total_bytes")
+    mem = facts.host_mem_total_bytes
     smells = rules_tfdata.tfdata_smells(pipeline, mem) if pipeline else []
     cause = _cause(smells)
     if cause is None:
@@ -132,7 +133,7 @@ def input_bound(facts: dict) -> dict | None:
     else:
         est = min(model["est_speedup"], removed)
     est = round(est, 3)
-    iw = facts["input_wait"]
+    iw = facts.input_wait
     how = _METHOD_TEXT.get(method, method).format(n=iw.get("calls") or "a few")
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
@@ -168,6 +169,9 @@ def input_bound(facts: dict) -> dict | None:
                 "batching before the map, or precompute the preprocessing once.")
     else:
         text = "Give fit a tf.data pipeline with parallel map calls and a final prefetch, then re-run whyidle."
+    options = rank_options([fix_option(text, est, _parallel_condition(cause, cores, est, removed), code)]
+                           + _alternatives(smells, pipeline, mem, cause, removed))
+    text, code, est = options[0]["text"], options[0]["code"], options[0]["est_speedup"]
     evidence = _round({
         "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
         "cores": cores, "predicted_step_s": model["predicted_step_s"], "fetch_s_per_step": model["fetch_s"],
@@ -181,32 +185,66 @@ def input_bound(facts: dict) -> dict | None:
     evidence["runtime_stages"] = (iw.get("iterators") or [])[:4]
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence, est,
-                   text, code, [DOCS_TFDATA, DOCS_TF_PROFILER], bound=share)
+                   text, code, [DOCS_TFDATA, DOCS_TF_PROFILER], bound=share, options=options)
 
 
-def input_pipeline_config(facts: dict, already: set[str]) -> dict | None:
+def _parallel_condition(cause: str, cores: int, est: float, removed: float) -> str | None:
+    """When the parallel-map fix gains more than here: with more cores, up to removing the wait."""
+    if cause not in _PARALLEL_CAUSES or est >= removed - 1e-3:
+        return None
+    return f"grows with cores (AUTOTUNE runs up to one call per core; {cores} here), up to {removed:.1f}×"
+
+
+def _alternatives(smells: list[dict], pipeline: dict | None, mem: int | None, cause: str,
+                  removed: float) -> list[dict]:
+    """Fix options besides parallel calls, each cutting the per-element work itself (their gain
+    depends on how much cheaper it gets, so not estimated): cache the mapped elements once
+    (``no_cache`` smell), vectorize a map over whole batches (``map_before_batch``), move Python
+    out of the pipeline (``python_in_pipeline`` when the printed fix is parallel calls)."""
+    kinds = {s["kind"]: s for s in smells if not s.get("auto_fixed")}
+    out = []
+    if "no_cache" in kinds:
+        out.append(fix_option(
+            "Cache the elements once the expensive map has run: .cache() after it, so later epochs skip the work "
+            "(the map must give the same result every epoch: keep random augmentation after the cache).", None,
+            f"from the second epoch, up to {removed:.1f}× when the cached dataset fits in memory",
+            rules_tfdata.fix_code(pipeline, mem, only={"no_cache"}) or None))
+    if "map_before_batch" in kinds:
+        out.append(fix_option(
+            "Batch before the map and write the map for whole batches: one call per batch instead of per element.",
+            None, f"up to {removed:.1f}× if the per-element overhead dominates",
+            rules_tfdata.fix_code(pipeline, mem, only={"map_before_batch"}) or None))
+    if cause in _PARALLEL_CAUSES and ("py_function_map" in kinds or "generator_source" in kinds):
+        out.append(fix_option(
+            "Move the Python in the pipeline into TensorFlow ops (tf.io, tf.image) or precompute it into TFRecord "
+            "files read with a parallel map: Python holds the GIL, so parallel calls overlap only its waiting.",
+            None, f"up to {removed:.1f}× if loading cost nothing"))
+    return out
+
+
+def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
     """tf.data smells (:func:`whyidle.diagnose.rules_tfdata.tfdata_smells`) not already the
     ``input_bound`` cause, as one info finding with their fixed lines."""
-    pipeline = facts.get("tfdata")
+    pipeline = facts.tfdata
     if not pipeline:
         return None
-    smells = [s for s in rules_tfdata.tfdata_smells(pipeline, facts.get("host_mem_total_bytes"))
+    smells = [s for s in rules_tfdata.tfdata_smells(pipeline, facts.host_mem_total_bytes)
               if s["kind"] not in already]
     if not smells:
         return None
     summary = "tf.data pipeline: " + "; ".join(s["text"].rstrip(".") for s in smells) + "."
-    code = rules_tfdata.fix_code(pipeline, facts.get("host_mem_total_bytes"), only={s["kind"] for s in smells})
+    code = rules_tfdata.fix_code(pipeline, facts.host_mem_total_bytes, only={s["kind"] for s in smells})
     return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
                    {"smells": [s["kind"] for s in smells], "pipeline": [s.get("op") for s in pipeline.get("stages") or []]},
                    None, "Apply these tf.data changes; they cost nothing when the pipeline is not today's bottleneck.",
                    code or None, [DOCS_TFDATA])
 
 
-def gpu_not_visible(facts: dict) -> dict | None:
+def gpu_not_visible(facts: RunFacts) -> dict | None:
     """NVML sees a GPU but TensorFlow lists none (``tf.config.list_physical_devices("GPU")``
     empty): a CPU-only build, or a CUDA build whose CUDA/cuDNN libraries or driver do not match."""
-    tfd = facts.get("tf_devices") or {}
-    static = facts.get("gpu_static") or {}
+    tfd = facts.tf_devices or {}
+    static = facts.gpu_static or {}
     gpus = len(static.get("devices") or [])
     if not gpus or tfd.get("physical_gpus") is None or tfd["physical_gpus"] > 0:
         return None

@@ -12,6 +12,7 @@ A missing or ``None`` fact counts as unknown, and an unknown fact keeps a rule s
 from __future__ import annotations
 
 from whyidle.analysis.capability import capability_of
+from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding
@@ -59,7 +60,7 @@ def _fp32_share(param_dtypes: dict) -> float | None:
     return fp32 / total
 
 
-def _gpu_compute_share(facts: dict) -> tuple[float, float, float | None] | None:
+def _gpu_compute_share(facts: RunFacts) -> tuple[float, float, float | None] | None:
     """(forward + backward share of step time, the share mixed precision can speed up, GPU
     starved share or None).
 
@@ -67,25 +68,25 @@ def _gpu_compute_share(facts: dict) -> tuple[float, float, float | None] | None:
     work (1 − ``gpu_idle.starved_share``) when that is known: faster kernels do nothing for time
     in which the GPU waits for the host.
     """
-    step = facts.get("step")
+    step = facts.step
     shares = (step or {}).get("shares") or {}
     if shares.get("forward") is None or shares.get("backward") is None:
         return None
     compute = shares["forward"] + shares["backward"] + (shares.get("compute") or 0.0)  # Keras: fused step
-    starved = (facts.get("gpu_idle") or {}).get("starved_share")
+    starved = (facts.gpu_idle or {}).get("starved_share")
     usable = compute if starved is None else min(compute, max(0.0, 1.0 - starved))
     return compute, usable, starved
 
 
-def no_mixed_precision(facts: dict) -> dict | None:
+def no_mixed_precision(facts: RunFacts) -> dict | None:
     """Float32 math on a GPU whose tensor cores would run it faster (mixed precision is off).
 
-    Reads ``facts["device"]`` (``kind``, ``name``, ``compute_capability``),
-    ``facts["devices"]`` (the last device audit: ``param_dtypes`` dtype name → parameter count,
+    Reads ``facts.device`` (``kind``, ``name``, ``compute_capability``),
+    ``facts.devices`` (the last device audit: ``param_dtypes`` dtype name → parameter count,
     ``autocast`` True/False/None, ``matmul_tf32`` True/False/None, ``params`` device → count),
-    ``facts["step"]["shares"]`` (``forward``, ``backward``), ``facts["step"]["step_time_s"]``,
-    ``facts["gpu_idle"]["starved_share"]`` (optional), ``facts["gpu"]["tensor_active_mean"]``
-    (optional, evidence only), ``facts["framework"]``.
+    ``facts.step["shares"]`` (``forward``, ``backward``), ``facts.step["step_time_s"]``,
+    ``facts.gpu_idle["starved_share"]`` (optional), ``facts.gpu["tensor_active_mean"]``
+    (optional, evidence only), ``facts.framework``.
 
     Fires on a CUDA device whose compute capability is known, when ≥
     ``MP_MIN_FP32_PARAM_SHARE`` of the parameters are float32, autocast was off (``False``, not
@@ -104,8 +105,8 @@ def no_mixed_precision(facts: dict) -> dict | None:
       exactly on these compute-bound runs, and no other finding would carry the answer; being
       info, it never becomes the verdict.
     """
-    device = facts.get("device") or {}
-    devices = facts.get("devices") or {}
+    device = facts.device or {}
+    devices = facts.devices or {}
     if device.get("kind") != "cuda":
         return None
     cap = capability_of(device.get("compute_capability"), device.get("name"))
@@ -125,13 +126,13 @@ def no_mixed_precision(facts: dict) -> dict | None:
         return None
     name = device.get("name") or "GPU"
     cc = cap["cc"]
-    step_s = ((facts.get("step") or {}).get("step_time_s") or {}).get("mean")
+    step_s = ((facts.step or {}).get("step_time_s") or {}).get("mean")
     tf32 = devices.get("matmul_tf32")
     evidence = _round({
         "compute_capability": cc, "architecture": cap["arch"], "tensor_cores": cap["tensor_cores"],
         "fp32_param_share": fp32, "autocast": autocast, "matmul_tf32": tf32,
         "compute_share": compute, "gpu_starved_share": starved, "speedable_share": usable,
-        "tensor_active_mean": (facts.get("gpu") or {}).get("tensor_active_mean"),
+        "tensor_active_mean": (facts.gpu or {}).get("tensor_active_mean"),
     })
     evidence["tensor_core_dtypes"] = list(cap["tensor_core_dtypes"])
     evidence["param_dtypes"] = dtypes
@@ -157,7 +158,7 @@ def no_mixed_precision(facts: dict) -> dict | None:
     summary = (f"Forward and backward take {_pct(compute)} of each {_ms(step_s)} step in float32 with autocast off "
                f"on {where}, where {dtype} on the tensor cores speeds forward and backward about {factor:g}×: "
                f"mixed precision would give about {est:.2f}× per step (a conservative estimate).")
-    keras = facts.get("framework") in ("keras", "tensorflow")
+    keras = facts.framework in ("keras", "tensorflow")
     if bf16:
         text = ("Run forward and loss under torch.autocast(\"cuda\", dtype=torch.bfloat16): matmuls and "
                 "convolutions use the tensor cores, weights and optimizer stay float32, and bfloat16 has "
@@ -194,13 +195,13 @@ def no_mixed_precision(facts: dict) -> dict | None:
                    summary, evidence, est, text, code, docs, bound=bound_of(est))
 
 
-def small_workload(facts: dict) -> dict | None:
+def small_workload(facts: RunFacts) -> dict | None:
     """The model is simply small for this GPU: it always has queued work but stays under-used.
 
-    Reads ``facts["device"]`` (``kind``, ``name``, ``compute_capability``),
-    ``facts["gpu_idle"]["starved_share"]``, ``facts["gpu"]`` (``sm_active_mean``,
+    Reads ``facts.device`` (``kind``, ``name``, ``compute_capability``),
+    ``facts.gpu_idle["starved_share"]``, ``facts.gpu`` (``sm_active_mean``,
     ``sm_occupancy_mean``, ``tensor_active_mean``, ``util_mean``, ``memory_used_max_bytes``,
-    ``memory_total_bytes``), ``facts["step"]`` (``step_time_s.p50``, ``batch_size``).
+    ``memory_total_bytes``), ``facts.step`` (``step_time_s.p50``, ``batch_size``).
 
     Fires on a CUDA device when the GPU was starved (no queued work) for less than
     ``SMALL_WORK_MAX_STARVED`` of the step time, and
@@ -215,14 +216,14 @@ def small_workload(facts: dict) -> dict | None:
     memory says. ``est_speedup`` is None: nothing in the pipeline limits the step, and what a
     bigger batch or a shared GPU gives depends on the model.
     """
-    device = facts.get("device") or {}
+    device = facts.device or {}
     if device.get("kind") != "cuda":
         return None
-    starved = (facts.get("gpu_idle") or {}).get("starved_share")
+    starved = (facts.gpu_idle or {}).get("starved_share")
     if starved is None or starved >= T.SMALL_WORK_MAX_STARVED:
         return None
-    gpu = facts.get("gpu") or {}
-    step = facts.get("step") or {}
+    gpu = facts.gpu or {}
+    step = facts.step or {}
     sm = gpu.get("sm_active_mean")
     used = gpu.get("memory_used_max_bytes")
     total = gpu.get("memory_total_bytes") or device.get("memory_total_bytes")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import whyidle
+from whyidle.analysis.facts import RunFacts
 
 SCHEMA = "whyidle.report/1"
 
@@ -29,14 +30,14 @@ IDLE_KEYS = ("busy_share", "idle_share", "starved_s", "idle_s_by_cause", "idle_s
              "syncs", "idle_per_step", "idle_method")
 
 
-def gpu_metrics_of(facts: dict) -> dict | None:
+def gpu_metrics_of(facts: RunFacts) -> dict | None:
     """``metrics.gpu``: NVML/GPM metrics plus the starvation measured by the CUDA timeline.
 
     ``None`` when neither observed a GPU. The starvation keys (:data:`IDLE_KEYS`) are ``None``
     when the timeline did not run (e.g. NVML sees a GPU the model never used).
     """
-    gpu = dict(facts["gpu"]) if facts.get("gpu") else None
-    idle = facts.get("gpu_idle")
+    gpu = dict(facts.gpu) if facts.gpu else None
+    idle = facts.gpu_idle
     if idle is None:
         if gpu is not None:
             gpu.update(dict.fromkeys(IDLE_KEYS))
@@ -58,10 +59,10 @@ def gpu_metrics_of(facts: dict) -> dict | None:
     return gpu
 
 
-def notes_of(facts: dict, problems: list[str]) -> list[str]:
+def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     """Plain-language notes about what was (not) observed, for the end of the report."""
-    meta = facts.get("meta") or {}
-    info = facts.get("steps_info") or {}
+    meta = facts.meta or {}
+    info = facts.steps_info or {}
     notes = list(problems)
     if meta.get("signal"):
         notes.append(f"The command was ended by signal {meta['signal']}"
@@ -77,7 +78,7 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     if info.get("boundary_excluded"):
         notes.append(f"{info['boundary_excluded']} step(s) containing an epoch boundary or evaluation "
                      f"({info['boundary_s']:.2f} s) were left out of the steady-state shares.")
-    step = facts.get("step") or {}
+    step = facts.step or {}
     if step.get("lite_steps"):
         n = step["steps"]
         full = n - step["lite_steps"]
@@ -89,7 +90,7 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     if info.get("profiled_excluded"):
         notes.append(f"{info['profiled_excluded']} step(s) ran under whyidle's TensorFlow profiler window; they give "
                      "the input-wait split and were left out of the step times.")
-    iw = facts.get("input_wait") or {}
+    iw = facts.input_wait or {}
     if iw.get("method") == "tf_profiler":
         notes.append(f"Input wait inside Keras's compiled train step: {iw['ratio']:.0%} of its time in IteratorGetNext "
                      f"over {iw['calls']} profiled steps (TensorFlow profiler; trace kept in {iw.get('file')}), applied "
@@ -106,59 +107,59 @@ def notes_of(facts: dict, problems: list[str]) -> list[str]:
     elif iw and iw.get("method") is None:
         notes.append(f"The input wait inside Keras's compiled train step was not measured ({iw.get('reason')}): "
                      "the 'compute' share includes it.")
-    for t in facts.get("other_trainers") or []:
+    for t in facts.other_trainers or []:
         notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
-                     f"pid {facts.get('primary')}.")
-    gpu_notices = [r["msg"] for r in facts.get("gpu_records_notices") or []]
-    if facts.get("gpu") is None and facts.get("gpu_idle") is None:
+                     f"pid {facts.primary}.")
+    gpu_notices = [r["msg"] for r in facts.gpu_records_notices or []]
+    if facts.gpu is None and facts.gpu_idle is None:
         why = f" ({'; '.join(gpu_notices)})" if gpu_notices else ""
         notes.append(f"No NVIDIA GPU was observed{why}: GPU metrics are null.")
     else:
         notes += gpu_notices
-        if facts.get("gpu_idle") is None and facts.get("step"):
+        if facts.gpu_idle is None and facts.step:
             notes.append("GPU idle per cause was not measured: the model's parameters never reached CUDA "
                          "(or the CUDA timeline was off), so only NVML's utilization is shown.")
-    notes += facts.get("notices") or []
+    notes += facts.notices or []
     return notes
 
 
-def keras_of(facts: dict) -> dict | None:
+def keras_of(facts: RunFacts) -> dict | None:
     """The report's ``keras`` block (Keras/TensorFlow runs only): ``input_wait`` (method, ratio of
     the train function spent in IteratorGetNext, profiled calls, reason when not measured),
     ``pipeline`` (the tf.data stages given to fit), ``fit`` (the fit calls: input kind, epochs,
     batch size, steps_per_execution), ``devices`` (GPUs TensorFlow sees, build, dtype policy)."""
-    if facts.get("framework") not in ("keras", "tensorflow"):
+    if facts.framework not in ("keras", "tensorflow"):
         return None
-    iw = facts.get("input_wait")
-    tfdata = facts.get("tfdata") or {}
-    tfd = facts.get("tf_devices") or {}
+    iw = facts.input_wait
+    tfdata = facts.tfdata or {}
+    tfd = facts.tf_devices or {}
     return {
         "input_wait": {k: iw.get(k) for k in ("method", "ratio", "calls", "get_next_ms_mean", "fn_ms_mean", "reason",
                                               "iterators", "file", "gpu_busy")} if iw else None,
         "pipeline": tfdata.get("stages"),
         "calls": [{k: c.get(k) for k in ("fn", "input", "epochs", "batch_size", "steps_per_epoch",
-                                         "steps_per_execution", "batches")} for c in facts.get("keras_calls") or []],
+                                         "steps_per_execution", "batches")} for c in facts.keras_calls or []],
         "devices": {k: v for k, v in tfd.items() if k not in ("k", "t")} or None,
     }
 
 
-def api_of(facts: dict) -> dict:
+def api_of(facts: RunFacts) -> dict:
     """The report's ``api`` block: the training API the fixes are written for (``name``: ``torch``,
     ``lightning``, ``hf_trainer``, ``accelerate``, ``keras``, ``tensorflow``, ``none``), its
     ``label``, ``version``, the ``entries`` called, ``compiled`` (``torch.compile`` in use) and the
     recorded ``config`` (Trainer flags / TrainingArguments / Accelerator options)."""
-    api = facts.get("api") or {"name": facts.get("framework", "none")}
+    api = facts.api or {"name": (facts.framework or "none")}
     return {"name": api.get("name"), "label": api.get("label"), "version": api.get("version"),
-            "entries": api.get("entries") or [], "compiled": bool(facts.get("compiled")),
+            "entries": api.get("entries") or [], "compiled": bool(facts.compiled),
             "config": api.get("config") or {}}
 
 
-def build_report(facts: dict, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
+def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
     """Assembles the report dict. ``facts`` from :func:`whyidle.analysis.run.analyze`."""
-    meta = facts.get("meta") or {}
-    step = facts.get("step") or {}
-    info = facts.get("steps_info") or {}
-    host = facts.get("host") or {}
+    meta = facts.meta or {}
+    step = facts.step or {}
+    info = facts.steps_info or {}
+    host = facts.host or {}
     metrics = {
         "steps": info.get("total", 0),
         "steps_analyzed": step.get("steps", 0),
@@ -185,16 +186,16 @@ def build_report(facts: dict, verdict: str, findings: list[dict], problems: list
         "source": "run",
         "command": meta.get("command") or [],
         "name": meta.get("name"),
-        "framework": facts.get("framework", "none"),
+        "framework": (facts.framework or "none"),
         "api": api_of(facts),
-        "device": facts.get("device"),
+        "device": facts.device,
         "verdict": verdict,
         "findings": findings,
         "metrics": metrics,
-        "loader": {k: v for k, v in facts["loader"].items() if k not in ("k", "t", "id")} if facts.get("loader") else None,
+        "loader": {k: v for k, v in facts.loader.items() if k not in ("k", "t", "id")} if facts.loader else None,
         "keras": keras_of(facts),
         "logged_metrics": {name: {k: v for k, v in m.items() if k != "values"}
-                           for name, m in (facts.get("logged") or {}).items()},
+                           for name, m in (facts.logged or {}).items()},
         "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
         "notes": notes_of(facts, problems or []),
     })

@@ -1,7 +1,7 @@
 """``whyidle compare``: saved runs → one comparison (``whyidle.compare/1``) with plain statements.
 
-Each run directory is analyzed as ``whyidle report`` would (nothing is re-run); the statistics
-and their definitions are in :mod:`whyidle.analysis.compare`. The first usable run is the
+Each run directory is analyzed as ``whyidle report`` would (:func:`whyidle.pipeline.compare`;
+nothing is re-run); the statistics and their definitions are in :mod:`whyidle.analysis.compare`. The first usable run is the
 baseline A; every other run is compared with it.
 """
 
@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from whyidle.analysis import compare as cmp
-from whyidle.analysis.gpu import util_series
+from whyidle.analysis.facts import RunFacts
 
 SCHEMA = "whyidle.compare/1"
 #: GPU utilization over time is summarized as the means of this many equal parts of the analyzed
@@ -27,43 +27,31 @@ class CompareError(Exception):
     """Nothing can be compared; ``str(err)`` is a one-line explanation (exit 2)."""
 
 
-def _script(command: list) -> str | None:
-    from whyidle.run.session import default_name
-
-    return default_name(list(command)) if command else None
+#: Variants one comparison takes (labelled A–Z).
+MAX_VARIANTS = len(_LETTERS)
 
 
-def summarize_run(path: str) -> dict:
-    """Loads and analyzes one run directory into the per-run part of a comparison.
+def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], problems: list[str], *, name: str,
+                command: list, script: str | None, gpu_trend: list[float]) -> dict:
+    """The per-run part of a comparison, from one run's facts and findings
+    (:func:`whyidle.pipeline.summarize_run` loads them).
 
     Returns ``{"name", "run_dir", "command", "script", "framework", "device", "batch_size",
     "times"``, ``"samples"`` (step times in s and samples per step of the analyzed steps),
     ``"data_wait_share"``, ``"verdict"``, ``"gpu"`` (``{"util_mean", "util_trend"}`` in percent,
-    or None without a GPU), ``"metrics"`` (name → last logged value, None when not finite),
-    ``"metrics_n"`` (name → examples behind it, when logged), ``"confounded"`` (a sentence when
-    other processes took CPU the job needed, else None), ``"problems"``}``.
-    Errors: :class:`whyidle.record.reader.RunDirError` (missing, older format, corrupt);
-    ``ValueError`` when the run has no analyzable steps.
+    or None without a GPU; ``util_trend`` is ``gpu_trend``, the means of
+    :data:`GPU_TREND_PARTS` parts of the analyzed window), ``"metrics"`` (name → last logged
+    value, None when not finite), ``"metrics_n"`` (name → examples behind it, when logged),
+    ``"confounded"`` (a sentence when other processes took CPU the job needed, else None),
+    ``"problems"``}``.
     """
-    from whyidle.analysis.run import analyze
-    from whyidle.diagnose import diagnose
     from whyidle.diagnose.thresholds import OTHER_PROCS_MIN_CORES
-    from whyidle.record.reader import load_run
     from whyidle.report.build import gpu_metrics_of
 
-    run = load_run(path)
-    facts = analyze(run)
-    steps = facts.get("analyzed_steps") or []
-    if not steps:
-        total = (facts.get("steps_info") or {}).get("total", 0)
-        raise ValueError(f"{path}: no training steps to compare ({total} step(s) recorded)"
-                         if total else f"{path}: no training steps were recorded")
-    verdict, findings = diagnose(facts)
-    step = facts["step"]
+    steps = facts.analyzed_steps or []
+    step = facts.step
     gpu = gpu_metrics_of(facts)
-    trend = [round(v, 1) for _, v in util_series(run.gpu, tuple(step["window"]), max_points=GPU_TREND_PARTS)]
-    meta = run.meta
-    others = (facts.get("host") or {}).get("other_procs_cores") or 0.0
+    others = (facts.host or {}).get("other_procs_cores") or 0.0
     contention = next((f for f in findings if f["id"] == "cpu_contention"), None)
     confounded = None
     if others >= OTHER_PROCS_MIN_CORES or (contention and contention["evidence"].get("cause") == "other_processes"):
@@ -71,24 +59,24 @@ def summarize_run(path: str) -> dict:
                       + (f" and the trainer waited for a CPU {contention['evidence']['run_delay_share']:.0%} of the time"
                          if contention and contention["evidence"].get("run_delay_share") is not None else "")
                       + ": its speed reflects the machine as much as the change")
-    logged = facts.get("logged") or {}
+    logged = facts.logged or {}
     return {
-        "name": meta.get("name") or os.path.basename(os.path.normpath(path)),
+        "name": name,
         "run_dir": path,
-        "command": meta.get("command") or [],
-        "script": _script(meta.get("command") or []),
-        "framework": facts.get("framework"),
-        "device": (facts.get("device") or {}).get("name"),
+        "command": list(command),
+        "script": script,
+        "framework": facts.framework,
+        "device": (facts.device or {}).get("name"),
         "batch_size": step.get("batch_size"),
         "times": [(s["t1"] - s["t0"]) / 1e9 for s in steps],
         "samples": [s.get("samples") for s in steps],
         "data_wait_share": (step.get("shares") or {}).get("data_wait"),
         "verdict": verdict,
-        "gpu": {"util_mean": gpu.get("util_mean"), "util_trend": trend} if gpu else None,
+        "gpu": {"util_mean": gpu.get("util_mean"), "util_trend": gpu_trend} if gpu else None,
         "metrics": {name: m["last"] for name, m in logged.items()},
         "metrics_n": {name: m["n"] for name, m in logged.items() if m.get("n")},
         "confounded": confounded,
-        "problems": list(run.problems),
+        "problems": list(problems),
     }
 
 
@@ -98,7 +86,7 @@ def _mean(values):
 
 
 def summarize_variant(runs: list[dict], rng) -> dict:
-    """Several :func:`summarize_run` results of one configuration (repeats) → one column.
+    """Several :func:`run_summary` results of one configuration (repeats) → one column.
 
     Throughput and its interval come from :func:`whyidle.analysis.compare.variant_stats`; the
     data-wait share, GPU utilization and each logged metric are the means over the runs (a
@@ -189,12 +177,13 @@ def statement(base: dict, other: dict, comp: dict) -> str:
     return ", ".join(parts) + "."
 
 
-def compare_runs(args: list[str]) -> dict:
-    """Compares saved runs; the first usable variant is the baseline A.
+def compare_variants(groups: list[list[dict]], problems: list[str]) -> dict:
+    """Compares variants; the first is the baseline A.
 
     Args:
-        args: one entry per variant: a run directory, or several separated by commas (repeated
-            runs of one configuration, which give intervals that include run-to-run variation).
+        groups: per variant, the :func:`run_summary` of each of its runs (several: repeated runs of
+            one configuration, which give intervals that include run-to-run variation).
+        problems: what was left out while loading (kept first in the result's ``problems``).
     Returns the ``whyidle.compare/1`` dict: ``runs`` (per variant: :func:`summarize_variant`
     without bootstrap internals; ``label`` is its letter A, B, ... and ``name`` the run's
     name, or its directory when names repeat), ``comparable`` (False when no variant could be
@@ -205,21 +194,10 @@ def compare_runs(args: list[str]) -> dict:
     (metrics logged as NaN/inf by either side), ``"primary_metric"``, ``"statement"``}),
     ``problems`` (runs left out, runs of one variant that differ, confounded runs, metrics
     logged by one side only).
-    Errors: :class:`CompareError` when fewer than two variants are usable (26 at most).
+    Errors: :class:`CompareError` when fewer than two variants are given (26 at most are used).
     """
-    from whyidle.record.reader import RunDirError
-
-    problems: list[str] = []
-    groups: list[list[dict]] = []
-    for arg in args[:len(_LETTERS)]:
-        runs = []
-        for path in [p for p in arg.split(",") if p]:
-            try:
-                runs.append(summarize_run(path))
-            except (RunDirError, ValueError) as exc:
-                problems.append(f"{exc}; left out")
-        if runs:
-            groups.append(runs)
+    problems = list(problems)
+    groups = [g for g in groups[:MAX_VARIANTS] if g]
     if len(groups) < 2:
         raise CompareError("nothing to compare: " + ("; ".join(problems) if problems else "give at least two run directories")
                            + (f" ({len(groups)} usable run)" if groups else ""))

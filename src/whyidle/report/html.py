@@ -25,9 +25,7 @@ import numpy as np
 import plotly
 from markupsafe import Markup, escape
 
-from whyidle.analysis import series
-from whyidle.record.reader import RunData
-from whyidle.record.writer import atomic_file
+from whyidle.analysis.series import RunSeries
 from whyidle.report import plots
 from whyidle.report.build import framework_text, logged_text, option_gain, verdict_line
 
@@ -204,8 +202,7 @@ def _findings(report: dict) -> list[dict]:
     return out
 
 
-def _no_gpu_reason(run: RunData) -> str:
-    msgs = [r.get("msg") for r in run.gpu if r.get("k") == "gpu_notice" and r.get("msg")]
+def _no_gpu_reason(msgs: list[str]) -> str:
     return "No GPU was observed" + (f": {'; '.join(msgs)}." if msgs else " (NVML found no NVIDIA GPU).")
 
 
@@ -238,35 +235,27 @@ def _idle_table(gpu: dict | None, report: dict) -> dict | None:
             "rows": rows[:MAX_TABLE_ROWS]}
 
 
-def build_plots(report: dict, facts: dict, run: RunData) -> list[plots.Plot]:
-    """The report's plots, in page order (see :mod:`whyidle.report.plots`)."""
-    meta = run.meta or {}
-    origin = series.run_origin(meta, run.host, run.gpu)
-    window = (facts.get("step") or {}).get("window")
-    window_s = ((window[0] - origin) / 1e9, (window[1] - origin) / 1e9) if window else None
-    rows = facts.get("step_rows") or []
-    steps = series.step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(plots.PHASES))
-    left_out = series.left_out_steps(rows, facts.get("analyzed_steps") or [],
-                                     (facts.get("steps_info") or {}).get("warmup") or 0)
+def build_plots(report: dict, series: RunSeries) -> list[plots.Plot]:
+    """The report's plots, in page order (see :mod:`whyidle.report.plots`), from the report and the
+    run's time series (:func:`whyidle.analysis.series.run_series`)."""
+    window_s, steps, left_out, devices, cpu = series.window_s, series.steps, series.left_out, series.gpus, series.cpu
     framework = report.get("framework")
     no_steps = ("No training steps were recorded: no process of the command imported PyTorch, Keras or TensorFlow."
                 if framework in (None, "none") else
                 f"No training steps were recorded ({framework} was imported, but no optimizer step, DataLoader "
                 "batch or Keras batch was seen).")
     gpu = (report.get("metrics") or {}).get("gpu")
-    devices = series.gpu_series(run.gpu, origin)
+    no_gpu = _no_gpu_reason(series.gpu_notices)
     if gpu is None and not devices:
-        idle_why = _no_gpu_reason(run) + " GPU idle per cause needs a GPU."
+        idle_why = no_gpu + " GPU idle per cause needs a GPU."
     elif gpu and gpu.get("idle_method") is None and not gpu.get("idle_s_by_cause"):
         idle_why = ("GPU idle per cause was not measured: the model's parameters never reached CUDA (or the CUDA "
                     "timeline was off), so only NVML's utilization is shown.")
     else:
         idle_why = "GPU idle per cause was not measured."
-    trainers = facts.get("trainers") or []
-    cpu = series.cpu_series(run.host, trainers, meta.get("whyidle_pid"), origin)
     builders = [
-        ("gpu_util", "GPU utilization", lambda: plots.gpu_util_plot(devices, _no_gpu_reason(run), window_s)),
-        ("cpu", "CPU and memory", lambda: plots.cpu_plot(cpu, window_s, meta.get("interval_s"))),
+        ("gpu_util", "GPU utilization", lambda: plots.gpu_util_plot(devices, no_gpu, window_s)),
+        ("cpu", "CPU and memory", lambda: plots.cpu_plot(cpu, window_s, series.interval_s)),
         ("steps", "Step time and data wait per step", lambda: plots.step_time_plot(steps, left_out, no_steps)),
         ("phases", "Step time by phase",
          lambda: plots.phase_plot(steps, left_out, (report.get("metrics") or {}).get("shares"), no_steps)),
@@ -281,23 +270,21 @@ def build_plots(report: dict, facts: dict, run: RunData) -> list[plots.Plot]:
     return out
 
 
-def render_html(report: dict, facts: dict, run: RunData) -> str:
+def render_html(report: dict, series: RunSeries) -> str:
     """The report as one self-contained HTML page (str, UTF-8 text, a few MB: plotly.js is inline).
 
     Args:
         report: the ``whyidle.report/1`` dict (:func:`whyidle.report.build.build_report`).
-        facts: :func:`whyidle.analysis.run.analyze` of ``run``.
-        run: the loaded run directory (:func:`whyidle.record.reader.load_run`).
+        series: the run's time series (:func:`whyidle.analysis.series.run_series`).
     """
-    head, js, tail = _render_parts(report, facts, run)
-    return head + js.decode("utf-8") + tail
+    return b"".join(render_parts(report, series)).decode("utf-8")
 
 
-def _render_parts(report: dict, facts: dict, run: RunData) -> tuple[str, bytes, str]:
-    """The page as (text before plotly.js, plotly.js as UTF-8 bytes, text after it), so a writer
-    never holds the whole page as one string."""
+def render_parts(report: dict, series: RunSeries) -> tuple[bytes, bytes, bytes]:
+    """The page of :func:`render_html` as UTF-8 parts (text before plotly.js, plotly.js, text after
+    it), so a writer never holds the whole page as one string."""
     figures, views = [], []
-    for n, p in enumerate(build_plots(report, facts, run)):
+    for n, p in enumerate(build_plots(report, series)):
         view = {"key": p.key, "title": p.title, "caption": p.caption, "why": p.why, "notes": p.notes,
                 "fig_id": None, "table": None}
         if p.figure is not None:
@@ -315,23 +302,4 @@ def _render_parts(report: dict, facts: dict, run: RunData) -> tuple[str, bytes, 
         figures=figures, plotlyjs=Markup(mark), plotly_version=plotly.__version__,
         tool_version=report.get("tool_version"), schema=report.get("schema"))
     head, tail = page.split(mark)
-    return head, _plotly_js_bytes(), tail
-
-
-def write_html(paths: str | list[str], report: dict, facts: dict, run: RunData) -> None:
-    """Renders the page once (:func:`render_html`) and writes it to each path atomically
-    (temporary file + ``os.replace``).
-
-    Errors: ``OSError`` when a path's directory is not writable (paths before it are written).
-    """
-    head, js, tail = _render_parts(report, facts, run)
-    parts = (head.encode("utf-8"), js, tail.encode("utf-8"))
-    del head, tail
-    for path in [paths] if isinstance(paths, str) else paths:
-        _write_atomic(path, parts)
-
-
-def _write_atomic(path: str, parts: tuple[bytes, ...]) -> None:
-    with atomic_file(path) as f:
-        for part in parts:
-            f.write(part)
+    return head.encode("utf-8"), _plotly_js_bytes(), tail.encode("utf-8")

@@ -1,7 +1,8 @@
 """One observed run, start to finish: run directory, samplers, the command, the report.
 
     prepare → start samplers → start command → live status until it ends → stop samplers →
-    finalize meta.json → analyze → diagnose → report.json (+ --json) → render
+    finalize meta.json → the pipeline (whyidle.pipeline.report_run: analyze → diagnose →
+    report.json, report.html, timeline.json, --json) → render
 
 Used by ``whyidle run`` and ``whyidle demo`` (the same code path).
 """
@@ -159,9 +160,10 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
 
     live = None
     if not opts.quiet:
+        from whyidle.record.tail import StepTail
         from whyidle.report.live import LiveStatus
 
-        live = LiveStatus(run_dir, sampler, stream, tty=stream.isatty())
+        live = LiveStatus(StepTail(run_dir), sampler, stream, tty=stream.isatty())
     try:
         while not child.wait(1.0):
             launcher.reap_orphans(child.pid)
@@ -191,7 +193,9 @@ def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start):
     write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
 
     try:
-        report = finish_report(run_dir, opts.json_path if opts.json_path != "-" else None)
+        from whyidle.pipeline import report_run
+
+        report = report_run(run_dir, opts.json_path if opts.json_path != "-" else None)
     except Exception as exc:  # never lose the command's exit status to a reporting problem
         stream.write(f"whyidle: could not build the report ({exc}); the recorded data is in {run_dir}\n")
         return None, status, run_dir
@@ -203,66 +207,3 @@ def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start):
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
         sys.stdout.flush()
     return report, status, run_dir
-
-
-def finish_report(run_dir: str, json_path: str | None = None, html_path: str | None = None) -> dict:
-    """Analyzes a run directory, writes ``report.json``, ``report.html`` and ``timeline.json``
-    (and ``json_path``, ``html_path``), returns the report.
-
-    Errors: :class:`whyidle.record.reader.RunDirError` for a missing or corrupt directory;
-    ``OSError`` when ``json_path`` or ``html_path`` cannot be written.
-    """
-    from whyidle.analysis.run import analyze
-    from whyidle.diagnose import diagnose
-    from whyidle.record.reader import load_run
-    from whyidle.report.build import build_report
-
-    run = load_run(run_dir)
-    facts = analyze(run)
-    verdict, findings = diagnose(facts)
-    report = build_report(facts, verdict, findings, run.problems)
-    report["run"]["run_dir"] = run_dir
-    report["run"].update(write_views(run_dir, report, facts, run))
-    if html_path:
-        from whyidle.report.html import write_html
-
-        write_html(html_path, report, facts, run)
-    try:
-        write_json_atomic(os.path.join(run_dir, "report.json"), report)
-    except OSError:
-        pass  # a read-only saved run can still be rendered
-    if json_path:
-        write_json_atomic(json_path, report)
-    return report
-
-
-def write_views(run_dir: str, report: dict, facts: dict, run) -> dict:
-    """Writes ``report.html`` (unless the run was made with ``--no-html``: ``meta.json``
-    ``"html": false``) and ``timeline.json`` (Perfetto) into the run directory.
-
-    Returns ``{"html": path, "timeline": path}`` for the files written; a file that cannot be
-    written (read-only directory, a rendering error) is left out and named in the report's notes,
-    so the terminal and JSON reports never depend on it.
-    """
-    written = {}
-
-    def html(path):
-        from whyidle.report.html import write_html
-
-        write_html(path, report, facts, run)
-
-    def timeline(path):
-        from whyidle.report.perfetto import write_timeline
-
-        write_timeline(path, facts, run)
-
-    views = (("html", "report.html", html), ("timeline", "timeline.json", timeline))
-    for key, name, write in views if run.meta.get("html", True) else views[1:]:
-        path = os.path.join(run_dir, name)
-        try:
-            write(path)
-            written[key] = path
-        except Exception as exc:  # a view must never cost the report
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
-            report.setdefault("notes", []).append(f"{name} not written: {why}")
-    return written

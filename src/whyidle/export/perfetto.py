@@ -41,6 +41,7 @@ from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import series
 from whyidle.analysis import steps as step_analysis
+from whyidle.analysis.facts import RunFacts
 from whyidle.record.reader import RunData
 from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
 from whyidle.record.writer import atomic_file
@@ -211,13 +212,13 @@ class _Timeline:
     what it wrote; then :meth:`header` gives the rest of the object. :func:`build_timeline` and
     :func:`write_timeline` both use it."""
 
-    def __init__(self, facts: dict, run: RunData, base_ns: int | None) -> None:
+    def __init__(self, facts: RunFacts, run: RunData, base_ns: int | None) -> None:
         self.facts, self.run = facts, run
         self.meta = run.meta or {}
         self.origin = series.run_origin(self.meta, run.host, run.gpu)
         self.clock = _Clock(self.meta, self.origin, base_ns)
-        self.primary = facts.get("primary")
-        self.trainers = list(facts.get("trainers") or [])
+        self.primary = facts.primary
+        self.trainers = list(facts.trainers or [])
         self.tracks: dict[tuple[int, int], _Track] = {}
         self.counts: dict = {"trainers": {}}
         self.machine = False  # an event was written on the machine pseudo-process
@@ -234,9 +235,9 @@ class _Timeline:
         for pid in self.trainers:
             recs = run.procs.get(pid, [])
             if pid == self.primary:
-                steps = self.facts.get("step_rows") or []
-                analyzed = self.facts.get("analyzed_steps") or []
-                warmup = (self.facts.get("steps_info") or {}).get("warmup", 0)
+                steps = self.facts.step_rows or []
+                analyzed = self.facts.analyzed_steps or []
+                warmup = (self.facts.steps_info or {}).get("warmup", 0)
             else:
                 steps = step_analysis.steps_of(run.steps.get(pid, recs))
                 steps, _ = keras_analysis.input_wait(steps, recs)
@@ -482,7 +483,7 @@ class _Timeline:
     def _names(self) -> Iterator[dict]:
         """Process and track names and their order: trainers first (primary first), then other
         processes, then the machine, then the GPUs."""
-        framework = self.facts.get("framework") or "none"
+        framework = self.facts.framework or "none"
         trainers, primary = self.trainers, self.primary
         pids = trainers + sorted(p for p in self.run.procs if p not in trainers)
         for order, pid in enumerate(pids):
@@ -512,7 +513,7 @@ class _Timeline:
         meta, clock = self.meta, self.clock
         other = {
             "format": FORMAT, "tool_version": __version__, "run_name": meta.get("name"),
-            "command": meta.get("command"), "framework": self.facts.get("framework") or "none",
+            "command": meta.get("command"), "framework": self.facts.framework or "none",
             "primary_pid": self.primary, "trainers": self.trainers,
             "clock": ("ts = (monotonic_ns + wall_minus_monotonic_ns - baseTimeNanoseconds) / 1000, integer us; "
                       "wall clock = CLOCK_REALTIME as torch.profiler/Kineto stamps its events")
@@ -541,7 +542,7 @@ def _no_gc():
             gc.enable()
 
 
-def build_timeline(facts: dict, run: RunData, base_ns: int | None = None) -> dict:
+def build_timeline(facts: RunFacts, run: RunData, base_ns: int | None = None) -> dict:
     """The run as a Chrome Trace Event Format object (pure), all in memory: for small runs and
     tests; :func:`write_timeline` streams the same events to a file instead.
 
@@ -564,7 +565,7 @@ def build_timeline(facts: dict, run: RunData, base_ns: int | None = None) -> dic
     return {**tl.header(), "traceEvents": events}
 
 
-def write_timeline(path: str, facts: dict, run: RunData, base_ns: int | None = None) -> dict:
+def write_timeline(path: str, facts: RunFacts, run: RunData, base_ns: int | None = None) -> dict:
     """Writes the timeline of :func:`build_timeline` to ``path`` atomically (temporary file +
     ``os.replace``), streaming: events are encoded in chunks of :data:`WRITE_CHUNK` as they are
     made, so memory stays flat however long the run (``traceEvents`` comes before ``otherData``

@@ -1,0 +1,165 @@
+"""The typed contract between analysis and diagnosis: :class:`RunFacts`, built only by
+:func:`whyidle.analysis.run.analyze` (or, in unit tests, by its constructor with the parts a test
+needs). Diagnosis and the renderers read it; nothing downstream reads the records.
+
+Every field defaults to None (nothing measured), so a test states only what it measures; an
+unknown field name is a ``TypeError`` at construction, never a silently ignored key. The two
+parts every rule reads, the step metrics and the host metrics, are declared here as ``TypedDict``
+(:class:`StepMetrics`, :class:`HostMetrics`: they are copied into the JSON report as they are);
+the other parts keep the key lists documented by the function that builds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypedDict
+
+
+class StepTimes(TypedDict):
+    """Step time percentiles over the analyzed steps, seconds."""
+
+    p50: float
+    p90: float
+    mean: float
+    min: float
+    max: float
+
+
+class StepMetrics(TypedDict):
+    """:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps.
+
+    ``window``: [t0, t1] monotonic ns; ``wall_s``: its length (s); ``shares``: phase name →
+    fraction (0–1) of the step time without whyidle's own work (``data_wait``, ``forward``,
+    ``backward``, ``optimizer``, ``eval``, ``compute`` for Keras, ``other_host``, summing to 1);
+    ``data_wait_s_per_step`` / ``compute_s_per_step``: means (s); ``data_cpu_share``: CPU time of
+    the main thread while waiting for data / that wait (0–1, None when not timed);
+    ``main_cpu_share``: main-thread CPU / step time; ``whyidle_share``: whyidle's step-boundary
+    work / step time; ``gpu_ms``: ``{p50, mean}`` GPU time per step (ms) or None.
+    """
+
+    steps: int
+    window: list[int]
+    wall_s: float
+    samples_per_s: float | None
+    steps_per_s: float
+    batch_size: float | None
+    batches_per_step: float
+    micro_batches_per_step: float | None
+    step_time_s: StepTimes
+    shares: dict[str, float]
+    data_wait_s_per_step: float
+    compute_s_per_step: float
+    data_cpu_share: float | None
+    main_cpu_share: float | None
+    lite_steps: int
+    whyidle_share: float
+    gpu_ms: dict[str, float] | None
+
+
+class HostMetrics(TypedDict):
+    """:func:`whyidle.analysis.host.host_metrics` over the analyzed window (definitions there).
+
+    Units: ``*_cores`` in cores (1.0 = one core busy), ``*_share`` fractions 0–1, ``*_bytes``
+    bytes, ``*_per_s`` per second, ``window_s`` seconds.
+    """
+
+    window_s: float
+    cores: int
+    cpu_affinity: int | None
+    cpu_busy_share: float
+    percpu_busy_share: list[float]
+    iowait_share: float
+    trainer_cores: float
+    workers: int
+    workers_cores: float
+    worker_busy_share: float | None
+    tree_other_cores: float
+    whyidle_cores: float
+    other_procs_cores: float
+    trainer_run_delay_share: float | None
+    workers_run_delay_share: float | None
+    tree_run_delay_cores: float
+    invol_ctx_per_s: float
+    disk_read_bytes_per_s: float | None
+    loader_read_bytes_per_s: float
+    loader_read_bytes_per_sample: float | None
+    trainer_rss_max_bytes: int | None
+    tree_rss_max_bytes: int | None
+    tree_threads: int
+    psi_cpu_share: float | None
+    psi_io_share: float | None
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RunFacts:
+    """What was measured in one run, over its analyzed (steady) steps.
+
+    Fields (units in the builders' docstrings):
+
+    - ``framework``: ``"torch"``, ``"keras"``, ``"tensorflow"`` or ``"none"``.
+    - ``api``: the training API and its settings (:func:`whyidle.analysis.api.training_api`).
+    - ``compiled``: ``torch.compile`` was used (bool).
+    - ``trainers`` (pids with steps, most steps first), ``primary`` (the pid analyzed),
+      ``instrumented`` (pids that imported a framework), ``proc`` (the primary's ``proc`` record),
+      ``other_trainers`` (per extra trainer: ``pid``, ``steps``, ``samples_per_s``,
+      ``step_time_p50_s``).
+    - ``steps_info`` (:func:`whyidle.analysis.steps.select_steps`), ``step``
+      (:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps), ``step_rows`` (every step
+      of the primary trainer) and ``analyzed_steps`` (those the metrics are over).
+    - ``host`` (:func:`whyidle.analysis.host.host_metrics`), ``top_others``,
+      ``host_mem_total_bytes`` (bytes).
+    - ``gpu`` (:func:`whyidle.analysis.gpu.gpu_metrics`), ``gpu_static`` (the sampler's
+      ``gpu_static`` record), ``gpu_idle`` (:func:`whyidle.analysis.gpu_idle.gpu_idle`),
+      ``gpu_records_notices`` (the sampler's ``gpu_notice`` records), ``device`` (the device the
+      steps ran on: ``kind``, ``name``, ``compute_capability``, ``memory_total_bytes``).
+    - ``transfers``, ``reads``, ``placement`` (:mod:`whyidle.analysis.transfers`).
+    - ``loader`` (the DataLoader that fed the analyzed steps), ``loader_iters`` (``count`` and
+      ``seconds`` of its iterator start-ups), ``devices`` (the last device audit),
+      ``graph_nodes`` (median autograd nodes per backward).
+    - ``hotspots`` and ``focus`` (phase → :mod:`whyidle.analysis.stacks` results).
+    - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
+      (:func:`whyidle.analysis.logged.logged_metrics`).
+    - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
+      ``tf_devices``, ``keras_calls``.
+    """
+
+    framework: str | None = None
+    api: dict | None = None
+    compiled: bool | None = None
+    trainers: list[int] | None = None
+    primary: int | None = None
+    proc: dict | None = None
+    instrumented: list[int] | None = None
+    steps_info: dict | None = None
+    step: StepMetrics | None = None
+    host: HostMetrics | None = None
+    top_others: list[dict] | None = None
+    gpu: dict | None = None
+    gpu_idle: dict | None = None
+    transfers: dict | None = None
+    reads: dict | None = None
+    placement: dict | None = None
+    gpu_static: dict | None = None
+    device: dict | None = None
+    loader: dict | None = None
+    loader_iters: dict | None = None
+    devices: dict | None = None
+    graph_nodes: int | None = None
+    hotspots: dict | None = None
+    focus: dict | None = None
+    notices: list[str] | None = None
+    gpu_records_notices: list[dict] | None = None
+    other_trainers: list[dict] | None = None
+    meta: dict | None = None
+    input_wait: dict | None = None
+    tfdata: dict | None = None
+    host_mem_total_bytes: int | None = None
+    tf_devices: dict | None = None
+    keras_calls: list[dict] | None = None
+    logged: dict | None = None
+    step_rows: list[Any] | None = None
+    analyzed_steps: list[Any] | None = None
+
+    def replace(self, **changes) -> RunFacts:
+        """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,197 @@
+"""The composition root: load → analyze → diagnose → build the report → render and write.
+
+``whyidle run`` (:mod:`whyidle.run.session`), ``report``, ``trace``, ``compare`` and ``demo`` all
+go through here; no other module wires the stages together. The stages themselves are pure:
+:mod:`whyidle.record` reads a run directory, :mod:`whyidle.analysis` turns records into facts,
+:mod:`whyidle.diagnose` turns facts into a verdict and findings, :mod:`whyidle.report` turns facts
+and findings into the report and its renderings (it never reads records), and
+:mod:`whyidle.export` converts a saved run for other tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from whyidle.analysis.facts import RunFacts
+from whyidle.record.reader import RunData
+
+
+@dataclasses.dataclass
+class Analyzed:
+    """One run directory taken through analysis and diagnosis.
+
+    Fields: ``run`` (the records, :func:`whyidle.record.reader.load_run`); ``facts``
+    (:func:`whyidle.analysis.run.analyze`); ``verdict`` (finding id, or ``"device_bound"`` /
+    ``"no_steps"``); ``findings`` (list of finding dicts, docs/report.md).
+    """
+
+    run: RunData
+    facts: RunFacts
+    verdict: str
+    findings: list[dict]
+
+
+def analyze_run(run_dir: str) -> Analyzed:
+    """Loads, analyzes and diagnoses one saved run directory.
+
+    Errors: :class:`whyidle.record.reader.RunDirError` for a missing, older-format or corrupt
+    directory.
+    """
+    from whyidle.analysis.run import analyze
+    from whyidle.diagnose import diagnose
+    from whyidle.record.reader import load_run
+
+    run = load_run(run_dir)
+    facts = analyze(run)
+    verdict, findings = diagnose(facts)
+    return Analyzed(run, facts, verdict, findings)
+
+
+def report_run(run_dir: str, json_path: str | None = None, html_path: str | None = None) -> dict:
+    """The ``whyidle.report/1`` dict of a run directory; writes ``report.json``, ``report.html``
+    (unless the run was made with ``--no-html``) and ``timeline.json`` into it, and the report to
+    ``json_path`` / ``html_path`` when given. The page is rendered once for both HTML paths.
+
+    A view of the run directory that cannot be written (read-only directory, a rendering error) is
+    named in the report's ``notes``; the report never depends on it.
+    Errors: :class:`whyidle.record.reader.RunDirError` for a missing or corrupt directory;
+    ``OSError`` when ``json_path`` or ``html_path`` cannot be written.
+    """
+    from whyidle.record.writer import write_json_atomic
+    from whyidle.report.build import build_report
+
+    a = analyze_run(run_dir)
+    report = build_report(a.facts, a.verdict, a.findings, a.run.problems)
+    report["run"]["run_dir"] = run_dir
+    own_html = os.path.join(run_dir, "report.html") if a.run.meta.get("html", True) else None
+    if own_html or html_path:
+        try:
+            parts = render_html_parts(a, report)
+        except Exception as exc:  # a view must never cost the report
+            if html_path:
+                raise
+            _note(report, "report.html", exc)
+        else:
+            if own_html and _write_view(report, "report.html", lambda: write_parts(own_html, parts)):
+                report["run"]["html"] = own_html
+            if html_path:
+                write_parts(html_path, parts)
+            del parts
+    timeline = os.path.join(run_dir, "timeline.json")
+    if _write_view(report, "timeline.json", lambda: write_timeline(a, timeline)):
+        report["run"]["timeline"] = timeline
+    try:
+        write_json_atomic(os.path.join(run_dir, "report.json"), report)
+    except OSError:
+        pass  # a read-only saved run can still be rendered
+    if json_path:
+        write_json_atomic(json_path, report)
+    return report
+
+
+def render_html_parts(a: Analyzed, report: dict) -> tuple[bytes, ...]:
+    """The HTML page of a report as UTF-8 parts (:func:`whyidle.report.html.render_parts`)."""
+    from whyidle.analysis.series import run_series
+    from whyidle.report.html import render_parts
+
+    return render_parts(report, run_series(a.run, a.facts))
+
+
+def write_parts(path: str, parts: tuple[bytes, ...]) -> None:
+    """Writes the parts of a page to ``path`` atomically (temporary file + ``os.replace``).
+
+    Errors: ``OSError`` when the directory is not writable.
+    """
+    from whyidle.record.writer import atomic_file
+
+    with atomic_file(path) as f:
+        for part in parts:
+            f.write(part)
+
+
+def write_timeline(a: Analyzed, path: str) -> dict:
+    """Writes the run's Perfetto timeline (:func:`whyidle.export.perfetto.write_timeline`)."""
+    from whyidle.export.perfetto import write_timeline as write
+
+    return write(path, a.facts, a.run)
+
+
+def _note(report: dict, name: str, exc: BaseException) -> None:
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+    report.setdefault("notes", []).append(f"{name} not written: {why}")
+
+
+def _write_view(report: dict, name: str, write) -> bool:
+    try:
+        write()
+        return True
+    except Exception as exc:  # a view must never cost the report
+        _note(report, name, exc)
+        return False
+
+
+def trace_report(path: str, rank: int | None = None) -> dict:
+    """The ``whyidle.report/1`` dict of a profiler trace (a Kineto ``.json``/``.json.gz`` file or
+    a folder of rank traces); ``rank`` keeps only that rank's trace.
+
+    Errors: :class:`whyidle.record.kineto.TraceError` for an unreadable or non-Kineto trace.
+    """
+    from whyidle.analysis.trace import job_metrics
+    from whyidle.diagnose.trace_rules import diagnose_trace
+    from whyidle.record.kineto import loader_kind, read_job
+    from whyidle.report.trace_report import build_trace_report
+
+    traces = read_job(path, rank)
+    job = job_metrics(traces)
+    verdict, findings = diagnose_trace(job, loader_kind(traces))
+    return build_trace_report(path, traces, job, verdict, findings)
+
+
+def summarize_run(path: str) -> dict:
+    """One run directory analyzed as ``whyidle report`` would, reduced to what a comparison needs
+    (:func:`whyidle.report.compare.run_summary`).
+
+    Errors: :class:`whyidle.record.reader.RunDirError` (missing, older format, corrupt);
+    ``ValueError`` when the run has no analyzable steps.
+    """
+    from whyidle.analysis.gpu import util_series
+    from whyidle.report.compare import GPU_TREND_PARTS, run_summary
+    from whyidle.run.session import default_name
+
+    a = analyze_run(path)
+    if not a.facts.analyzed_steps:
+        total = (a.facts.steps_info or {}).get("total", 0)
+        raise ValueError(f"{path}: no training steps to compare ({total} step(s) recorded)"
+                         if total else f"{path}: no training steps were recorded")
+    command = a.run.meta.get("command") or []
+    trend = [round(v, 1) for _, v in util_series(a.run.gpu, tuple(a.facts.step["window"]), max_points=GPU_TREND_PARTS)]
+    return run_summary(path, a.facts, a.verdict, a.findings, a.run.problems,
+                       name=a.run.meta.get("name") or os.path.basename(os.path.normpath(path)),
+                       command=command, script=default_name(list(command)) if command else None, gpu_trend=trend)
+
+
+def compare(args: list[str]) -> dict:
+    """Compares saved runs (``whyidle.compare/1``, :func:`whyidle.report.compare.compare_variants`).
+
+    Args:
+        args: one entry per variant: a run directory, or several separated by commas (repeated
+            runs of one configuration). A run that cannot be read is left out and named in
+            ``problems``.
+    Errors: :class:`whyidle.report.compare.CompareError` when fewer than two variants are usable.
+    """
+    from whyidle.record.reader import RunDirError
+    from whyidle.report.compare import MAX_VARIANTS, compare_variants
+
+    problems: list[str] = []
+    groups: list[list[dict]] = []
+    for arg in args[:MAX_VARIANTS]:
+        runs = []
+        for path in [p for p in arg.split(",") if p]:
+            try:
+                runs.append(summarize_run(path))
+            except (RunDirError, ValueError) as exc:
+                problems.append(f"{exc}; left out")
+        if runs:
+            groups.append(runs)
+    return compare_variants(groups, problems)
