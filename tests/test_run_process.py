@@ -53,10 +53,17 @@ def test_report_printed_to_stderr_with_verdict(tmp_path):
         assert json.load(f)["schema"] == "whyidle.report/1"
 
 
+def _default_sigint() -> None:
+    """As a terminal starts a foreground job: SIGINT at its default action. A test runner started
+    in the background of a non-interactive shell (``cmd &``) ignores SIGINT, and an ignored signal
+    survives exec, so the training script would never see the Ctrl-C that whyidle passes on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_long_run(tmp_path, script, *options):
     run_dir = str(tmp_path / "r")
     proc = subprocess.Popen(whyidle_cmd("run", "--out", run_dir, *options, "--", sys.executable, script),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     return proc, run_dir
 
 
@@ -273,7 +280,8 @@ def test_sigint_reaches_python_behind_a_shell_script(tmp_path):
     sh.chmod(sh.stat().st_mode | stat.S_IEXEC)
     run_dir = str(tmp_path / "r")
     proc = subprocess.Popen(whyidle_cmd("run", "--out", run_dir, "--", str(sh)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     _wait_for_steps(run_dir, 20)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
