@@ -53,6 +53,20 @@ def test_report_printed_to_stderr_with_verdict(tmp_path):
         assert json.load(f)["schema"] == "whyidle.report/1"
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_processes():
+    """A test that fails while its run goes on (steps=10**9) must not leave the run burning CPU
+    under the tests after it: kill what this test started and is still alive."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    for p in psutil.Process().children(recursive=True):
+        if p.pid not in before:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
 def _default_sigint() -> None:
     """As a terminal starts a foreground job: SIGINT at its default action. A test runner started
     in the background of a non-interactive shell (``cmd &``) ignores SIGINT, and an ignored signal
