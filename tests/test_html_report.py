@@ -130,7 +130,7 @@ def test_step_columns_of_step_table_rows_equal_those_of_records(tmp_path):
     from whyidle.analysis import series
 
     a = pipeline.analyze_run(write_run(tmp_path / "run", steps=200, ph=True))
-    run, facts = a.run, a.facts
+    facts = a.facts
     rows = facts.step_rows
     assert type(rows[0]).__name__ == "StepView"
     records = [dict(r) for r in rows]

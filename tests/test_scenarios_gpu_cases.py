@@ -17,7 +17,7 @@ import pytest
 
 from conftest import SCENARIOS, finding, observe
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = pytest.mark.slow  # counts and configuration, no speeds: may run beside other tests
 
 
 def scenario(tmp_path, script, *args, timeout=240, pick_device=False):
