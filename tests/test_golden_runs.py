@@ -76,6 +76,7 @@ def test_saved_run_report_is_reproducible_and_the_cli_agrees(tmp_path):
     out = tmp_path / "again.json"
     result = CliRunner().invoke(main, ["report", run_dir, "--json", str(out), "--html", str(tmp_path / "r.html")])
     assert result.exit_code == 0, result.output
+    assert f"HTML report (--html): {tmp_path / 'r.html'}" in result.output  # the page asked for is named
     again = json.loads(out.read_text())
     assert again == json.loads(json.dumps(first))
     assert os.path.getsize(tmp_path / "r.html") > 100_000 and not os.path.exists(os.path.join(run_dir, "report.html"))

@@ -158,9 +158,31 @@ def test_fixed_run_is_not_told_to_undo_its_workers():
     assert c["evidence"]["cause"] == "oversubscription"
     assert "fewer of them would bring it back" in c["fix"]["text"] and "at most" not in c["fix"]["text"]
     assert c["est_speedup"] is None and c["bound"] == pytest.approx(0.2)  # advice only: no gain to promise
+    # worker processes with no DataLoader record to plan from (the input model cannot say how many
+    # this loader needs): at most one per core left by the trainers
     facts.host = make_host(cores=2, cpu_busy=0.98, workers=6, worker_busy=0.3, run_delay=0.2)
-    facts.loader = make_loader(nw=6)
-    assert "use at most 1 loader workers" in rules.cpu_contention(facts)["fix"]["text"]
+    facts.loader = None
+    assert "use at most 1 loader worker per process" in rules.cpu_contention(facts)["fix"]["text"]
+
+
+def test_contention_from_the_jobs_own_loading_promises_no_gain():
+    """The fixed run of an input-bound job on 2 cores: 2 workers + 1 training thread keep both cores
+    busy, the trainer waits for a core 23 % of the time and the step still waits for data 40 %.
+    Fewer workers cannot remove that wait (they would lengthen the data wait): no gain, no
+    "at most 1 worker", and the data wait is not re-attributed to contention (a fresh-user trial
+    got "use at most 1 loader workers … ~2.19× faster" right after the advice to run 2)."""
+    host = make_host(cores=2, cpu_busy=0.99, workers=2, worker_busy=0.8, run_delay=0.23)
+    host["workers_run_delay_share"] = 0.3
+    facts = make_facts(make_step(data=0.40, fwd=0.25, bwd=0.25, opt=0.05, data_cpu_share=0.1), host,
+                       make_loader(nw=2))
+    facts.proc["threads"] = 1
+    verdict, findings = diagnose(facts)
+    c = next(f for f in findings if f["id"] == "cpu_contention")
+    assert c["est_speedup"] is None and "at most" not in c["fix"]["text"]
+    assert "fewer workers would make that longer" in c["fix"]["text"]
+    inp = next(f for f in findings if f["id"] == "input_bound")
+    assert "see cpu_contention" not in inp["summary"] and "fix the CPU contention first" not in inp["fix"]["text"]
+    assert verdict == "input_bound"  # 40 % of the step waits for data, 23 % for a core
 
 
 def test_worker_model_uses_the_jobs_cpu_affinity():

@@ -98,6 +98,8 @@ def report(run_dir, json_path, html_path) -> None:
         where = re.sub(r"\.tmp\d+$", "", str(exc.filename or json_path or html_path))  # not the temporary file
         _fail(f"cannot write {where}: {exc.strerror or exc}", 2)
     _show(rep, json_path)
+    if html_path and json_path != "-":
+        click.echo(f"HTML report (--html): {html_path}")
 
 
 @main.command(context_settings=CONTEXT)

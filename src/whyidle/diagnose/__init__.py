@@ -47,7 +47,8 @@ def _insufficient(facts: RunFacts) -> dict | None:
 
 
 def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
-    """When the loader workers themselves wait for cores, data wait is a symptom of contention.
+    """When the loader workers themselves wait for cores, data wait is a symptom of contention
+    (other processes, or more threads than cores) that a fix can remove.
 
     Removing the contention would speed up both the training thread and the workers, so the
     ``cpu_contention`` estimate becomes 1/((1 − run-queue share)(1 − data-wait share)) and the
@@ -57,6 +58,8 @@ def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
     inp = next((f for f in findings if f["id"] == "input_bound"), None)
     delay = ((facts.host or {}).get("workers_run_delay_share"))
     if contention is None or inp is None or delay is None or delay < T.RUN_DELAY_WARN:
+        return
+    if contention["est_speedup"] is None:  # the job's own loading is the contention: nothing to remove
         return
     share = inp["evidence"]["data_wait_share"]
     if contention["est_speedup"] is not None:

@@ -670,18 +670,25 @@ def cpu_contention(facts: RunFacts) -> dict | None:
         else:
             busy = trainers + workers
             wait = ((facts.step or {}).get("shares") or {}).get("data_wait")
-            if workers and workers <= cores and wait is not None and wait < T.DATA_WAIT_WARN:
-                # the workers are why the step no longer waits for data: never advise undoing them;
-                # what the advice (cheaper samples, more cores) gains here cannot be estimated
+            # the most workers worth running here: what the input model advises for these cores
+            limit = max(1, cores - trainers, suggested_workers(facts) if facts.loader and facts.step else 0)
+            if workers and workers <= limit:
+                # the job's own loading keeps the cores busy: the wait for a core is the price of
+                # preparing samples here. Fewer workers would only move the wait to the data wait,
+                # so no gain is promised (never advise undoing what input_bound advised).
                 gain = None
+                keeps = (f"the workers are what keeps the data wait at {_pct(wait)}: fewer of them would bring it back"
+                         if wait is not None and wait < T.DATA_WAIT_WARN else
+                         f"the step still waits for data {_pct(wait)} of the time, and fewer workers would make that "
+                         "longer" if wait is not None else "fewer workers would make the step wait for data")
                 text = (f"Threads are already {threads} per process; {trainers} training process"
-                        f"{'es' if trainers > 1 else ''} and {workers} loader workers share {cores} cores, and the "
-                        f"workers are what keeps the data wait at {_pct(wait)}: fewer of them would bring it back. "
-                        "This contention is the price of preparing samples on these cores: make each sample cheaper "
-                        "(decode at reduced size, cache decoded samples) or use a machine with more cores.")
+                        f"{'es' if trainers > 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} share "
+                        f"{cores} cores, and {keeps}. This contention is the price of preparing samples on these cores: "
+                        "make each sample cheaper (decode at reduced size, cache decoded samples) or use a machine with "
+                        "more cores.")
             else:
-                room = max(1, cores - trainers)
-                fewer = f"use at most {room} loader workers per process, " if workers > room else ""
+                fewer = (f"use at most {limit} loader worker{'s' if limit != 1 else ''} per process, "
+                         if workers > limit else "")
                 text = (f"Threads are already {threads} per process, but {busy} busy processes ({trainers} training, "
                         f"{workers} loader workers) share {cores} cores: {fewer}fewer processes per machine, or a "
                         "machine with more cores.")
