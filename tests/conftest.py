@@ -11,6 +11,55 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = os.path.join(REPO, "tests", "scenarios")
 
+
+def needs(module: str):
+    """A skip mark for tests whose programs need ``module`` installed, found without importing it
+    (``pytest.importorskip`` at module level imported Lightning or TensorFlow, 7-11 s each, in
+    every process that collected the module, even in sessions that ran none of its tests)."""
+    import importlib.util
+
+    import pytest
+
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start real processes (``slow``) run first, in their collected order: under
+    ``-n 2`` the long ones start early and the short in-process ones even out the two workers at
+    the end, instead of a 40-second test starting last beside an idle worker."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+def pytest_ignore_collect(collection_path, config):
+    """A ``-m timing`` session imports only the test modules that hold a timing test: the others'
+    imports (TensorFlow for the in-process tf.data tests) cost the session without a test to run.
+    A module holds one when its source marks one (``pytest.mark.timing``)."""
+    if config.getoption("markexpr") != "timing" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return "mark.timing" not in collection_path.read_text(encoding="utf-8")
+
+
+def pytest_configure(config):
+    """Bytecode is cached for the repo's own modules, which every test process imports.
+
+    The suite starts a few hundred processes (``whyidle run``, the instrumented training scripts,
+    framework probes) that import whyidle from the editable install. Under
+    ``PYTHONDONTWRITEBYTECODE=1`` (set on the CI machines) Python never caches that bytecode, so
+    each process compiled ~100 modules from source (~0.5 s per ``whyidle run`` on 2 cores), and
+    pytest re-did its assertion rewriting of every test module in every session and xdist worker
+    (~5 s each). The session byte-compiles ``src/`` and ``tests/`` once (reading an existing
+    ``.pyc`` is allowed under that variable; only writing at import is off) and lets pytest cache
+    its rewritten test modules. The processes the tests start keep the variable as they got it.
+    """
+    sys.dont_write_bytecode = False
+    if hasattr(config, "workerinput"):
+        return
+    import compileall
+
+    for path in (os.path.join(REPO, "src"), os.path.join(REPO, "tests")):
+        compileall.compile_dir(path, quiet=2, workers=1)
+
 #: A tiny PyTorch training loop used by the process-level tests. ``{steps}``, ``{pre}`` and
 #: ``{in_step}`` are filled in per test.
 TRAIN_TEMPLATE = """

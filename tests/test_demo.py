@@ -13,7 +13,7 @@ from PIL import Image
 from conftest import run_whyidle
 from whyidle.demo.data import CROP_SIZE, CROPS_PER_PHOTO, ensure_images
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.slow]
 
 
 def test_image_folder_is_cut_from_the_sklearn_photos(tmp_path):
@@ -28,6 +28,7 @@ def test_image_folder_is_cut_from_the_sklearn_photos(tmp_path):
     assert ensure_images(root) == (root, count)  # cached: not rebuilt
 
 
+@pytest.mark.timing
 def test_demo_finds_input_bound_and_the_fix_is_faster(tmp_path):
     proc = run_whyidle(["demo", "--out", str(tmp_path / "runs"), "--data", str(tmp_path / "img"), "--steps", "60"],
                        timeout=300)

@@ -19,7 +19,6 @@ from whyidle.record.steptable import LITE_COLUMNS, StepTable, expand_lite
 
 from conftest import observe
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 MS = 1_000_000
 
@@ -92,6 +91,8 @@ print("trained", step)
 """
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 def test_short_steps_are_thinned_the_report_says_so_and_a_periodic_cost_is_not_aliased(tmp_path):
     script = tmp_path / "periodic.py"
     script.write_text(PERIODIC.format(steps=1500))

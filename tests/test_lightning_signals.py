@@ -17,9 +17,9 @@ import sys
 
 import pytest
 
-from conftest import observe
+from conftest import needs, observe
 
-pytest.importorskip("lightning")
+pytestmark = needs("lightning")
 
 RUNS = int(os.environ.get("WHYIDLE_LIGHTNING_RUNS", "1"))
 

@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from conftest import SCENARIOS, finding, observe
+from conftest import SCENARIOS, finding, needs, observe
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+#: every test starts real processes; those that assert measured speeds or shares also run alone (timing)
+pytestmark = [pytest.mark.slow, needs("tensorflow")]
 
-pytest.importorskip("tensorflow")
 
 RESULT = re.compile(r"^RESULT samples_per_s=[0-9.]+ step_s=[0-9.]+$", re.M)
 
@@ -52,6 +52,7 @@ def findings_summary(report) -> list:
 
 # -- C03: sequential tf.data map, no prefetch ------------------------------------------------------
 
+@pytest.mark.timing
 def test_c03_sequential_map_is_input_bound_and_the_fix_helps(tmp_path):
     _, faulty = scenario(tmp_path, C03, "--variant", "faulty", "--steps", "30")
     assert faulty["verdict"] == "input_bound", findings_summary(faulty)
@@ -77,6 +78,7 @@ def test_c03_sequential_map_is_input_bound_and_the_fix_helps(tmp_path):
 
 # -- other Keras / TF pipelines ---------------------------------------------------------------------
 
+@pytest.mark.timing
 def test_generator_source_is_input_bound_on_python(tmp_path):
     _, report = scenario(tmp_path, "keras_generator_source.py")
     assert report["verdict"] == "input_bound", findings_summary(report)
@@ -84,6 +86,7 @@ def test_generator_source_is_input_bound_on_python(tmp_path):
     assert finding(report, "input_bound")["evidence"]["cause"] == "python_in_pipeline"
 
 
+@pytest.mark.timing
 def test_cached_in_memory_data_with_heavy_model_is_device_bound(tmp_path):
     _, report = scenario(tmp_path, "keras_cached_compute.py", "--steps", "25")
     assert report["verdict"] == "device_bound", findings_summary(report)
@@ -92,6 +95,7 @@ def test_cached_in_memory_data_with_heavy_model_is_device_bound(tmp_path):
     assert finding(report, "host_bound") is None
 
 
+@pytest.mark.timing
 def test_logging_callback_is_host_bound_and_named(tmp_path):
     _, report = scenario(tmp_path, "keras_logging_callback.py")
     assert report["verdict"] == "host_bound", findings_summary(report)
@@ -106,6 +110,7 @@ def test_logging_callback_is_host_bound_and_named(tmp_path):
     assert "batch % 50" in f["fix"]["code"], f["fix"]
 
 
+@pytest.mark.timing
 def test_custom_training_loop_is_input_bound(tmp_path):
     _, report = scenario(tmp_path, "tf_custom_loop.py", framework="tensorflow")
     assert report["metrics"]["steps"] >= 10

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("tensorflow")
+from conftest import needs
+from whyidle.instrument import tfprof
 
-from whyidle.instrument import tfprof  # noqa: E402
+pytestmark = needs("tensorflow")
 
 PS_PER_MS = 1_000_000_000
 
