@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(config, items):
     the end, instead of a 40-second test starting last beside an idle worker."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
+
 def pytest_ignore_collect(collection_path, config):
     """A ``-m timing`` session imports only the test modules that hold a timing test: the others'
     imports (TensorFlow for the in-process tf.data tests) cost the session without a test to run.
@@ -59,6 +60,7 @@ def pytest_configure(config):
 
     for path in (os.path.join(REPO, "src"), os.path.join(REPO, "tests")):
         compileall.compile_dir(path, quiet=2, workers=1)
+
 
 #: A tiny PyTorch training loop used by the process-level tests. ``{steps}``, ``{pre}`` and
 #: ``{in_step}`` are filled in per test.

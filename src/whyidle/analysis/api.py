@@ -8,6 +8,8 @@ without any, the framework itself (``torch``, ``keras``, ``tensorflow``) is the 
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import TrainingApi
+
 #: When several framework records are present, the one that drives training: the HF ``Trainer``
 #: builds an ``Accelerator`` itself, and a program may import Accelerate beside Lightning.
 API_ORDER = ("hf_trainer", "lightning", "accelerate")
@@ -20,7 +22,7 @@ LABELS = {"torch": "PyTorch", "lightning": "Lightning", "hf_trainer": "Hugging F
 TRAINING_ENTRIES = ("Trainer.fit", "Trainer.train", "Accelerator.__init__")
 
 
-def training_api(records: list[dict], framework: str) -> dict:
+def training_api(records: list[dict], framework: str) -> TrainingApi:
     """The training API of one process.
 
     Args:

@@ -5,8 +5,12 @@ needs). Diagnosis and the renderers read it; nothing downstream reads the record
 Every field defaults to None (nothing measured), so a test states only what it measures; an
 unknown field name is a ``TypeError`` at construction, never a silently ignored key. The two
 parts every rule reads, the step metrics and the host metrics, are declared here as ``TypedDict``
-(:class:`StepMetrics`, :class:`HostMetrics`: they are copied into the JSON report as they are);
-the other parts keep the key lists documented by the function that builds them.
+(:class:`StepMetrics`, :class:`HostMetrics`: they are copied into the JSON report as they are), as
+are the GPU metrics, the device, the training API, the loader's iterator start-ups and the Keras
+input wait (:class:`GpuMetrics`, :class:`DeviceInfo`, :class:`TrainingApi`, :class:`LoaderIters`,
+:class:`InputWait`); tests/test_facts.py checks each against what its builder returns. The
+remaining parts are records as the agent wrote them (``proc``, ``loader``, ``meta``) or lists and
+maps whose shape the building function documents.
 """
 
 from __future__ import annotations
@@ -90,6 +94,101 @@ class HostMetrics(TypedDict):
     psi_io_share: float | None
 
 
+
+class GpuMetrics(TypedDict):
+    """:func:`whyidle.analysis.gpu.gpu_metrics` over the analyzed window (definitions there).
+
+    Units: ``*_mean`` utilizations in percent (``util_mean``, ``mem_util_mean``) or fractions 0–1
+    (the GPM ``*_active_mean``/``sm_occupancy_mean``), ``*_mhz`` MHz, ``*_w`` watts, ``*_bytes``
+    bytes, ``throttle_s``/``throttle_observed_s`` seconds, ``throttle_share`` fractions 0–1.
+    ``devices`` holds the same per device (with ``index`` and ``name``).
+    """
+
+    util_mean: float | None
+    util_source: str | None
+    util_samples: int
+    mem_util_mean: float | None
+    memory_used_max_bytes: int | None
+    memory_total_bytes: int | None
+    sm_clock_mean_mhz: float | None
+    sm_clock_throttled_mean_mhz: float | None
+    sm_clock_max_mhz: float | None
+    power_mean_w: float | None
+    power_limit_w: float | None
+    power_limit_default_w: float | None
+    power_limit_max_w: float | None
+    throttle_reasons: list[str]
+    throttle_share: dict[str, float]
+    throttle_s: dict[str, float] | None
+    throttle_source: str | None
+    throttle_observed_s: float | None
+    throttle_snapshots: int
+    sm_active_mean: float | None
+    sm_occupancy_mean: float | None
+    tensor_active_mean: float | None
+    dram_active_mean: float | None
+    gr_active_mean: float | None
+    fp16_active_mean: float | None
+    fp32_active_mean: float | None
+    gpm_windows: int
+    device_indices: list[int]
+    devices: list[dict]
+
+
+class _Device(TypedDict):
+    kind: str
+    name: str | None
+    compute_capability: str | None
+    memory_total_bytes: int | None
+
+
+class DeviceInfo(_Device, total=False):
+    """The device the steps ran on (the report's ``device``): ``kind`` ``"cuda"`` (from
+    :func:`whyidle.analysis.gpu.device_info`; ``count``: devices the command could use, present
+    only for ``"cuda"``) or ``"cpu"`` (the CPU model recorded at run time); bytes."""
+
+    count: int
+
+
+class TrainingApi(TypedDict):
+    """:func:`whyidle.analysis.api.training_api`: the training API (``name``, ``label``,
+    ``version``), its settings at the training entry (``config``), the entry points called
+    (``entries``), the user lines that called them (``entry_sites``), other APIs seen (``also``)."""
+
+    name: str
+    label: str
+    version: str | None
+    config: dict
+    entries: list[str]
+    entry_sites: list[str]
+    also: list[str]
+
+
+class LoaderIters(TypedDict):
+    """The analyzed DataLoader's iterator start-ups: how many, and each one's seconds."""
+
+    count: int
+    seconds: list[float]
+
+
+class InputWait(TypedDict, total=False):
+    """:func:`whyidle.analysis.keras.input_wait`: how a Keras/TensorFlow run's input wait was
+    measured (``method``: ``"tf_profiler"``, ``"iterator"`` or None with the ``reason``) and, for
+    the profiler, ``ratio`` (fraction of train-function time spent in ``GetNext``), ``calls``,
+    ``get_next_ms_mean``/``fn_ms_mean`` (ms per call), ``fn_name``, ``iterators``, ``file`` and
+    ``gpu_busy`` ([plane, fraction] pairs)."""
+
+    method: str | None
+    reason: str | None
+    ratio: float
+    calls: int
+    get_next_ms_mean: float
+    fn_ms_mean: float
+    fn_name: str | None
+    iterators: list
+    file: str | None
+    gpu_busy: list
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class RunFacts:
     """What was measured in one run, over its analyzed (steady) steps.
@@ -124,7 +223,7 @@ class RunFacts:
     """
 
     framework: str | None = None
-    api: dict | None = None
+    api: TrainingApi | None = None
     compiled: bool | None = None
     trainers: list[int] | None = None
     primary: int | None = None
@@ -134,15 +233,15 @@ class RunFacts:
     step: StepMetrics | None = None
     host: HostMetrics | None = None
     top_others: list[dict] | None = None
-    gpu: dict | None = None
+    gpu: GpuMetrics | None = None
     gpu_idle: dict | None = None
     transfers: dict | None = None
     reads: dict | None = None
     placement: dict | None = None
     gpu_static: dict | None = None
-    device: dict | None = None
+    device: DeviceInfo | None = None
     loader: dict | None = None
-    loader_iters: dict | None = None
+    loader_iters: LoaderIters | None = None
     devices: dict | None = None
     graph_nodes: int | None = None
     hotspots: dict | None = None
@@ -151,7 +250,7 @@ class RunFacts:
     gpu_records_notices: list[dict] | None = None
     other_trainers: list[dict] | None = None
     meta: dict | None = None
-    input_wait: dict | None = None
+    input_wait: InputWait | None = None
     tfdata: dict | None = None
     host_mem_total_bytes: int | None = None
     tf_devices: dict | None = None

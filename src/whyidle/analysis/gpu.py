@@ -29,6 +29,8 @@ import itertools
 
 import numpy as np
 
+from whyidle.analysis.facts import DeviceInfo, GpuMetrics
+
 #: A sample covers at most this many median spacings. Longer gaps are buffer overruns or buffers that
 #: ran dry (sampling.md §1.2, polarsignals report), not one long driver period.
 MAX_GAP_FACTOR = 4
@@ -278,7 +280,7 @@ def _device_metrics(records: list[dict], device: dict, window: Window) -> dict:
     }
 
 
-def gpu_metrics(records: list[dict], window: tuple[int, int] | None = None) -> dict | None:
+def gpu_metrics(records: list[dict], window: tuple[int, int] | None = None) -> GpuMetrics | None:
     """GPU metrics of a run over ``window`` (monotonic ns, inclusive; ``None`` = everything).
 
     Args:
@@ -377,7 +379,7 @@ def gpu_metrics(records: list[dict], window: tuple[int, int] | None = None) -> d
     }
 
 
-def device_info(records: list[dict]) -> dict | None:
+def device_info(records: list[dict]) -> DeviceInfo | None:
     """The report's ``device`` field from ``gpu_static``, or ``None`` without a GPU.
 
     Returns ``{"kind": "cuda", "name", "compute_capability": "9.0", "memory_total_bytes", "count"}``

@@ -22,6 +22,8 @@ Custom-loop steps (``by == "iterator"``) carry ``data`` (time inside the eager `
 
 from __future__ import annotations
 
+from whyidle.analysis.facts import InputWait
+
 #: Why eager iteration without any ``tf.function`` call or ``GradientTape.gradient`` is not a
 #: training loop (the program only reads or inspects data).
 NOT_TRAINING = ("the program iterated a tf.data dataset but called no tf.function and computed no gradient "
@@ -32,7 +34,7 @@ def _window(records) -> dict | None:
     return next((r for r in records if r.get("k") == "tf_window"), None)
 
 
-def input_wait(steps: list, records) -> tuple[list, dict | None]:
+def input_wait(steps: list, records) -> tuple[list, InputWait | None]:
     """Fills ``data`` and ``comp`` (ns) into Keras steps.
 
     Args:

@@ -15,7 +15,7 @@ from whyidle.analysis import logged as logged_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
-from whyidle.analysis.facts import RunFacts
+from whyidle.analysis.facts import DeviceInfo, LoaderIters, RunFacts
 from whyidle.record.reader import RunData
 
 
@@ -154,7 +154,7 @@ def analyze(run: RunData) -> RunFacts:
             m = step_analysis.step_metrics(a)
             other_trainers.append({"pid": pid, "steps": m["steps"], "samples_per_s": m["samples_per_s"],
                                    "step_time_p50_s": m["step_time_s"]["p50"]})
-    device = gpu_analysis.device_info(run.gpu) or {
+    device: DeviceInfo = gpu_analysis.device_info(run.gpu) or {
         "kind": "cpu", "name": (_first(run.host, "host_static") or {}).get("cpu_model"), "compute_capability": None,
         "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
     }
@@ -179,7 +179,7 @@ def analyze(run: RunData) -> RunFacts:
         gpu_static=_first(run.gpu, "gpu_static"),
         device=device,
         loader=loader,
-        loader_iters={"count": len(iters), "seconds": [(r["t1"] - r["t0"]) / 1e9 for r in iters]},
+        loader_iters=LoaderIters(count=len(iters), seconds=[(r["t1"] - r["t0"]) / 1e9 for r in iters]),
         devices=audit,
         graph_nodes=graphs[len(graphs) // 2] if graphs else None,
         hotspots=hotspots,
