@@ -130,15 +130,14 @@ def test_c01_too_few_workers(tmp_path):
     assert f["evidence"]["cause"] == "too_few_workers"
     assert f["evidence"]["data_wait_share"] >= 0.5
     assert f["evidence"]["suggested_num_workers"] >= 3  # the case's ⌈fetch / step⌉ is about 4
-    main = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "faulty", "--faulty-workers", "0", "--steps", "40")
-    assert finding(main, "input_bound")["evidence"]["cause"] == "loader_in_main_process"
     fixed = scenario(tmp_path, "c01_too_few_workers.py", "--variant", "fixed", "--steps", "40")
     assert "input_bound" not in ids(fixed) or fixed["metrics"]["shares"]["data_wait"] < 0.2
     assert sps(fixed) >= 2 * sps(faulty)
 
 
 def test_c07_tokenization_in_the_data_path(tmp_path):
-    faulty = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "faulty", "--steps", "30")
+    # ~0.45 s a step: 16 steps measure it (the fixed variant's ~0.09 s steps take 30)
+    faulty = scenario(tmp_path, "c07_tokenize_on_the_fly.py", "--variant", "faulty", "--steps", "16")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "loader_in_main_process"
