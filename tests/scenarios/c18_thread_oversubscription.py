@@ -1,9 +1,10 @@
 """C18: thread oversubscription, autodetected threads x processes x workers (cases.md C18).
 
-Stages: two training processes started together (standing for 2 jobs / ranks on one node): the
-script re-launches itself twice with ``--rank 0`` / ``--rank 1`` (``subprocess``), the ranks meet at
-a file barrier after set-up, train, and the parent waits for both (non-zero exit if a rank
-fails). Each rank trains the S-MLP (512 -> 1024 -> 1024 -> 10, batch 256, SGD) from a
+Stages: two training processes started together (standing for 2 jobs / ranks on one node): this
+script, a launcher that imports only the standard library (as ``torchrun`` is a launcher), starts
+``c18_rank.py`` twice with ``--rank 0`` / ``--rank 1`` (``subprocess``), the ranks meet at a file
+barrier after set-up, train, and the launcher waits for both (non-zero exit if a rank fails).
+Each rank trains the S-MLP (512 -> 1024 -> 1024 -> 10, batch 256, SGD) from a
 ``DataLoader(num_workers=2)`` whose workers build each sample from 8 synthetic 256-dim frames
 with a 256x256 matmul-based feature transform (``tanh(frames @ W)``, then mean- and max-pool ->
 512 features). 60 steps per rank (the spec says 80: ``--steps 80`` runs ~14 s faulty).
@@ -31,106 +32,18 @@ context switches, OpenMP spin/barrier time, CPU ~100 % while throughput is low. 
 Expected faulty -> fixed throughput ratio: >= 1.5x on 2 cores (measured: see README).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import functools
+import argparse
 import json
-import multiprocessing as mp
+import os
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
-
-from common import SMLP, StepMeter, make_parser, seed_everything
-
-FRAMES, DIM = 8, 256
+RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c18_rank.py")
 WORLD = 2
-
-
-class FrameFeatures(Dataset):
-    """Each sample: 16 frames x 256 raw values (generated from the index) -> 512 features."""
-
-    def __init__(self, length, seed):
-        self.length, self.seed = length, seed
-        self.proj = torch.randn(DIM, DIM, generator=torch.Generator().manual_seed(seed)) / DIM**0.5
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, idx):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
-        frames = torch.randn(FRAMES, DIM, generator=g)
-        h = torch.tanh(frames @ self.proj)  # the 256x256 matmul-based feature transform
-        feats = torch.cat([h.mean(0), h.amax(0)])
-        return feats, idx % 10
-
-
-def worker_init_fn(worker_id, threads):
-    torch.set_num_threads(threads)
-
-
-def wait_for_peers(barrier_dir, rank, world, timeout=300.0):
-    open(os.path.join(barrier_dir, f"ready.{rank}"), "w").close()
-    deadline = time.monotonic() + timeout
-    while sum(os.path.exists(os.path.join(barrier_dir, f"ready.{r}")) for r in range(world)) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError("peers did not reach the barrier")
-        time.sleep(0.005)
-
-
-def run_rank(args):
-    threads = 8 if args.variant == "faulty" else 1
-    torch.set_num_threads(threads)
-    seed_everything(args.seed + args.rank)
-
-    dataset = FrameFeatures(length=256 * max(args.steps, 1), seed=args.seed + 17 * args.rank)
-    # forkserver, not fork: a forked worker that runs GNU OpenMP with more than one thread after
-    # its parent already had an OpenMP thread pool deadlocks (libgomp is not fork-safe).
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch"])
-    loader = DataLoader(
-        dataset,
-        batch_size=256,
-        shuffle=True,
-        drop_last=True,
-        num_workers=2,
-        worker_init_fn=functools.partial(worker_init_fn, threads=threads),
-        multiprocessing_context=ctx,
-    )
-    model = SMLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-    batches = iter(loader)  # starts the loader workers (the dataset is one epoch of args.steps batches)
-    wait_for_peers(args.barrier_dir, args.rank, WORLD)
-    meter = StepMeter()
-    meter.start()
-    for step, (x, y) in enumerate(batches, start=1):
-        meter.got_batch()
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        meter.step_done(x.shape[0])
-        if step >= args.steps:
-            break
-    meter.print_result(
-        prefix=f"RANK{args.rank} ",
-        scenario="c18_thread_oversubscription",
-        variant=args.variant,
-        rank=args.rank,
-        threads=threads,
-        batch_size=256,
-    )
-    del batches  # shut the loader workers down (and let them be reaped) before exiting
-    return 0
 
 
 def kill_groups(procs, sig=signal.SIGKILL):
@@ -169,7 +82,7 @@ def launch(args):
         for rank in range(WORLD):
             cmd = [
                 sys.executable,
-                os.path.abspath(__file__),
+                RANK_SCRIPT,
                 "--variant", args.variant,
                 "--steps", str(args.steps),
                 "--seed", str(args.seed),
@@ -228,14 +141,13 @@ def launch(args):
 
 
 def main():
-    p = make_parser(__doc__, steps=60)
-    p.add_argument("--rank", type=int, default=None, help="internal: run as this rank")
-    p.add_argument("--barrier-dir", default=None, help="internal: directory of the start barrier")
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--variant", choices=("faulty", "fixed"), default="faulty")
+    p.add_argument("--fixed", dest="variant", action="store_const", const="fixed", help="same as --variant fixed")
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps per rank (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rank-timeout", type=float, default=300.0, help="kill the ranks after this many seconds")
-    args = p.parse_args()
-    if args.rank is None:
-        return launch(args)
-    return run_rank(args)
+    return launch(p.parse_args())
 
 
 if __name__ == "__main__":
