@@ -83,13 +83,13 @@ def test_compute_heavy_model_on_in_memory_data_is_device_bound(tmp_path):
 
 
 def test_python_logging_in_the_loop_is_host_bound_and_named(tmp_path):
-    faulty = scenario(tmp_path, "logging_loop.py", "--variant", "faulty", "--steps", "60")
+    faulty = scenario(tmp_path, "logging_loop.py", "--variant", "faulty", "--steps", "40")
     assert faulty["verdict"] == "host_bound"
     f = finding(faulty, "host_bound")
     assert f["evidence"]["focus"]["function"] == "logging_loop.py log_metrics"
     assert f["evidence"]["kind"] == "logging"
     assert "log_metrics" in f["summary"] and "log_metrics" in f["fix"]["text"]
-    fixed = scenario(tmp_path, "logging_loop.py", "--variant", "fixed", "--steps", "60")
+    fixed = scenario(tmp_path, "logging_loop.py", "--variant", "fixed", "--steps", "40")
     assert "host_bound" not in ids(fixed)
     assert sps(fixed) >= 1.5 * sps(faulty)
 
