@@ -351,3 +351,17 @@ def test_focus_is_the_deepest_function_holding_most_of_the_phase():
     assert f["site"] == "tok.py:50 encode"  # its most-sampled line
     assert focus(recs, "backward") is None
     assert focus(recs, "data", min_share=1.01) is None
+
+
+def test_focus_reads_nesting_from_the_chains_when_the_inner_function_has_two_callers():
+    """A metric loop called from training_step (85 %) and validation_step (8 %) holds more time
+    (93 %) than training_step itself (89 %): it is still the inner one (a CI run named training_step)."""
+    recs = [{"k": "stacks", "t": 0, "hz": 100, "n": 100, "sites": [
+        ["other", "m.py:69 stats_loop", "m.py:69 stats_loop", 85, 850.0, ["m.py:124 training_step", "m.py:219 <module>"]],
+        ["other", "m.py:69 stats_loop", "m.py:69 stats_loop", 8, 80.0, ["m.py:133 validation_step", "m.py:219 <module>"]],
+        ["other", "m.py:125 training_step", "m.py:125 training_step", 4, 40.0, ["m.py:219 <module>"]],
+        ["other", "m.py:202 main", "m.py:202 main", 3, 30.0, ["m.py:219 <module>"]],
+    ]}]
+    f = focus(recs, "other")
+    assert f["function"] == "m.py stats_loop" and f["callers"] == ["training_step", "<module>"]
+    assert f["share_of_phase"] == pytest.approx(0.93)

@@ -163,6 +163,24 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     return out
 
 
+def _inside_count(key: tuple, candidates: list[tuple], nestings: dict[tuple, float]) -> int:
+    """How many other ``candidates`` ``key`` sits inside: below them in the sampled chains
+    (``nestings``: functions innermost first → seconds) for more time than above them."""
+    count = 0
+    for other in candidates:
+        if other == key:
+            continue
+        below = above = 0.0
+        for nest, seconds in nestings.items():
+            if key in nest and other in nest:
+                if nest.index(key) < nest.index(other):
+                    below += seconds
+                else:
+                    above += seconds
+        count += below > above
+    return count
+
+
 def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None,
           phase_seconds: float | None = None, source_root: str | None = None,
           min_share: float = 0.5, entry_sites: frozenset = frozenset()) -> dict | None:
@@ -171,11 +189,13 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     Every user function on a sample's stack (the innermost and its recorded callers) gets the
     sample's time once. The answer is the innermost function whose inclusive time is at least
     ``min_share`` of the phase's sampled time: for a tokenizer called from ``__getitem__`` it is
-    the tokenizer's entry point rather than one of its many small helpers. Of two such functions,
-    the one nested in the other has the smaller inclusive time (it cannot hold more than its
-    caller), so the candidate with the least inclusive time is the innermost; a function whose
-    innermost frame is a framework entry site (``entry_sites``) is never a candidate: its time is
-    the framework's.
+    the tokenizer's entry point rather than one of its many small helpers. Which of two candidates
+    is inside the other is read from the sampled call chains (the one found below the other for
+    more of their shared time), not from their inclusive times: a function called from two places
+    (a metric from ``training_step`` and ``validation_step``) can hold more time than either
+    caller. The answer is the candidate inside the most others; ties go to the least inclusive
+    time. A function whose innermost frame is a framework entry site (``entry_sites``) is never a
+    candidate: its time is the framework's.
 
     Returns ``{"function", "site", "code", "seconds", "share_of_phase", "callers"}`` (seconds scaled
     to ``phase_seconds`` when given; ``callers``: the names of the user functions it was most often
@@ -186,30 +206,33 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     depth: dict[tuple, list] = {}
     lines: dict[tuple, dict] = {}
     outer: dict[tuple, dict] = {}  # key -> {enclosing function names: seconds}
+    nestings: dict[tuple, float] = {}  # the functions of a sample, innermost first -> seconds
     total = 0.0
     for _phase, user, _leaf, _count, seconds, callers in _sites(records, {phase}, window, entry_sites):
         total += seconds
-        seen = set()
+        seen: dict[tuple, None] = {}
         chain = ([user] if user and user not in entry_sites else []) + list(callers)
         for level, s in enumerate(chain):
             path, _line, func = split_site(s)
             key = (path, func)
             if key in seen:
                 continue
-            seen.add(key)
+            seen[key] = None
             inclusive[key] = inclusive.get(key, 0.0) + seconds
             depth.setdefault(key, []).append(level)
             by_line = lines.setdefault(key, {})
             by_line[s] = by_line.get(s, 0.0) + seconds
             up = tuple(split_site(c)[2] for c in chain[level + 1:])
             outer.setdefault(key, {})[up] = outer.get(key, {}).get(up, 0.0) + seconds
+        nest = tuple(seen)
+        nestings[nest] = nestings.get(nest, 0.0) + seconds
     if total <= 0:
         return None
     candidates = [k for k, v in inclusive.items() if v >= min_share * total]
     if not candidates:
         return None
-    # innermost = least inclusive time (see the docstring), then the smallest typical depth
-    best = min(candidates, key=lambda k: (inclusive[k], sorted(depth[k])[len(depth[k]) // 2]))
+    best = min(candidates, key=lambda k: (-_inside_count(k, candidates, nestings), inclusive[k],
+                                          sorted(depth[k])[len(depth[k]) // 2]))
     site = max(lines[best], key=lines[best].get)
     scale = (phase_seconds / total) if phase_seconds else 1.0
     callers = max(outer[best], key=outer[best].get) if outer.get(best) else ()
