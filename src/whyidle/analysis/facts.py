@@ -94,7 +94,6 @@ class HostMetrics(TypedDict):
     psi_io_share: float | None
 
 
-
 class GpuMetrics(TypedDict):
     """:func:`whyidle.analysis.gpu.gpu_metrics` over the analyzed window (definitions there).
 
@@ -188,6 +187,7 @@ class InputWait(TypedDict, total=False):
     iterators: list
     file: str | None
     gpu_busy: list
+
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class RunFacts:
