@@ -81,3 +81,22 @@ def test_saved_run_report_is_reproducible_and_the_cli_agrees(tmp_path):
     assert again == json.loads(json.dumps(first))
     assert os.path.getsize(tmp_path / "r.html") > 100_000 and not os.path.exists(os.path.join(run_dir, "report.html"))
     assert os.path.exists(os.path.join(run_dir, "timeline.json"))
+
+
+def test_fix_code_and_paths_are_never_wrapped_at_80_columns(tmp_path):
+    """Output that is not a terminal is 80 columns wide: the fix's code and the run directory
+    (with its re-render command) are still printed one line each, to be copied as they are."""
+    import io
+
+    from whyidle.report.terminal import render
+
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(os.path.join(RUNS, "image_decode_main"), run_dir)
+    report = pipeline.report_run(run_dir)
+    buf = io.StringIO()
+    render(report, file=buf, width=80)
+    lines = buf.getvalue().splitlines()
+    code = next(f for f in report["findings"] if f["id"] == "input_bound")["fix"]["code"]
+    for line in code.splitlines():
+        assert " " * 5 + line in lines, line
+    assert f"run directory: {report['run']['run_dir']}  (re-render: whyidle report {report['run']['run_dir']})" in lines

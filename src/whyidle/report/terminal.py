@@ -28,6 +28,15 @@ def _indent(renderable, n: int) -> Padding:
     return Padding(renderable, (0, 0, 0, n), expand=False)
 
 
+def _print_whole(console: Console, text: Text, n: int = 0) -> None:
+    """Prints ``text`` indented by ``n`` spaces and never wrapped or cropped: code and paths a user
+    copies stay one line each, whatever the width (80 columns when the output is not a terminal)."""
+    text = text.copy()
+    if n:
+        text = Text("\n").join(Text(" " * n) + line for line in text.split("\n"))
+    console.print(text, soft_wrap=True)
+
+
 def _ms(x) -> str:
     return "n/a" if x is None else f"{x * 1000:.1f} ms"
 
@@ -194,7 +203,7 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         if fix.get("text"):
             console.print(_indent(Text.assemble(("Fix: ", "bold green"), fix["text"]), 3))
         if fix.get("code"):
-            console.print(_indent(Text(fix["code"], style="cyan"), 5))
+            _print_whole(console, Text(fix["code"], style="cyan"), 5)
         options = fix.get("options") or []
         if options and options[0].get("condition"):
             console.print(_indent(Text(f"(grows: {options[0]['condition']})", style="dim"), 5))
@@ -208,8 +217,9 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
             table.add_row("[dim]note[/]", Text(note, style="dim"))
         console.print(table)
     if run.get("html"):
-        console.print(f"[dim]HTML report: {escape(run['html'])}[/]")
+        _print_whole(console, Text(f"HTML report: {run['html']}", style="dim"))
     if run.get("timeline"):
-        console.print(f"[dim]timeline (ui.perfetto.dev, chrome://tracing): {escape(run['timeline'])}[/]")
+        _print_whole(console, Text(f"timeline (ui.perfetto.dev, chrome://tracing): {run['timeline']}", style="dim"))
     if run.get("run_dir"):
-        console.print(f"[dim]run directory: {escape(run['run_dir'])}  (re-render: whyidle report {escape(run['run_dir'])})[/]")
+        _print_whole(console, Text(f"run directory: {run['run_dir']}  (re-render: whyidle report {run['run_dir']})",
+                                   style="dim"))
