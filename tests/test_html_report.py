@@ -53,7 +53,9 @@ def test_cpu_run_page_is_self_contained_and_says_why_gpu_plots_are_missing(tmp_p
     assert page.count(html._plotly_js()[:300]) == 1
     assert "default-src 'none'" in page
     figs = figures(page)
-    assert sorted(k.split("-", 2)[2] for k in figs) == ["cpu", "phases", "steps"]
+    assert sorted(k.split("-", 2)[2] for k in figs) == ["cpu", "phases", "steps", "time"]
+    time_fig = next(v for k, v in figs.items() if k.endswith("-time"))
+    assert {t["name"] for t in time_fig["data"]} >= {"start-up", "training steps"}
     # the GPU plots are replaced by one sentence each, never an empty axis
     assert 'data-missing="gpu_util"' in page and 'data-missing="idle"' in page
     assert "No GPU was observed: NVML not available: NVML Shared Library Not Found." in page
@@ -280,7 +282,7 @@ def test_cpu_report_in_browser(browser, tmp_path):
     path = tmp_path / "report.html"
     path.write_text(page)
     got = check_in_browser(browser, str(path))
-    assert [f["id"].split("-", 2)[2] for f in got["figures"]] == ["cpu", "steps", "phases"]
+    assert [f["id"].split("-", 2)[2] for f in got["figures"]] == ["time", "cpu", "steps", "phases"]
     assert "No GPU was observed" in got["text"]
 
 
@@ -329,7 +331,7 @@ def test_gpu_report_in_browser_with_injection_strings(browser, gpu_run, tmp_path
     path = tmp_path / "report.html"
     path.write_text(page)
     got = check_in_browser(browser, str(path))
-    assert [f["id"].split("-", 2)[2] for f in got["figures"]] == ["gpu_util", "cpu", "steps", "phases", "idle"]
+    assert [f["id"].split("-", 2)[2] for f in got["figures"]] == ["time", "gpu_util", "cpu", "steps", "phases", "idle"]
     # shown as text, never run
     assert got["pwned"] is None
     assert INJECT_CMD in got["text"] and INJECT_SITE in got["text"]

@@ -170,7 +170,7 @@ def test_floats_are_rounded():
     facts.step["samples_per_s"] = 1234.5678
     facts.step["shares"]["forward"] = 0.123456789
     rep = build_report(facts, "device_bound", [])
-    assert rep["metrics"]["samples_per_s"] == 1234.6
+    assert rep["metrics"]["steady_samples_per_s"] == 1234.6
     assert rep["metrics"]["shares"]["forward"] == 0.1235
 
 

@@ -43,6 +43,12 @@ SCENARIOS = {
     "accelerate_accum": ("accelerate_accum.py", TWO),
     "plain_accum": ("plain_accum.py", TWO),
     "compiled_model": ("compiled_model.py", [("compiled", [])]),
+    # time outside the step (issue 14): samples/s over the whole training loop, process time beside it
+    **{f"job_{kind}": ("job_parts.py", [(v, ["--kind", kind, "--variant", v, *extra]) for v in ("faulty", "fixed")])
+       for kind, extra in (("eval", []), ("eval_metric", []), ("checkpoint", ["--steps", "150"]),
+                           ("epoch", ["--steps", "24"]), ("logging", ["--steps", "60"]))},
+    "lightning_eval": ("lightning_eval.py", TWO),
+    "keras_eval_callback": ("keras_eval_callback.py", TWO),
 }
 
 
@@ -72,6 +78,8 @@ def run_once(script, extra, timeout=120):
         raise RuntimeError(f"{script} {extra}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     res = json.loads(line[len("RESULT ") :])
     res["process_s"] = round(total, 2)
+    for key in ("step_time_p50_s", "data_wait_share"):  # not every script measures these (nan: not measured)
+        res.setdefault(key, float("nan"))
     return res
 
 

@@ -38,7 +38,8 @@ class StepMetrics(TypedDict):
     ``data_wait_s_per_step`` / ``compute_s_per_step``: means (s); ``data_cpu_share``: CPU time of
     the main thread while waiting for data / that wait (0–1, None when not timed);
     ``main_cpu_share``: main-thread CPU / step time; ``whyidle_share``: whyidle's step-boundary
-    work / step time; ``gpu_ms``: ``{p50, mean}`` GPU time per step (ms) or None.
+    work / step time; ``outside_share``: checkpoint saving and tracker logging inside the steps /
+    step time (both left out of the shares); ``gpu_ms``: ``{p50, mean}`` GPU time per step (ms) or None.
     """
 
     steps: int
@@ -57,6 +58,7 @@ class StepMetrics(TypedDict):
     main_cpu_share: float | None
     lite_steps: int
     whyidle_share: float
+    outside_share: float
     gpu_ms: dict[str, float] | None
 
 
@@ -189,6 +191,34 @@ class InputWait(TypedDict, total=False):
     gpu_busy: list
 
 
+class TimePart(TypedDict):
+    """One part of the wall time (:mod:`whyidle.analysis.accounting`): ``s`` seconds, ``share`` of
+    the wall time (0–1), ``count`` (regions or iterators that made it), ``sites`` (busiest lines
+    inside it: ``{site, function, leaf, seconds}``), ``host_sites`` (the same, outside the model and
+    the data loader), ``mix`` (seconds by what ran: ``model``, ``data``, ``host``; None without
+    stack samples), ``callers`` (the program's lines that opened it: ``{site, count, seconds}``)."""
+
+    s: float
+    share: float
+    count: int
+    sites: list[dict]
+    host_sites: list[dict]
+    mix: dict[str, float] | None
+    callers: list[dict]
+
+
+class TimeAccounting(TypedDict):
+    """:func:`whyidle.analysis.accounting.time_accounting`: ``wall_s`` (the command's wall time,
+    s), ``window`` ([t0, t1] monotonic ns), ``parts`` (``startup``, ``training``, ``evaluation``,
+    ``checkpoint``, ``logging``, ``epoch_boundary``, ``teardown`` → :class:`TimePart`, summing to
+    ``wall_s``), ``training_span_s`` (first step's end to last step's end, s)."""
+
+    wall_s: float
+    window: list[int]
+    parts: dict[str, TimePart]
+    training_span_s: float
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class RunFacts:
     """What was measured in one run, over its analyzed (steady) steps.
@@ -216,6 +246,10 @@ class RunFacts:
       ``seconds`` of its iterator start-ups), ``devices`` (the last device audit),
       ``graph_nodes`` (median autograd nodes per backward).
     - ``hotspots`` and ``focus`` (phase → :mod:`whyidle.analysis.stacks` results).
+    - ``time``: the command's wall time by part (:func:`whyidle.analysis.accounting.time_accounting`);
+      ``job_samples_per_s``: samples trained after the first step ÷ ``time.training_span_s`` (what
+      the job achieved, evaluation, checkpoints and epoch boundaries inside the training loop
+      included).
     - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
@@ -258,6 +292,8 @@ class RunFacts:
     logged: dict | None = None
     step_rows: list[Any] | None = None
     analyzed_steps: list[Any] | None = None
+    time: TimeAccounting | None = None
+    job_samples_per_s: float | None = None
 
     def replace(self, **changes) -> RunFacts:
         """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""

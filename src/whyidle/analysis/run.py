@@ -6,6 +6,7 @@ This is the facade over the one-question modules: :mod:`.steps` (step time and i
 
 from __future__ import annotations
 
+from whyidle.analysis import accounting
 from whyidle.analysis import api as api_analysis
 from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
@@ -109,7 +110,9 @@ def analyze(run: RunData) -> RunFacts:
             trainers = [p for p in trainers if p != primary]
             primary = None
     analyzed, info = step_analysis.select_steps(step_lists[primary]) if primary is not None else ([], {"total": 0})
-    step = step_analysis.step_metrics(analyzed) if analyzed else None
+    outside = accounting.merged([(r["t0"], r["t1"]) for r in recs if r.get("k") == "region"
+                                 and r.get("kind") in accounting.OUTSIDE_STEP])
+    step = step_analysis.step_metrics(analyzed, outside) if analyzed else None
     window = tuple(step["window"]) if step else None
 
     loader = _train_loader([r for r in recs if r.get("k") == "loader"], analyzed)
@@ -159,6 +162,8 @@ def analyze(run: RunData) -> RunFacts:
         "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
     }
     audit = devices[-1] if devices else None
+    rows = step_lists[primary] if primary is not None else []
+    time_parts = _accounting(run, recs, rows, step, entry_sites)
     return RunFacts(
         framework=framework,
         api=api,
@@ -194,6 +199,50 @@ def analyze(run: RunData) -> RunFacts:
         tf_devices=_last(recs, "tf_devices"),
         keras_calls=[r for r in recs if r.get("k") == "keras_call"],
         logged=logged_analysis.logged_metrics(procs),
-        step_rows=step_lists[primary] if primary is not None else [],
+        step_rows=rows,
         analyzed_steps=analyzed,
+        time=time_parts,
+        job_samples_per_s=_job_samples_per_s(rows, time_parts),
     )
+
+
+def _window(meta: dict, recs: list[dict]) -> tuple[int, int] | None:
+    """The command's wall window (``meta.json`` ``start_t``/``exit_t``, monotonic ns) or, for runs
+    without them (a killed whyidle, an older run), the training process's own life: its
+    interpreter start (``proc.started``) to its ``exit`` record or last record."""
+    start, end = meta.get("start_t"), meta.get("exit_t")
+    if isinstance(start, int) and isinstance(end, int) and end > start:
+        return start, end
+    proc = _first(recs, "proc") or {}
+    start = proc.get("started") or proc.get("t")
+    ts = [r["t"] for r in recs if isinstance(r.get("t"), int)]
+    end = max(ts, default=None)
+    if not isinstance(start, int) or end is None or end <= start:
+        return None
+    return start, end
+
+
+def _accounting(run: RunData, recs: list[dict], rows: list, step, entry_sites) -> dict | None:
+    """:func:`whyidle.analysis.accounting.time_accounting` of the training process, or None."""
+    window = _window(run.meta, recs)
+    if window is None or not recs:
+        return None
+    steady = 0.0
+    if step:
+        steady = step["data_wait_s_per_step"] / max(1.0, step.get("batches_per_step") or 1.0)
+    return accounting.time_accounting(
+        window, rows, [r for r in recs if r.get("k") == "region"], [r for r in recs if r.get("k") == "iter"],
+        [r for r in recs if r.get("k") == "iter_first"], steady, recs, run.meta.get("cwd"), entry_sites)
+
+
+def _job_samples_per_s(rows: list, time_parts: dict | None) -> float | None:
+    """Samples of every training step after the first (steps whose batch size was not read count
+    as the median of those that were) over the training span (the first step's end to the last
+    one's: the first step is start-up), or None."""
+    if not time_parts or len(rows) < 2 or time_parts["training_span_s"] <= 0:
+        return None
+    known = [r["samples"] for r in rows[1:] if r.get("samples") is not None]
+    if not known:
+        return None
+    total = sum(known) + step_analysis.percentile(known, 50) * (len(rows) - 1 - len(known))
+    return total / time_parts["training_span_s"]

@@ -114,7 +114,22 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def step_metrics(steps: list[dict]) -> StepMetrics:
+def _overlaps(steps: list, intervals: list[tuple[int, int]]) -> list[int]:
+    """Per step, the ns of ``intervals`` (sorted, disjoint) inside ``[t0, t1]`` (steps in order)."""
+    out, j = [], 0
+    for s in steps:
+        t0, t1 = s["t0"], s["t1"]
+        while j < len(intervals) and intervals[j][1] <= t0:
+            j += 1
+        ns, k = 0, j
+        while k < len(intervals) and intervals[k][0] < t1:
+            ns += max(0, min(t1, intervals[k][1]) - max(t0, intervals[k][0]))
+            k += 1
+        out.append(ns)
+    return out
+
+
+def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None) -> StepMetrics:
     """Metrics of the analyzed steps (see the module docstring for definitions).
 
     Returns a dict with ``steps``, ``window`` ([t0, t1] monotonic ns), ``wall_s`` (window length,
@@ -125,7 +140,10 @@ def step_metrics(steps: list[dict]) -> StepMetrics:
     detail: shares, samples and CPU times come from the others), ``whyidle_share`` (fraction of the
     detailed steps' time that was whyidle's own step-boundary work, the step records' ``wi``,
     which the shares leave out),
-    ``gpu_ms`` {p50, mean} or None.
+    ``gpu_ms`` {p50, mean} or None; ``outside_share``: fraction of the detailed steps' time inside
+    ``outside`` intervals (sorted, disjoint ``(t0, t1)`` ns: checkpoint saving and tracker logging
+    called from the loop, which the whole-job accounting reports as parts of their own), left out
+    of the shares like whyidle's own work (it would otherwise read as the program's host work).
     Errors: ``ValueError`` for an empty list.
     """
     if not steps:
@@ -137,8 +155,9 @@ def step_metrics(steps: list[dict]) -> StepMetrics:
     # whyidle's own step-boundary work ("wi": record building, hook switching) is not the program's
     # host work: shares are of the step time without it
     own_s = sum(s.get("wi") or 0 for s in phased) / 1e9
+    outside_s = sum(_overlaps(phased, outside)) / 1e9 if outside else 0.0
     phased_wall_s = sum(s["t1"] - s["t0"] for s in phased) / 1e9
-    phased_s = (phased_wall_s - own_s) or 1e-12
+    phased_s = (phased_wall_s - own_s - outside_s) or 1e-12
     shares = {}
     keys = PHASE_KEYS + ((COMPUTE_KEY,) if any(s.get(COMPUTE_KEY[1]) is not None for s in steps) else ())
     for name, key in keys:
@@ -179,5 +198,6 @@ def step_metrics(steps: list[dict]) -> StepMetrics:
         "main_cpu_share": sum(s["cpu"] for s in timed) / 1e9 / timed_s if timed_s > 0 else None,
         "lite_steps": sum(1 for s in steps if s.get("lite")),
         "whyidle_share": own_s / phased_wall_s if phased_wall_s > 0 else 0.0,
+        "outside_share": outside_s / phased_wall_s if phased_wall_s > 0 else 0.0,
         "gpu_ms": {"p50": percentile(gpu, 50), "mean": sum(gpu) / len(gpu)} if gpu else None,
     }

@@ -11,7 +11,7 @@ and answers the question before any other bottleneck does.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import rules, rules_device, rules_gpu, rules_keras, rules_work
+from whyidle.diagnose import rules, rules_device, rules_gpu, rules_job, rules_keras, rules_work
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.types import Finding
 from whyidle.diagnose.verdict import choose_verdict, order
@@ -106,6 +106,10 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
         host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts)) if f]
         if host:
             findings.append(max(host, key=lambda f: f["bound"] or 0))
+        for rule in rules_job.RULES:  # time outside the step: bound is a share of the wall time
+            f = rule(facts)
+            if f:
+                findings.append(f)
     _link_contention_to_input(facts, findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
     for f in findings:  # tf.data: smells whose fixed lines input_bound already shows
@@ -114,7 +118,8 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     config = (rules_keras.input_pipeline_config if tf else rules.input_pipeline_config)(facts, causes)
     if config:
         findings.append(config)
-    verdict = choose_verdict(findings, judged=short is None)
+    training = ((facts.time or {}).get("parts") or {}).get("training")
+    verdict = choose_verdict(findings, judged=short is None, training_s=training["s"] if training else None)
     if verdict is None:
         verdict = "device_bound"
         findings.insert(0, rules.device_bound(facts, findings))

@@ -82,6 +82,36 @@ VERDICT_MIN_SPEEDUP = 1.10
 #: would gain 1/(1 − 0.10) = 1.11×, the noise of a shared machine (as ``DATA_WAIT_WARN``). Below
 #: it on every finding the verdict is ``device_bound``.
 VERDICT_MIN_BOUND = 0.10
+# -- time outside the step: eval_bound, checkpoint_bound, logging_bound, epoch_boundary (rules_job.py) --
+# Shares of the command's wall time (analysis/accounting.py).
+
+#: Evaluation share of wall time that makes ``eval_bound`` a warning: a job that validates once per
+#: epoch on a tenth of the data spends well under 10 %; a fifth of the wall time is a schedule
+#: choice worth questioning. A single evaluation (nothing to do less often) needs the critical share.
+EVAL_WARN_SHARE = 0.20
+EVAL_CRITICAL_SHARE = 0.40
+#: "Evaluate less often" is priced at this factor (every 4th evaluation kept).
+EVAL_LESS_OFTEN = 4
+#: Share of the evaluation's sampled time in the program's own Python (not the model, not the
+#: loader) above which the cause is that work (a per-sample metric, NMS) rather than the schedule.
+EVAL_HOST_SHARE = 0.5
+#: Share of a Python per-sample loop that vectorizing removes (batched tensor ops run the same math
+#: 10–100× faster; 0.9 is the conservative end).
+VECTORIZED_SAVING = 0.9
+#: Checkpoint share of wall time for ``checkpoint_bound``; the fix saves so often that saving takes
+#: ``CHECKPOINT_TARGET_SHARE`` (a save every epoch of a long job is ~1 %).
+CHECKPOINT_WARN_SHARE = 0.10
+CHECKPOINT_CRITICAL_SHARE = 0.30
+CHECKPOINT_TARGET_SHARE = 0.02
+#: Tracker logging share of wall time for ``logging_bound`` (same scale as ``HOST_SHARE_WARN``'s
+#: lean-loop floor); the fix logs every ``LOG_EVERY`` steps (fixes.logging_code writes 50).
+LOGGING_WARN_SHARE = 0.10
+LOGGING_CRITICAL_SHARE = 0.30
+LOG_EVERY = 50
+#: Iterator start-up share of wall time for ``epoch_boundary`` (worker start per epoch).
+EPOCH_WARN_SHARE = 0.10
+EPOCH_CRITICAL_SHARE = 0.30
+
 #: Fewer analyzed steps than this: say so rather than guess.
 MIN_STEPS = 5
 

@@ -21,11 +21,25 @@ def limiting(findings: list[dict]) -> list[dict]:
     return [f for f in findings if f["severity"] != "info" and (f.get("bound") or 0.0) >= T.VERDICT_MIN_BOUND]
 
 
-def choose_verdict(findings: list[dict], judged: bool = True) -> str | None:
+def held_seconds(finding: dict, training_s: float | None) -> float:
+    """Seconds of the job a finding's cause holds: a whole-job finding's ``evidence.part_s``
+    (rules_job.py), a step finding's ``bound`` × the training steps' seconds; without time
+    accounting (``training_s`` None, traces) the ``bound`` itself, so the two never mix."""
+    part_s = (finding.get("evidence") or {}).get("part_s")
+    bound = finding.get("bound") or 0.0
+    if training_s is None:
+        return bound
+    return part_s if part_s is not None else bound * training_s
+
+
+def choose_verdict(findings: list[dict], judged: bool = True, training_s: float | None = None) -> str | None:
     """The verdict id for ``findings`` (report-contract dicts with ``bound``), or None when the
     verdict is ``device_bound`` (the caller adds that finding). ``judged``: enough steps were seen
     to judge the step; without, the verdict is ``"unknown"`` unless a placement finding is
-    critical. Ties on ``bound`` go to the higher severity, then to the earlier finding."""
+    critical. With ``training_s`` (the training steps' seconds, whole-job accounting) findings are
+    compared by the seconds they hold (:func:`held_seconds`): evaluation that takes 70 % of the
+    wall time outranks an input wait of 80 % of steps that take 20 % of it. Ties go to the higher
+    severity, then to the earlier finding."""
     placement = [f for f in findings if f["id"] in PLACEMENT and f["severity"] == "critical"]
     if placement:
         return placement[0]["id"]
@@ -34,7 +48,7 @@ def choose_verdict(findings: list[dict], judged: bool = True) -> str | None:
     candidates = limiting(findings)
     if not candidates:
         return None
-    return min(candidates, key=lambda f: (-(f.get("bound") or 0.0), _SEVERITY_RANK[f["severity"]]))["id"]
+    return min(candidates, key=lambda f: (-held_seconds(f, training_s), _SEVERITY_RANK[f["severity"]]))["id"]
 
 
 def order(findings: list[dict], verdict: str) -> list[dict]:

@@ -66,8 +66,9 @@ VTID_BASE = 1_100_000_000
 VTID_STRIDE = 8
 
 #: Track index → thread name, in display order.
-TRACKS = ("steps", "phases", "GPU starved (CUDA timeline)", "DataLoader", "Keras", "TensorFlow profiler")
-STEPS, PHASES, STARVED, LOADER, KERAS, TF = range(len(TRACKS))
+TRACKS = ("steps", "phases", "GPU starved (CUDA timeline)", "DataLoader", "Keras", "TensorFlow profiler",
+          "outside the step")
+STEPS, PHASES, STARVED, LOADER, KERAS, TF, REGIONS = range(len(TRACKS))
 
 #: Slice names of the step phases (``PHASE_CODES``); data waits say what they are.
 PHASE_NAMES = {"setup": "setup", "data": "data wait", "forward": "forward", "backward": "backward",
@@ -364,7 +365,8 @@ class _Timeline:
             yield tuple(pending)
 
     def _host_regions(self, pid: int, records: list) -> None:
-        """DataLoader iterator creations, Keras fit/evaluate/predict, the TensorFlow profiler window."""
+        """DataLoader iterator creations, Keras fit/evaluate/predict, the TensorFlow profiler window,
+        and evaluation / checkpoint / logging regions (time outside the training step)."""
         clock = self.clock
         loaders = {r.get("id"): r for r in records if r.get("k") == "loader"}
         for r in records:
@@ -385,6 +387,10 @@ class _Timeline:
                 self.track(pid, _vtid(pid, KERAS)).add(_slice(
                     pid, _vtid(pid, KERAS), clock.us(r["t0"]), clock.us(r["t1"]), f"keras {r.get('fn')}", "keras",
                     args))
+            elif k == "region" and r.get("t0") is not None and r.get("t1") is not None:
+                self.track(pid, _vtid(pid, REGIONS)).add(_slice(
+                    pid, _vtid(pid, REGIONS), clock.us(r["t0"]), clock.us(r["t1"]), f"{r.get('kind')}: {r.get('entry')}",
+                    str(r.get("kind")), {"site": r.get("site"), "ms": _ms(r["t1"] - r["t0"])}))
             elif k == "tf_window" and r.get("t0") is not None and r.get("t1") is not None:
                 args = {"calls": len(r.get("calls") or []), "file": r.get("file"), "first_call": r.get("first_call")}
                 if r.get("error"):

@@ -45,6 +45,7 @@ class Agent:
 
     def __init__(self, run_dir: str, stack_hz: float = DEFAULT_STACK_HZ) -> None:
         self.run_dir = run_dir
+        self.t_start = time.monotonic_ns()  # interpreter start-up (the bootstrap runs first)
         self.stack_hz = stack_hz
         self.pid = os.getpid()
         self.writer = JsonlWriter(os.path.join(run_dir, f"proc-{self.pid}.jsonl"))
@@ -221,6 +222,9 @@ _INSTALLERS = {"torch": _installer("torch", "install", "PyTorch"),
                "pytorch_lightning": _install_lightning,
                "transformers.trainer": _installer("frameworks", "install_transformers_trainer", "Hugging Face Trainer"),
                "accelerate": _installer("frameworks", "install_accelerate", "Accelerate")}
+#: Trackers and checkpoint writers whose calls are timed as logging / checkpoint regions.
+for _name in ("torch.utils.tensorboard", "wandb", "mlflow", "safetensors.torch", "transformers.modeling_utils"):
+    _INSTALLERS[_name] = _installer("frameworks", "install_regions", f"{_name} timing")
 
 
 def start_from_env() -> "Agent | None":

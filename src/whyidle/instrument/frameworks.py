@@ -28,6 +28,8 @@ import functools
 import sys
 from time import monotonic_ns
 
+from whyidle.instrument import regions
+
 #: Settings read from a Lightning ``Trainer`` (attribute names of its public API).
 LIGHTNING_TRAINER_ATTRS = ("accumulate_grad_batches", "log_every_n_steps", "precision", "val_check_interval",
                            "check_val_every_n_epoch", "num_sanity_val_steps", "max_epochs", "max_steps",
@@ -157,6 +159,12 @@ def install_lightning(agent, module) -> None:
     make = _lightning_record(str(getattr(module, "__version__", None)), name)
     for method in ("fit", "validate", "test", "predict"):
         _wrap(trainer, method, agent, make)
+    regions.wrap(trainer, "save_checkpoint", "checkpoint", agent, "Trainer.save_checkpoint")
+    # the validation / test loop (sanity check, validation during fit, validate, test): Lightning
+    # restores the modules' training flags by assignment, so model.eval() alone cannot time it
+    loop = getattr(sys.modules.get(pkg.__name__ + ".loops.evaluation_loop"), "_EvaluationLoop", None)
+    if loop is not None:
+        regions.wrap(loop, "run", "evaluation", agent, "EvaluationLoop.run")
 
 
 def _hf_record(version: str):
@@ -186,6 +194,9 @@ def install_transformers_trainer(agent, module) -> None:
     make = _hf_record(version)
     for method in ("train", "evaluate", "predict"):
         _wrap(trainer, method, agent, make)
+    for method in ("evaluate", "predict"):
+        regions.wrap(trainer, method, "evaluation", agent, f"Trainer.{method}")
+    regions.wrap(trainer, "_save_checkpoint", "checkpoint", agent, "Trainer._save_checkpoint")
 
 
 def _accelerate_record(version: str):
@@ -214,3 +225,44 @@ def install_accelerate(agent, module) -> None:
     if acc is None:
         return
     _wrap(acc, "__init__", agent, _accelerate_record(str(getattr(module, "__version__", None))), after=True)
+
+
+#: Experiment trackers' logging calls, timed as ``logging`` regions: module → (owner path, names).
+#: wandb rebinds ``wandb.log`` to the run's method at ``wandb.init``: the method is wrapped.
+LOGGING_CALLS = {
+    "torch.utils.tensorboard": ("SummaryWriter", ("add_scalar", "add_scalars", "add_histogram", "add_image",
+                                                  "add_images", "add_figure", "add_text", "add_embedding",
+                                                  "add_graph", "flush")),
+    "wandb": ("sdk.wandb_run.Run", ("log", "save")),
+    "mlflow": ("", ("log_metric", "log_metrics", "log_param", "log_params", "log_artifact", "log_artifacts",
+                    "log_figure", "log_image", "log_dict", "log_text")),
+}
+#: Checkpoint writers outside the training frameworks: module → (owner path, names).
+CHECKPOINT_CALLS = {
+    "safetensors.torch": ("", ("save_file", "save_model")),
+    "transformers.modeling_utils": ("PreTrainedModel", ("save_pretrained",)),
+}
+
+
+def _owner(module, path: str):
+    obj = module
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def install_regions(agent, module) -> None:
+    """Times a tracker's logging calls or a library's checkpoint writers (``LOGGING_CALLS``,
+    ``CHECKPOINT_CALLS``) as regions (:mod:`whyidle.instrument.regions`)."""
+    for table, kind in ((LOGGING_CALLS, "logging"), (CHECKPOINT_CALLS, "checkpoint")):
+        spec = table.get(module.__name__)
+        if spec is None:
+            continue
+        owner = _owner(module, spec[0])
+        if owner is None:
+            return
+        prefix = spec[0].rsplit(".", 1)[-1] or module.__name__
+        for name in spec[1]:
+            regions.wrap(owner, name, kind, agent, f"{prefix}.{name}")

@@ -40,6 +40,7 @@ import sys
 import threading
 from time import monotonic_ns, thread_time_ns
 
+from whyidle.instrument import regions as region_mod
 from whyidle.instrument.user_metrics import record_epoch_logs
 from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
 
@@ -304,7 +305,8 @@ class KerasInstrument:
             return  # on the PyTorch backend, the PyTorch instrumentation samples the same thread
         from whyidle.instrument.stacks import StackSampler
 
-        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase,
+        regions = region_mod.get(self.agent)
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: regions.sample_phase(self.phase),
                                    native_id=threading.get_native_id(), notify=self.agent.notice)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
@@ -497,7 +499,8 @@ def install_keras(agent, keras) -> KerasInstrument:
     inst.backend = backend
     inst.keras_proc = {"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": list(getattr(sys, "argv", [])),
                        "python": sys.version.split()[0], "framework": "keras",
-                       "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend}
+                       "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend,
+                       "started": agent.t_start}
     major = str(getattr(keras, "__version__", "0")).split(".")[0]
     if major.isdigit() and int(major) < 3:
         agent.notice(f"Keras {keras.__version__}: whyidle is built for Keras 3; Keras 2 is observed as far as its "
@@ -505,6 +508,13 @@ def install_keras(agent, keras) -> KerasInstrument:
     callback_cls = _make_callback(keras, inst)
     for name in ("fit", "evaluate", "predict"):
         _wrap_method(keras.Model, name, inst, callback_cls)
+    for name in ("evaluate", "predict", "predict_on_batch", "test_on_batch"):
+        region_mod.wrap(keras.Model, name, "evaluation", agent, f"Model.{name}")
+    for name in ("save", "save_weights"):
+        region_mod.wrap(keras.Model, name, "checkpoint", agent, f"Model.{name}")
+    callback_list = getattr(getattr(keras, "callbacks", None), "CallbackList", None)
+    if callback_list is not None:  # the program's callbacks at epoch end (fit's validation runs before)
+        region_mod.wrap(callback_list, "on_epoch_end", "evaluation", agent, "callbacks.on_epoch_end")
     return inst
 
 
@@ -522,6 +532,7 @@ def install_tensorflow(agent, tf) -> KerasInstrument:
         "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
         "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
         "framework": "tensorflow", "framework_version": str(getattr(tf, "__version__", "?")),
+        "started": agent.t_start,
     })
     agent.start_background()
     _watch_profiler(inst)

@@ -666,8 +666,9 @@ class StackSampler:
         """Counts one sample of ``frame``'s stack under ``phase``, standing for ``weight_s``
         seconds (default one period). Also used by tests."""
         classify = self.classifier.classify
-        if phase == "lite" and self.phases is not None:
-            phase = self.phases.phase_of(frame, classify)
+        if phase.endswith("lite") and self.phases is not None:  # "lite", or "<region>:lite"
+            inner = self.phases.phase_of(frame, classify)
+            phase = inner if phase == "lite" else phase[:-4] + inner
         leaf = None
         users: list[str] = []
         while frame is not None and len(users) < USER_FRAMES:

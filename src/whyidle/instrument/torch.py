@@ -42,6 +42,7 @@ import threading
 import weakref
 from time import monotonic_ns, thread_time_ns
 
+from whyidle.instrument import regions as region_mod
 from whyidle.instrument.cuda import (
     MAX_SYNCS_PER_STEP,
     STRIDE_WINDOW,
@@ -226,6 +227,10 @@ class TorchInstrument:
         self.off = False
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         self._grad_enabled = torch.is_grad_enabled
+        self.pending_first: int | None = None  # id() of a new DataLoader iterator before its first batch
+        self.switch_next = None  # callable(on): the DataLoader __next__ wrapper in or out (install())
+        self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
+        self.regions.touch = self.mark_boundary
 
     # -- phase accounting ------------------------------------------------------------------------
     def _begin_step(self, now: int) -> None:
@@ -287,6 +292,11 @@ class TorchInstrument:
         self.t_phase = now
         if self.full and self.t0 is not None:
             self._span(phase, now)
+
+    def mark_boundary(self) -> None:
+        """This step holds (part of) an evaluation, checkpoint or logging region (regions.py): the
+        steady-state shares leave it out like an epoch boundary."""
+        self.boundary = True
 
     def _span(self, phase: str, now: int) -> None:
         """A phase change of a full step: its ``ph`` span and, on CUDA, a timeline mark."""
@@ -397,6 +407,8 @@ class TorchInstrument:
         if stopped:
             self.boundary = True
             return
+        if self.regions.open and self.regions.inside("evaluation"):
+            return  # a validation batch: not one the step trains on
         self.batches += 1
         self.loader_key = self.iter_loader.get(id(it))
         if full:  # samples are read on full steps only (lite steps: the analysis uses full ones)
@@ -423,6 +435,18 @@ class TorchInstrument:
             self.iter_loader.clear()
         self.iter_loader[id(it)] = key
         self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1})
+        if it is not None:  # time its first batch (worker start-up): the fetch wrapper goes in until then
+            self.pending_first = id(it)
+            if self.switch_next is not None and not self.tracking:
+                self.switch_next(True)
+
+    def on_first_batch(self, it, t0: int) -> None:
+        """The first ``__next__`` of a new iterator returned (or ended it): an ``iter_first`` record."""
+        self.pending_first = None
+        now = monotonic_ns()
+        self.agent.record({"k": "iter_first", "t": now, "loader": self.iter_loader.get(id(it)), "t0": t0, "t1": now})
+        if self.switch_next is not None and not self.tracking:
+            self.switch_next(False)
 
     def on_loader_created(self, loader, frame) -> None:
         """A DataLoader was built: keep where (its caller's user site and innermost site) and, when
@@ -473,12 +497,13 @@ class TorchInstrument:
         if not self.by_optimizer:
             self.by_optimizer = True
             if threading.get_ident() != self.tid:  # training runs in another thread: follow it
-                self.tid = threading.get_ident()
+                self.tid = self.regions.tid = threading.get_ident()
                 self.native_tid = threading.get_native_id()
                 if self.stacks is not None:
                     self.stacks.stop()
                     self.stacks = None
             self._start_stacks()
+        region_mod.optimizer_stepped()
         self.enter("optimizer")
 
     def on_optimizer_post(self, optimizer) -> None:
@@ -629,7 +654,7 @@ class TorchInstrument:
         """A stack sample of the training thread: record a probe mark carrying its source line."""
         tl = self.timeline
         if tl is not None and threading.get_ident() == self.tid and not self.off:
-            tl.mark(phase, "probe", self.step, [user, leaf, round(weight_s * 1000, 3)])
+            tl.mark(phase.rpartition(":")[2], "probe", self.step, [user, leaf, round(weight_s * 1000, 3)])
 
     def _start_transfer_audit(self) -> None:
         if self.compiled:
@@ -663,8 +688,9 @@ class TorchInstrument:
             return
         from whyidle.instrument.stacks import StackSampler
 
-        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: self.phase, native_id=self.native_tid,
-                                   on_sample=self.on_stack_sample, phases=self.phase_map)
+        regions = self.regions
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: regions.sample_phase(self.phase),
+                                   native_id=self.native_tid, on_sample=self.on_stack_sample, phases=self.phase_map)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()
@@ -790,6 +816,7 @@ def install(agent, torch) -> TorchInstrument:
         "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
         "framework": "torch", "framework_version": str(torch.__version__),
         "cuda_build": getattr(torch.version, "cuda", None), "threads": torch.get_num_threads(),
+        "started": agent.t_start,
     })
     agent.start_background()
     agent.on_exit.append(inst.flush_lite)  # before the agent's last flush
@@ -806,13 +833,19 @@ def install(agent, torch) -> TorchInstrument:
         except Exception as exc:
             inst.fail("DataLoader.__next__", exc)
             return orig_next(self)
+        first = inst.pending_first == id(self)
+        t_first = monotonic_ns() if first else 0
         try:
             batch = orig_next(self)
         except BaseException:  # StopIteration included: the epoch ends inside this step
             _safe(inst, inst.on_fetch_end, None, c0, True)
+            if first:
+                _safe(inst, inst.on_first_batch, self, t_first)
             raise
         try:
             inst.on_fetch_end(batch, c0, False, self)
+            if first:
+                inst.on_first_batch(self, t_first)
         except Exception as exc:
             inst.fail("DataLoader.__next__", exc)
         return batch
@@ -879,6 +912,9 @@ def install(agent, torch) -> TorchInstrument:
     except Exception as exc:
         agent.notice(f"placement audit disabled: {exc!r}")
 
+    region_mod.wrap(torch, "save", "checkpoint", agent, "torch.save")
+    region_mod.watch_module_mode(module_mod.Module, agent)
+
     orig_compile = getattr(torch, "compile", None)
     if orig_compile is not None:
 
@@ -925,12 +961,14 @@ def install(agent, torch) -> TorchInstrument:
             torch.autograd.backward = backward if on else orig_backward
 
     def switch_next(on: bool) -> None:
-        # without optimizer steps the batches mark the steps: the wrapper stays
-        want = __next__ if on or not inst.by_optimizer else orig_next
+        # without optimizer steps the batches mark the steps: the wrapper stays; a new iterator's
+        # first batch is timed whatever the step's detail (TorchInstrument.on_iter)
+        want = __next__ if on or not inst.by_optimizer or inst.pending_first is not None else orig_next
         if dl._BaseDataLoaderIter.__dict__.get("__next__") in (__next__, orig_next):
             dl._BaseDataLoaderIter.__next__ = want
 
     inst.switches = [switch_backward, switch_next, inst._root_forward_hooks]
+    inst.switch_next = switch_next
     inst.phase_map = _phase_map(torch, orig_next, orig_iter, orig_backward)
     # Stack sampling starts with the first training activity (a batch, a forward, a step), so
     # processes that only import torch (spawned DataLoader workers, tools) are never sampled.

@@ -154,6 +154,15 @@ def api_of(facts: RunFacts) -> dict:
             "config": api.get("config") or {}}
 
 
+def time_of(facts: RunFacts) -> dict | None:
+    """``metrics.time``: the command's wall time by part (docs/report.md), or None."""
+    t = facts.time
+    if not t:
+        return None
+    return {"wall_s": t["wall_s"], "training_span_s": t["training_span_s"],
+            "parts": {name: dict(p) for name, p in t["parts"].items()}}
+
+
 def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
     """Assembles the report dict. ``facts`` from :func:`whyidle.analysis.run.analyze`."""
     meta = facts.meta or {}
@@ -165,13 +174,15 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "steps_analyzed": step.get("steps", 0),
         "wall_s": meta.get("wall_s") if meta.get("wall_s") is not None else step.get("wall_s"),
         "train_wall_s": step.get("wall_s"),
-        "samples_per_s": step.get("samples_per_s"),
+        "samples_per_s": facts.job_samples_per_s if facts.job_samples_per_s is not None else step.get("samples_per_s"),
+        "steady_samples_per_s": step.get("samples_per_s"),
         "steps_per_s": step.get("steps_per_s"),
         "batch_size": step.get("batch_size"),
         "batches_per_step": step.get("batches_per_step"),
         "micro_batches_per_step": step.get("micro_batches_per_step"),
         "detailed_steps": (step["steps"] - step.get("lite_steps", 0)) if step else None,
         "whyidle_share": step.get("whyidle_share"),
+        "outside_share": step.get("outside_share"),
         "step_time_s": {k: step["step_time_s"][k] for k in ("p50", "p90", "mean")} if step else None,
         "shares": step.get("shares"),
         "data_wait_s_per_step": step.get("data_wait_s_per_step"),
@@ -179,6 +190,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "gpu_step_ms": step.get("gpu_ms"),
         "host": {k: host.get(k) for k in HOST_KEYS} if host else None,
         "gpu": gpu_metrics_of(facts),
+        "time": time_of(facts),
     }
     return _r({
         "schema": SCHEMA,

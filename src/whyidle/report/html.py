@@ -254,6 +254,7 @@ def build_plots(report: dict, series: RunSeries) -> list[plots.Plot]:
     else:
         idle_why = "GPU idle per cause was not measured."
     builders = [
+        ("time", "Wall time by part", lambda: plots.time_plot((report.get("metrics") or {}).get("time"))),
         ("gpu_util", "GPU utilization", lambda: plots.gpu_util_plot(devices, no_gpu, window_s)),
         ("cpu", "CPU and memory", lambda: plots.cpu_plot(cpu, window_s, series.interval_s)),
         ("steps", "Step time and data wait per step", lambda: plots.step_time_plot(steps, left_out, no_steps)),

@@ -56,6 +56,16 @@ IDLE_CAUSES = {
     "launch": ("launch (host slower than the kernels)", "#1f77b4"),
     "other": ("other", "#7f7f7f"),
 }
+#: Parts of the command's wall time (``metrics.time.parts``) → (label, colour), in the job's order.
+TIME_PARTS = {
+    "startup": ("start-up", "#7f7f7f"),
+    "training": ("training steps", "#2ca02c"),
+    "evaluation": ("evaluation", "#9467bd"),
+    "checkpoint": ("checkpoints", "#8c564b"),
+    "logging": ("logging", "#ff9f1c"),
+    "epoch_boundary": ("epoch boundaries", "#e377c2"),
+    "teardown": ("teardown", "#bbbbbb"),
+}
 #: Why a step is left out of the metrics → marker colour.
 LEFT_OUT = {"warm-up": "#7f7f7f", "boundary": "#e377c2", "profiled": "#17becf", "other": "#bbbbbb"}
 
@@ -454,6 +464,33 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
         plot.notes.append("Left-out steps taller than the axis are cut off at the top: double-click the plot to "
                           "see them whole.")
     plot.figure = fig.done(height=460, barmode="stack", bargap=0.05, hovermode="closest")
+    return plot
+
+
+def time_plot(time: dict | None, why: str = "The command's wall time was not split (no training process was observed).") -> Plot:
+    """The command's wall time by part: one 100 % bar of ``metrics.time.parts`` (seconds and share
+    in the hover), so time outside the training steps (evaluation, checkpoints, epoch boundaries,
+    start-up) is seen beside the steps."""
+    plot = Plot("time", "Wall time by part",
+                "Every second of the command in one part: start-up (to the first step), the training steps, "
+                "evaluation, checkpoint saving, tracker logging, DataLoader restarts at epoch boundaries and "
+                "teardown (after the last step).")
+    parts = (time or {}).get("parts") or {}
+    if not parts:
+        plot.why = why
+        return plot
+    fig = _Figure()
+    for key, (label, colour) in TIME_PARTS.items():
+        p = parts.get(key)
+        if not p or p["s"] <= 0:
+            continue
+        fig.add({"type": "bar", "y": ["wall"], "x": [round(p["share"] * 100, 2)], "orientation": "h", "name": label,
+                 "marker": {"color": colour}, "text": [f"{p['share']:.0%}" if p["share"] >= 0.04 else ""],
+                 "textposition": "inside", "customdata": [[round(p["s"], 2), p["count"]]],
+                 "hovertemplate": f"{label}: %{{customdata[0]}} s (%{{x:.1f}}%)<extra></extra>"})
+    fig.axis("x", 1, range=[0, 100], title=_title(f"percent of the command's {time['wall_s']:.1f} s"))
+    fig.axis("y", 1, showticklabels=False)
+    plot.figure = fig.done(height=170, barmode="stack", hovermode="closest")
     return plot
 
 

@@ -117,6 +117,20 @@ def render_brief(report: dict, file: IO[str] | None = None, width: int | None = 
                                             f["summary"]), 2))
 
 
+#: Wall-time parts in the order the job goes through them, with the words the terminal uses.
+TIME_PARTS = (("startup", "start-up"), ("training", "training"), ("evaluation", "evaluation"),
+              ("checkpoint", "checkpoints"), ("logging", "logging"), ("epoch_boundary", "epoch boundaries"),
+              ("teardown", "teardown"))
+
+
+def time_line(t: dict) -> str:
+    """One line: the command's wall time and its parts (seconds and share), parts under 0.5 % left out."""
+    parts = t.get("parts") or {}
+    shown = [f"{label} {parts[k]['s']:.1f} s ({parts[k]['share']:.0%})" for k, label in TIME_PARTS
+             if k in parts and parts[k]["share"] >= 0.005]
+    return f"[bold]wall time[/] {t['wall_s']:.1f} s: " + " · ".join(shown)
+
+
 def render(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
     """Prints ``report`` (a ``whyidle.report/1`` dict) for a human to ``file`` (default stdout)."""
     console = Console(file=file, width=width, highlight=False, soft_wrap=False)
@@ -145,12 +159,17 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         st = m["step_time_s"]
         sps = m.get("samples_per_s")
         console.print()
+        steady = m.get("steady_samples_per_s")
         console.print(f"[bold]steps[/] {m.get('steps')} ({m.get('steps_analyzed')} analyzed)   "
                       f"[bold]step time[/] p50 {_ms(st['p50'])} · p90 {_ms(st['p90'])}   "
-                      + (f"[bold]samples/s[/] {sps:,.1f}   [bold]batch[/] {m.get('batch_size'):g}" if sps else "")
+                      + (f"[bold]samples/s[/] {sps:,.1f}" if sps else "")
+                      + (f" (steady steps {steady:,.1f})" if sps and steady and abs(steady - sps) > 0.005 * sps else "")
+                      + (f"   [bold]batch[/] {m.get('batch_size'):g}" if sps and m.get("batch_size") else "")
                       + (f" × {m['batches_per_step']:g} per step" if (m.get("batches_per_step") or 1) > 1 else ""))
         trace = report.get("source") == "trace"
         console.print(_share_bar(m.get("shares") or {}, phases=_TRACE_PHASES if trace else _PHASES))
+    if m.get("time"):
+        console.print(time_line(m["time"]))
     host = m.get("host")
     if host:
         parts = [f"{host['cores']} cores {host['cpu_busy_share']:.0%} busy",
@@ -178,7 +197,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         head = Text.assemble((f"{n}. ", "bold"), (f"[{f['severity']}] ", _SEVERITY_STYLE.get(f["severity"], "")),
                              (f["title"], "bold"), (f"  ({f['id']})", "dim"))
         if f.get("bound") is not None and f["id"] != "device_bound":
-            head.append(f"  holds {f['bound']:.0%}", style="bold")
+            whole = (f.get("evidence") or {}).get("part_s") is not None
+            head.append(f"  holds {f['bound']:.0%}" + (" of wall time" if whole else ""), style="bold")
         if f.get("est_speedup"):
             head.append(f"  fix est. {f['est_speedup']:.2f}×", style="bold")
         console.print(head)

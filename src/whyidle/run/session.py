@@ -150,6 +150,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
 
     env = launcher.child_env(run_dir, boot, opts.stack_hz)
     t_start = time.monotonic()
+    meta["start_t"] = time.monotonic_ns()
     try:
         child = launcher.Child(cmd, env)
     except OSError as exc:
@@ -172,6 +173,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     finally:
         if live:
             live.close()
+    meta["exit_t"] = time.monotonic_ns()
     status = child.exit_status()
     try:
         return _finish(run_dir, meta, status, sampler, child, opts, stream, t_start)

@@ -1,0 +1,220 @@
+"""Whole-job time accounting: the command's wall time split into parts (pure; no framework imports).
+
+Parts (seconds, each second of the window in exactly one part, so they add up to the wall time):
+
+- ``startup``: from the command's start to the end of the training process's first step
+  (interpreter and framework imports, dataset and model construction, a launcher's own start-up,
+  and the first step's one-time costs: compilation or tracing, the DataLoader workers' first start);
+- ``training``: the training steps after the first (its end to the last step's end), less the parts
+  below that happen inside that span;
+- ``evaluation``: ``evaluation`` regions (``model.eval()`` … ``model.train()``, ``trainer.validate``,
+  HF ``Trainer.evaluate``, Keras ``evaluate``/``predict`` and epoch-end callbacks,
+  :mod:`whyidle.instrument.regions`);
+- ``checkpoint``: ``checkpoint`` regions (``torch.save``, ``save_pretrained``, ``save_checkpoint``,
+  Keras ``save``);
+- ``logging``: ``logging`` regions (wandb, TensorBoard ``SummaryWriter``, MLflow);
+- ``epoch_boundary``: DataLoader iterator start-ups after each loader's first (``iter()``: workers
+  start again each epoch unless ``persistent_workers``) and the excess of each new iterator's first
+  batch over a steady batch; a loader's first iterator is ``startup``;
+- ``teardown``: after the last step to the command's end.
+
+Where parts overlap, the first in :data:`PRIORITY` takes the time (a checkpoint saved by a
+validation callback is checkpoint time, a validation loader's iterator start-up is evaluation).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from whyidle.analysis import stacks as stack_analysis
+from whyidle.analysis.facts import TimeAccounting
+
+#: Overlapping parts: the first listed takes the time. ``startup`` here is a loader's first
+#: iterator (its workers' first start), which is start-up cost even inside the first step.
+PRIORITY = ("checkpoint", "logging", "evaluation", "epoch_boundary", "startup")
+PARTS = ("startup", "training", "evaluation", "checkpoint", "logging", "epoch_boundary", "teardown")
+#: Stack-sample phases that name each part's lines: samples taken inside a region are labelled
+#: ``"<kind>:<step phase>"`` (``evaluation:eval``, ``evaluation:data``, ...), before the first step
+#: ``setup``.
+PART_PHASES = {"startup": "setup", "evaluation": "evaluation", "checkpoint": "checkpoint", "logging": "logging"}
+SITES_PER_PART = 3
+#: What a region's inner step phase ran: the model, the data loader, or the program's own host work.
+MIX_OF_PHASE = {"forward": "model", "backward": "model", "optimizer": "model", "eval": "model", "compute": "model",
+                "data": "data"}
+
+
+def _part_phases(records: list[dict], phase: str) -> tuple[set[str], dict[str, float]]:
+    """The stack-sample phases of one part (``phase`` itself and ``phase:*``) and the sampled
+    seconds of its ``mix`` (``model``, ``data``, ``host``)."""
+    phases: set[str] = set()
+    mix = {"model": 0.0, "data": 0.0, "host": 0.0}
+    prefix = phase + ":"
+    for r in records:
+        if r.get("k") != "stacks":
+            continue
+        for site in r.get("sites") or []:
+            p = site[0]
+            if p == phase or (isinstance(p, str) and p.startswith(prefix)):
+                phases.add(p)
+                mix[MIX_OF_PHASE.get(p[len(prefix):], "host")] += (site[4] or 0) / 1000
+    return phases, mix
+
+
+#: Region kinds called from the training loop's own body (not a loop of their own, like an
+#: evaluation): their time inside a step is left out of the step's shares.
+OUTSIDE_STEP = ("checkpoint", "logging")
+
+
+def merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(t0, t1)`` intervals sorted and merged where they overlap or touch."""
+    out: list[list[int]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _inside(merged: list[tuple[int, int]], t: int) -> bool:
+    i = bisect.bisect_right(merged, (t, float("inf"))) - 1
+    return i >= 0 and merged[i][0] <= t < merged[i][1]
+
+
+def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], iters: list[dict],
+                    firsts: list[dict], steady_fetch_s: float = 0.0, records: list[dict] | None = None,
+                    source_root: str | None = None, entry_sites: frozenset = frozenset()) -> TimeAccounting:
+    """Splits ``window`` into the parts of the module docstring.
+
+    Args:
+        window: ``(t0, t1)`` monotonic ns: the command's start and end (``meta.json`` ``start_t`` /
+            ``exit_t``), or the process's own when those are missing.
+        steps: all steps of the training process in order (warm-up and boundaries included), rows
+            with ``t0``/``t1`` (ns); may be empty (then no ``training`` part: the rest is start-up).
+            The first step ends the start-up.
+        regions: ``region`` records (``kind``, ``t0``, ``t1``, ``site``).
+        iters: ``iter`` records (``t0``, ``t1``, ``loader``); firsts: ``iter_first`` records (the
+            new iterator's first ``__next__``, ``t0``, ``t1``, ``loader``).
+        steady_fetch_s: seconds a steady batch takes to fetch (mean data wait per batch of the
+            analyzed steps): the part of a first batch that is not epoch-boundary cost.
+        records: the process's records, for the lines that held each part (stack samples).
+        source_root, entry_sites: as for :func:`whyidle.analysis.stacks.hotspots`.
+    Returns:
+        ``{"wall_s", "window", "parts": {part: {"s", "share", "count", "sites", "host_sites", "mix",
+        "callers"}}, "training_span_s"}``: seconds, share of ``wall_s`` (0–1), how many regions /
+        iterators made it (start-up, training and teardown: 1 or 0), ``sites`` (the busiest lines
+        inside it, ``[{"site", "function", "leaf", "seconds"}]``, from stack samples), ``host_sites``
+        (the same for its samples outside the model and the data loader), ``mix`` (seconds by what
+        ran: ``model``, ``data``, ``host``, from the samples' step phase; None without samples),
+        ``callers`` (the program's lines that opened it, ``[{"site", "count", "seconds", "code"}]``,
+        ``code`` the line's text when readable; loaders' ids for epoch boundaries);
+        ``training_span_s`` the first step's end to the last step's end.
+    Errors: ``ValueError`` when the window is empty.
+    """
+    w0, w1 = int(window[0]), int(window[1])
+    if w1 <= w0:
+        raise ValueError("empty accounting window")
+    # the first step's one-time costs (compilation, the workers' first start) are start-up
+    first = max(w0, min(w1, int(steps[0]["t1"]))) if steps else w1
+    last = max(first, min(w1, int(steps[-1]["t1"]))) if steps else w1
+
+    by_kind: dict[str, list[tuple[int, int]]] = {k: [] for k in PRIORITY}
+    callers: dict[str, dict[str, list]] = {k: {} for k in PRIORITY if k != "startup"}
+    for r in regions:
+        kind = r.get("kind")
+        if kind not in by_kind:
+            continue
+        a, b = max(w0, int(r["t0"])), min(w1, int(r["t1"]))
+        if b > a:
+            by_kind[kind].append((a, b))
+            c = callers[kind].setdefault(r.get("site") or "(unknown)", [0, 0.0])
+            c[0] += 1
+            c[1] += (b - a) / 1e9
+    evals = merged(by_kind["evaluation"])
+    first_by_loader: dict = {}
+    for f in sorted(firsts, key=lambda r: r["t0"]):
+        first_by_loader.setdefault(f.get("loader"), []).append(f)
+    ordered = sorted(iters, key=lambda r: r["t0"])
+    seen_loaders = set()
+    for n, it in enumerate(ordered):
+        a, b = max(w0, int(it["t0"])), min(w1, int(it["t1"]))
+        loader = it.get("loader")
+        again = loader in seen_loaders
+        seen_loaders.add(loader)
+        if _inside(evals, a):
+            continue  # a validation loader's start-up is evaluation time
+        # this iterator's first batch (the same loader's next iter_first before its next iterator),
+        # less what a steady batch takes
+        nxt = next((int(o["t0"]) for o in ordered[n + 1:] if o.get("loader") == loader), None)
+        f = next((f for f in first_by_loader.get(loader, ())
+                  if int(f["t0"]) >= int(it["t1"]) and (nxt is None or int(f["t0"]) < nxt)), None)
+        if f is not None:
+            b = max(b, min(w1, int(f["t1"]) - int(steady_fetch_s * 1e9)))
+        if b <= a:
+            continue
+        if not again:  # the loader's first iterator: its workers' first start is start-up
+            by_kind["startup"].append((a, b))
+            continue
+        by_kind["epoch_boundary"].append((a, b))
+        c = callers["epoch_boundary"].setdefault(str(loader), [0, 0.0])
+        c[0] += 1
+        c[1] += (b - a) / 1e9
+
+    # sweep: at every instant the highest-priority open part takes the time, else start-up /
+    # training / teardown by position
+    events: list[tuple[int, int, int]] = [(first, 2, -1), (last, 2, -1)]
+    for p, kind in enumerate(PRIORITY):
+        for a, b in by_kind[kind]:
+            events.append((a, 1, p))
+            events.append((b, 0, p))
+    events.sort()
+    active = [0] * len(PRIORITY)
+    seconds = dict.fromkeys(PARTS, 0.0)
+    cur = w0
+    for t, what, p in events:
+        t = min(max(t, w0), w1)
+        if t > cur:
+            top = next((PRIORITY[i] for i, n in enumerate(active) if n > 0), None)
+            if top is None:
+                top = "startup" if cur < first else ("training" if cur < last else "teardown")
+            seconds[top] += (t - cur) / 1e9
+            cur = t
+        if what == 1:
+            active[p] += 1
+        elif what == 0:
+            active[p] -= 1
+    if w1 > cur:
+        top = next((PRIORITY[i] for i, n in enumerate(active) if n > 0), None)
+        seconds[top or ("teardown" if steps else "startup")] += (w1 - cur) / 1e9
+
+    wall = (w1 - w0) / 1e9
+    parts = {}
+    for part in PARTS:
+        s = seconds[part]
+        if part in ("evaluation", "checkpoint", "logging"):  # nested or overlapping records count once
+            count = len(merged(by_kind[part]))
+        elif part in callers:
+            count = sum(c[0] for c in callers[part].values())
+        else:
+            count = 1 if s > 0 else 0
+        sites, host_sites, mix = [], [], None
+        phase = PART_PHASES.get(part)
+        if phase and records and s > 0:
+            phases, sampled = _part_phases(records, phase)
+            total = sum(sampled.values())
+            scale = s / total if total > 0 else 0.0
+            mix = {k: v * scale for k, v in sampled.items()}
+            for which, out in ((phases, sites), ({p for p in phases if MIX_OF_PHASE.get(p.partition(":")[2])
+                                                  is None}, host_sites)):
+                if not which:
+                    continue
+                for h in stack_analysis.hotspots(records, which, None, s, limit=SITES_PER_PART,
+                                                 source_root=source_root, entry_sites=entry_sites):
+                    out.append({"site": h["site"], "function": h["function"], "leaf": h["leaf"],
+                                "seconds": h["seconds"] * scale})
+        top_callers = sorted(callers.get(part, {}).items(), key=lambda kv: -kv[1][1])[:SITES_PER_PART]
+        parts[part] = {"s": s, "share": s / wall, "count": count, "sites": sites, "host_sites": host_sites, "mix": mix,
+                       "callers": [{"site": k, "count": n, "seconds": v, "code": None if part == "epoch_boundary"
+                                    else stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers]}
+    return {"wall_s": wall, "window": [w0, w1], "parts": parts,
+            "training_span_s": (last - first) / 1e9 if steps else 0.0}

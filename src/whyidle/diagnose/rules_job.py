@@ -1,0 +1,245 @@
+"""Rules for the time outside the training step (:mod:`whyidle.analysis.accounting`): evaluation,
+checkpoint saving, experiment-tracker logging and epoch boundaries.
+
+For these findings ``bound`` is the part's share of the command's **wall time** (not of the step)
+and ``est_speedup`` the wall-time ratio the printed fix gives; ``evidence.part_s`` holds the part's
+seconds, which is what the verdict compares with the step findings' seconds
+(:func:`whyidle.diagnose.verdict.choose_verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from whyidle.analysis.facts import RunFacts
+from whyidle.diagnose import fixes
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.rules import finding, fix_option
+from whyidle.diagnose.types import Finding
+
+def _part(facts: RunFacts, name: str) -> dict | None:
+    parts = (facts.time or {}).get("parts") or {}
+    return parts.get(name)
+
+
+def _trains(facts: RunFacts) -> bool:
+    """Steps were analyzed and an optimizer (or Keras ``fit``) marked them: a training job, whose
+    evaluation competes with training (an inference-only script is all evaluation by design)."""
+    return bool(facts.step) and any(r.get("by") in ("optimizer", "keras", "iterator") for r in (facts.step_rows or []))
+
+
+def _wall_gain(facts: RunFacts, saved_s: float) -> float:
+    """Wall-time ratio when ``saved_s`` seconds of the command disappear."""
+    wall = facts.time["wall_s"]
+    return wall / max(wall - saved_s, wall * 0.05)
+
+
+def _evidence(part: dict, **more) -> dict:
+    ev = {"part_s": round(part["s"], 3), "share_of_wall": round(part["share"], 4), "count": part["count"],
+          "sites": part["sites"], "host_sites": part.get("host_sites") or [], "callers": part["callers"]}
+    ev.update(more)
+    return ev
+
+
+def _severity(share: float, warn: float, critical: float) -> str | None:
+    return "critical" if share >= critical else ("warning" if share >= warn else None)
+
+
+def _less_often_code(facts: RunFacts, k: int, interval: float | None) -> str:
+    """Evaluate ``k``× less often, in the program's API (``interval``: training steps between two
+    evaluations, when known)."""
+    name = fixes.api_name(facts)
+    cfg = (facts.api or {}).get("config") or {}
+    if name == "lightning":
+        vci = cfg.get("val_check_interval")
+        if isinstance(vci, int) and not isinstance(vci, bool):  # every vci training batches
+            first = f"trainer = Trainer(..., val_check_interval={k * vci},   # was {vci}\n"
+        elif isinstance(vci, float) and vci < 1.0:  # a fraction of the epoch
+            first = f"trainer = Trainer(..., val_check_interval={min(1.0, k * vci):g},   # was {vci:g}\n"
+        else:
+            first = f"trainer = Trainer(..., check_val_every_n_epoch={k * (cfg.get('check_val_every_n_epoch') or 1)},\n"
+        return first + "                  limit_val_batches=0.25)   # or validate on a fixed subset"
+    if name == "hf_trainer":
+        steps = cfg.get("eval_steps")
+        return (f"args = TrainingArguments(..., eval_strategy=\"steps\", eval_steps={k * steps}   # was {steps}\n"
+                if isinstance(steps, (int, float)) and steps else
+                "args = TrainingArguments(..., eval_strategy=\"epoch\",\n") + \
+            "                         eval_accumulation_steps=None)   # keep predictions on the device"
+    if name in ("keras", "tensorflow"):
+        return (f"model.fit(..., validation_freq={k})   # validate every {k} epochs\n"
+                "# epoch-end callbacks: return early unless epoch % N == N - 1")
+    every = f"{k * interval:.0f}" if interval else f"{k} * EVAL_EVERY"
+    return (f"EVAL_EVERY = {every}        # was {interval:.0f}: evaluate {k}x less often\n" if interval else
+            f"EVAL_EVERY = {every}   # evaluate {k}x less often\n") + \
+        "if step % EVAL_EVERY == 0:\n    evaluate(model, val_loader)   # with torch.inference_mode() inside"
+
+
+def _vectorize_code(facts: RunFacts) -> str:
+    """The evaluation's Python work on whole batches, in the program's API."""
+    name = fixes.api_name(facts)
+    if name in ("keras", "tensorflow"):
+        return ("# one call for the whole validation set, not predict_on_batch per sample\n"
+                "probs = model.predict(val_images, batch_size=256, verbose=0)\n"
+                "# the metric / NMS on whole arrays: numpy, keras.ops, tf.image.combined_non_max_suppression")
+    if name == "lightning":
+        return fixes.metric_code(facts, "metric")
+    return ("# the metric on whole batches, on the device: no .tolist(), no per-sample Python loop\n"
+            "pred = logits.argmax(1)\n"
+            "correct = torch.bincount(y[pred == y], minlength=num_classes)   # per-class counts, one call\n"
+            "keep = torchvision.ops.batched_nms(boxes, scores, labels, iou_threshold=0.5)   # detection: NMS per batch")
+
+
+def eval_bound(facts: RunFacts) -> Finding | None:
+    """Evaluation holds a large share of the wall time (``T.EVAL_WARN_SHARE`` / ``T.EVAL_CRITICAL_SHARE``).
+
+    Cause (``evidence.cause``): ``host_work`` when most of the evaluation's sampled time is the
+    program's own Python (a metric, NMS or decoding loop: vectorize it), else ``too_often`` (the
+    model and the validation data: evaluate less often or on fewer batches).
+    """
+    part = _part(facts, "evaluation")
+    if part is None or not _trains(facts):
+        return None
+    sev = _severity(part["share"], T.EVAL_WARN_SHARE, T.EVAL_CRITICAL_SHARE)
+    if sev is None or (part["count"] <= 1 and sev != "critical"):
+        return None
+    mix = part.get("mix") or {}
+    sampled = sum(mix.values())
+    host_share = mix.get("host", 0.0) / sampled if sampled > 0 else 0.0
+    n = max(1, part["count"])
+    train_steps = len(facts.step_rows or [])
+    interval = train_steps / n if n > 1 else None
+    k = T.EVAL_LESS_OFTEN if n >= T.EVAL_LESS_OFTEN else 1
+    less_often = _wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
+    host_fix = _wall_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
+    top = (part.get("host_sites") or [None])[0]
+    where = f" ({top['site']})" if top else ""
+    options = []
+    if host_share >= T.EVAL_HOST_SHARE:
+        cause = "host_work"
+        text = (f"Vectorize the evaluation's own Python work{where}: {host_share:.0%} of the evaluation runs "
+                "outside the model and the data loader (a per-sample metric, NMS or decoding loop). Compute the "
+                "metric on whole batches with tensor ops (torchmetrics, torchvision.ops.batched_nms, keras.ops) "
+                "and keep it on the device.")
+        options.append(fix_option(text, host_fix, None, _vectorize_code(facts)))
+        if less_often:
+            options.append(fix_option(f"Evaluate {k}x less often.", less_often, None,
+                                      _less_often_code(facts, k, interval)))
+    else:
+        cause = "too_often"
+        train_s = (_part(facts, "training") or {}).get("s") or 1e-9
+        text = (f"Evaluate less often: {n} evaluations took {part['s']:.1f} s, {part['s'] / train_s:.1f}x the "
+                "training time. Validate every few epochs, or on a fixed subset of the validation set"
+                + (", under torch.inference_mode()." if fixes.api_name(facts) in ("torch", "accelerate") else "."))
+        code = _less_often_code(facts, k if k > 1 else 2, interval)
+        options.append(fix_option(text, less_often, None if k > 1 else "when the run evaluates more than once", code))
+        if host_fix and host_share > 0.1:
+            options.append(fix_option(f"Vectorize the evaluation's Python work{where} ({host_share:.0%} of it).",
+                                      host_fix))
+    first = options[0]
+    summary = (f"Evaluation took {part['s']:.1f} s, {part['share']:.0%} of the wall time ({n} evaluation"
+               f"{'s' if n != 1 else ''}); training steps {(_part(facts, 'training') or {}).get('s', 0):.1f} s.")
+    return finding("eval_bound", sev, "Evaluation holds the job", summary,
+                   _evidence(part, cause=cause, host_share=round(host_share, 3),
+                             mix_s={k2: round(v, 3) for k2, v in mix.items()}, interval_steps=interval),
+                   first["est_speedup"], first["text"], first["code"], bound=part["share"], options=options,
+                   docs=["https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"])
+
+
+def checkpoint_bound(facts: RunFacts) -> Finding | None:
+    """Checkpoint saving holds a large share of the wall time (``T.CHECKPOINT_WARN_SHARE``): save
+    less often (so saving takes ``T.CHECKPOINT_TARGET_SHARE`` of the wall time), save only what
+    resuming needs, or save asynchronously."""
+    part = _part(facts, "checkpoint")
+    if part is None or not _trains(facts):
+        return None
+    sev = _severity(part["share"], T.CHECKPOINT_WARN_SHARE, T.CHECKPOINT_CRITICAL_SHARE)
+    if sev is None:
+        return None
+    n = max(1, part["count"])
+    steps = len(facts.step_rows or [])
+    interval = steps / n if n > 1 else None
+    k = max(2, math.ceil(part["share"] / T.CHECKPOINT_TARGET_SHARE)) if n > 1 else 1
+    gain = _wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
+    name = fixes.api_name(facts)
+    every = f"{k * interval:.0f}" if interval else "N"
+    if name == "lightning":
+        code = (f"ModelCheckpoint(every_n_train_steps={every}, save_top_k=1,   # save {k}x less often\n"
+                "                save_weights_only=True)   # the optimizer state only where you resume from")
+    elif name == "hf_trainer":
+        was = ((facts.api or {}).get("config") or {}).get("save_steps")
+        code = (f"args = TrainingArguments(..., save_steps={every},   # was {was}\n"
+                "                         save_total_limit=2, save_only_model=True)")
+    elif name in ("keras", "tensorflow"):
+        code = 'keras.callbacks.ModelCheckpoint(path, save_freq="epoch", save_weights_only=True)'
+    else:
+        code = (f"SAVE_EVERY = {every}   # steps; was {interval:.0f}\n" if interval else f"SAVE_EVERY = {every}\n") + \
+            "if step % SAVE_EVERY == 0:\n" \
+            "    torch.save(model.state_dict(), path)   # the optimizer state only where you resume from"
+    top = part["callers"][0]["site"] if part["callers"] else None
+    text = (f"Save checkpoints {k}x less often{f' ({top})' if top else ''}: {n} saves took {part['s']:.1f} s. "
+            "Save the model's weights only, and the optimizer state only where you would resume from."
+            if k > 1 else "Save only what resuming needs (weights, not the whole object) or save asynchronously.")
+    summary = (f"Checkpoint saving took {part['s']:.1f} s, {part['share']:.0%} of the wall time ({n} save"
+               f"{'s' if n != 1 else ''}, {part['s'] / n:.2f} s each).")
+    return finding("checkpoint_bound", sev, "Checkpoint saving holds the job", summary,
+                   _evidence(part, interval_steps=interval, mean_save_s=round(part["s"] / n, 4)), gain, text, code,
+                   bound=part["share"],
+                   docs=["https://pytorch.org/tutorials/beginner/saving_loading_models.html"])
+
+
+def logging_bound(facts: RunFacts) -> Finding | None:
+    """Experiment-tracker logging (wandb, TensorBoard, MLflow) holds ``T.LOGGING_WARN_SHARE`` or
+    more of the wall time: log every N steps."""
+    part = _part(facts, "logging")
+    if part is None or not _trains(facts):
+        return None
+    sev = _severity(part["share"], T.LOGGING_WARN_SHARE, T.LOGGING_CRITICAL_SHARE)
+    if sev is None:
+        return None
+    steps = max(1, len(facts.step_rows or []))
+    per_step = part["count"] / steps
+    k = T.LOG_EVERY
+    gain = _wall_gain(facts, part["s"] * (1 - 1 / k)) if per_step > 0.5 else None
+    caller = part["callers"][0] if part["callers"] else {}
+    top = caller.get("site") or "the logging call"
+    sentence, code = fixes.logging_code(facts, caller.get("code") or "writer.add_scalar(...)   # the tracker call")
+    summary = (f"Logging to an experiment tracker took {part['s']:.1f} s, {part['share']:.0%} of the wall time "
+               f"({part['count']} calls, {per_step:.1f} per step).")
+    return finding("logging_bound", sev, "Tracker logging holds the job", summary,
+                   _evidence(part, calls_per_step=round(per_step, 2)), gain,
+                   f"Log every {k} steps instead of every step ({top}). " + sentence, code, bound=part["share"])
+
+
+def epoch_boundary(facts: RunFacts) -> Finding | None:
+    """DataLoader iterator start-ups (workers started again each epoch) hold ``T.EPOCH_WARN_SHARE``
+    or more of the wall time: ``persistent_workers=True`` starts them once."""
+    part = _part(facts, "epoch_boundary")
+    if part is None or not _trains(facts) or part["count"] < 1:
+        return None
+    sev = _severity(part["share"], T.EPOCH_WARN_SHARE, T.EPOCH_CRITICAL_SHARE)
+    if sev is None:
+        return None
+    loader = facts.loader or {}
+    nw = loader.get("num_workers") or 0
+    n = part["count"]
+    saved = part["s"]
+    if nw and not loader.get("persistent_workers"):
+        text = (f"Keep the DataLoader's {nw} workers alive between epochs (persistent_workers=True): {n} new "
+                f"epoch{'s' if n != 1 else ''} started them again ({part['s'] / n:.2f} s each"
+                f"{', spawn start method' if loader.get('mp_context') in ('spawn', 'forkserver') else ''}).")
+        code = fixes.loader_code(facts, nw)
+    else:
+        text = (f"Each of the {n} new DataLoader iterators took {part['s'] / n:.2f} s to start: make epochs longer "
+                "(fewer, larger epochs), or move the per-epoch set-up out of the dataset's __iter__ / worker_init_fn.")
+        code = None
+        saved = saved / 2
+    summary = (f"Restarting the DataLoader's iterators took {part['s']:.1f} s, {part['share']:.0%} of the wall time "
+               f"({n} epoch{'s' if n != 1 else ''} after the first, {part['s'] / n:.2f} s each).")
+    return finding("epoch_boundary", sev, "Epoch boundaries hold the job", summary,
+                   _evidence(part, num_workers=nw, persistent_workers=loader.get("persistent_workers"),
+                             mp_context=loader.get("mp_context")),
+                   _wall_gain(facts, saved), text, code, bound=part["share"],
+                   docs=["https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"])
+
+
+RULES = (eval_bound, checkpoint_bound, logging_bound, epoch_boundary)

@@ -1,0 +1,174 @@
+"""Whole-job time accounting (analysis/accounting.py), the regions that feed it
+(instrument/regions.py) and the verdict's comparison in seconds (diagnose/verdict.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from whyidle.analysis.accounting import time_accounting
+from whyidle.diagnose.verdict import choose_verdict, held_seconds
+from whyidle.instrument import regions
+
+S = 1_000_000_000
+
+
+def steps(t0: float, t1: float, n: int) -> list[dict]:
+    d = (t1 - t0) / n
+    return [{"t0": int((t0 + i * d) * S), "t1": int((t0 + (i + 1) * d) * S)} for i in range(n)]
+
+
+def region(kind, t0, t1, site="train.py:10 main"):
+    return {"k": "region", "kind": kind, "t0": int(t0 * S), "t1": int(t1 * S), "site": site}
+
+
+def test_parts_add_up_and_overlaps_go_to_the_more_specific_part():
+    iters = [{"t0": int(10 * S), "t1": int(10.5 * S), "loader": 1},   # first iterator: start-up (step 0)
+             {"t0": int(50 * S), "t1": int(51 * S), "loader": 1},     # a restart: epoch boundary
+             {"t0": int(22 * S), "t1": int(23 * S), "loader": 2}]     # validation loader: evaluation
+    firsts = [{"t0": int(51 * S), "t1": int(53 * S), "loader": 1}]  # its first batch took 2 s
+    t = time_accounting((0, 100 * S), steps(10, 90, 80),
+                        [region("evaluation", 20, 30), region("checkpoint", 25, 26), region("checkpoint", 60, 62)],
+                        iters, firsts, steady_fetch_s=0.5)
+    p = {k: v["s"] for k, v in t["parts"].items()}
+    assert sum(p.values()) == pytest.approx(100.0)
+    assert p["startup"] == pytest.approx(11.0)         # to the first step's end (10 → 11 s)
+    assert p["evaluation"] == pytest.approx(9.0)       # 10 s less the checkpoint saved inside it
+    assert p["checkpoint"] == pytest.approx(3.0)
+    assert p["epoch_boundary"] == pytest.approx(2.5)   # 1 s iter() + (2 s first batch − 0.5 s steady)
+    assert p["teardown"] == pytest.approx(10.0)
+    assert p["training"] == pytest.approx(79 - 9 - 3 - 2.5)
+    assert t["parts"]["checkpoint"]["count"] == 2 and t["parts"]["evaluation"]["count"] == 1
+    assert t["parts"]["epoch_boundary"]["count"] == 1
+    assert t["parts"]["checkpoint"]["callers"] == [{"site": "train.py:10 main", "count": 2, "seconds": 3.0,
+                                                        "code": None}]
+    assert t["training_span_s"] == pytest.approx(79.0)
+    assert t["parts"]["evaluation"]["share"] == pytest.approx(0.09)
+
+
+def test_no_steps_is_all_start_up_and_regions_are_clipped_to_the_window():
+    t = time_accounting((10 * S, 20 * S), [], [region("checkpoint", 5, 12)], [], [])
+    p = {k: v["s"] for k, v in t["parts"].items()}
+    assert p["checkpoint"] == pytest.approx(2.0) and p["startup"] == pytest.approx(8.0)
+    assert sum(p.values()) == pytest.approx(10.0)
+    with pytest.raises(ValueError):
+        time_accounting((5, 5), [], [], [], [])
+
+
+def test_region_samples_name_the_lines_and_the_mix():
+    recs = [{"k": "stacks", "t": 1, "sites": [
+        ["evaluation:eval", "train.py:40 evaluate", "torch/nn/modules/linear.py:125 forward", 10, 1000.0, []],
+        ["evaluation:other", "train.py:44 metric", "train.py:44 metric", 30, 3000.0, []],
+        ["other", "train.py:12 main", "train.py:12 main", 5, 500.0, []]]}]
+    t = time_accounting((0, 20 * S), steps(2, 18, 16), [region("evaluation", 5, 9)], [], [], records=recs)
+    ev = t["parts"]["evaluation"]
+    assert ev["mix"] == pytest.approx({"model": 1.0, "data": 0.0, "host": 3.0})  # 4 s, sampled 1 + 3
+    assert ev["sites"][0]["function"] == "train.py metric"
+    assert [h["function"] for h in ev["host_sites"]] == ["train.py metric"]
+
+
+def test_verdict_compares_seconds_when_the_run_has_time_accounting():
+    eval_f = {"id": "eval_bound", "severity": "critical", "bound": 0.5, "evidence": {"part_s": 50.0}}
+    input_f = {"id": "input_bound", "severity": "critical", "bound": 0.8, "evidence": {}}
+    assert held_seconds(input_f, 20.0) == pytest.approx(16.0)
+    assert choose_verdict([input_f, eval_f], training_s=20.0) == "eval_bound"
+    assert choose_verdict([input_f, eval_f], training_s=80.0) == "input_bound"  # 64 s of input wait
+    assert choose_verdict([input_f, eval_f]) == "input_bound"  # no accounting: bounds only
+
+
+class _Agent:
+    disabled = False
+
+    def __init__(self):
+        self.recs, self.on_exit = [], []
+
+    def record(self, rec):
+        self.recs.append(rec)
+
+    def notice(self, msg):
+        self.recs.append({"k": "notice", "msg": msg})
+
+
+class _Module:
+    def __init__(self):
+        self.training = True
+        self.children = []
+
+    def train(self, mode=True):
+        self.training = mode
+        for c in self.children:
+            c.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+
+@pytest.fixture
+def agent(monkeypatch):
+    monkeypatch.setattr(regions, "_REGIONS", None)
+    return _Agent()
+
+
+def test_wrapped_calls_and_eval_mode_become_region_records(agent):
+    class Lib:
+        @staticmethod
+        def save(obj, path):
+            Lib.saved = (obj, path)
+            return "ok"
+
+    regions.wrap(Lib, "save", "checkpoint", agent, "torch.save")
+    regions.wrap(Lib, "save", "checkpoint", agent, "torch.save")  # idempotent
+    assert Lib.save({"w": 1}, "x.pt") == "ok" and Lib.saved == ({"w": 1}, "x.pt")
+    regions.watch_module_mode(_Module, agent)
+    model = _Module()
+    model.children = [_Module()]
+    model.eval()   # opens (the child's train(False) is inside the same call)
+    model.eval()   # already in eval mode: nothing new
+    model.train()  # closes
+    model.eval()
+    regions.optimizer_stepped()  # training with frozen layers: dropped, not evaluation
+    model.train()
+    got = [(r["kind"], r["entry"]) for r in agent.recs if r["k"] == "region"]
+    assert got == [("checkpoint", "torch.save"), ("evaluation", "Module.eval")]
+    assert all(r["t1"] >= r["t0"] for r in agent.recs if r["k"] == "region")
+
+
+def test_other_threads_and_exceptions_pass_through(agent):
+    class Lib:
+        @staticmethod
+        def log(x):
+            if x < 0:
+                raise ValueError("negative")
+            return x
+
+    regions.wrap(Lib, "log", "logging", agent)
+    with pytest.raises(ValueError):
+        Lib.log(-1)
+    out = []
+    th = threading.Thread(target=lambda: out.append(Lib.log(3)))
+    th.start()
+    th.join()
+    assert out == [3]
+    kinds = [r["kind"] for r in agent.recs if r["k"] == "region"]
+    assert kinds == ["logging"]  # the failing call still counts; the other thread's call does not
+    r = regions.get(agent)
+    r.begin("evaluation")
+    r.close_all()  # at exit: an evaluation never followed by model.train()
+    assert [x["entry"] for x in agent.recs if x["k"] == "region"][-1] == "exit"
+
+
+def test_checkpoint_and_logging_inside_steps_are_left_out_of_the_shares():
+    from whyidle.analysis.steps import step_metrics
+
+    rows = [{"t0": i * S, "t1": (i + 1) * S, "data": int(0.1 * S), "fwd": int(0.2 * S), "bwd": int(0.2 * S),
+             "opt": 0, "eval": 0, "samples": 32, "batches": 1} for i in range(10)]
+    plain = step_metrics(rows)
+    assert plain["shares"]["other_host"] == pytest.approx(0.5)
+    # a 0.4 s tracker call in every step: it is the logging part's, not host work
+    m = step_metrics(rows, [(int((i + 0.5) * S), int((i + 0.9) * S)) for i in range(10)])
+    assert m["outside_share"] == pytest.approx(0.4)
+    assert m["shares"]["other_host"] == pytest.approx(0.1 / 0.6)
+    assert m["shares"]["forward"] == pytest.approx(0.2 / 0.6)
+    assert m["step_time_s"]["p50"] == pytest.approx(1.0)  # step times stay wall time
