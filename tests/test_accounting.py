@@ -172,3 +172,43 @@ def test_checkpoint_and_logging_inside_steps_are_left_out_of_the_shares():
     assert m["shares"]["other_host"] == pytest.approx(0.1 / 0.6)
     assert m["shares"]["forward"] == pytest.approx(0.2 / 0.6)
     assert m["step_time_s"]["p50"] == pytest.approx(1.0)  # step times stay wall time
+
+
+def job_facts(parts: dict, wall: float = 100.0, steps: int = 100, api: str = "torch", loader=None, config=None):
+    """RunFacts of a training run whose wall time has these parts (name → (seconds, count))."""
+    from whyidle.analysis.facts import RunFacts
+
+    full = {name: {"s": s, "share": s / wall, "count": n, "sites": [], "host_sites": [], "mix": None, "callers": []}
+            for name, (s, n) in parts.items()}
+    return RunFacts(framework="torch", api={"name": api, "config": config or {}},
+                    time={"wall_s": wall, "window": [0, int(wall * S)], "parts": full, "training_span_s": wall},
+                    step={"steps": steps}, step_rows=[{"by": "optimizer"}] * steps, loader=loader)
+
+
+def test_job_rules_thresholds_and_fixes():
+    from whyidle.diagnose import rules_job
+
+    # one final evaluation is a warning only when it holds the critical share
+    assert rules_job.eval_bound(job_facts({"evaluation": (30.0, 1), "training": (70.0, 1)})) is None
+    f = rules_job.eval_bound(job_facts({"evaluation": (45.0, 1), "training": (55.0, 1)}))
+    assert f["severity"] == "critical" and f["est_speedup"] is None  # nothing to do less often
+    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10), "training": (40.0, 1)}))
+    assert f["evidence"]["cause"] == "too_often" and "EVAL_EVERY = 40" in f["fix"]["code"]  # every 10 of 100
+    assert f["est_speedup"] == pytest.approx(100 / (100 - 45), rel=1e-3)  # 3/4 of the evaluations removed
+    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10), "training": (40.0, 1)}, api="lightning",
+                                       config={"val_check_interval": 10}))
+    assert "val_check_interval=40" in f["fix"]["code"]
+    # a non-training job (no optimizer steps) is never eval-bound: inference is all evaluation
+    facts = job_facts({"evaluation": (90.0, 5)}).replace(step_rows=[{"by": "loader"}] * 10)
+    assert rules_job.eval_bound(facts) is None
+
+    assert rules_job.checkpoint_bound(job_facts({"checkpoint": (5.0, 20)})) is None  # 5 % of the wall time
+    f = rules_job.checkpoint_bound(job_facts({"checkpoint": (20.0, 20)}))
+    assert f["severity"] == "warning" and "SAVE_EVERY = 50" in f["fix"]["code"]  # k = ⌈0.20 / 0.02⌉ = 10
+    assert f["est_speedup"] == pytest.approx(100 / (100 - 18), rel=1e-3)
+
+    loader = {"num_workers": 4, "persistent_workers": False, "mp_context": "spawn"}
+    f = rules_job.epoch_boundary(job_facts({"epoch_boundary": (30.0, 9)}, loader=loader))
+    assert f["severity"] == "critical" and "persistent_workers=True" in f["fix"]["code"]
+    assert f["est_speedup"] == pytest.approx(100 / 70, rel=1e-3)
+    assert rules_job.epoch_boundary(job_facts({"epoch_boundary": (5.0, 9)}, loader=loader)) is None

@@ -41,8 +41,15 @@ def _evidence(part: dict, **more) -> dict:
     return ev
 
 
-def _severity(share: float, warn: float, critical: float) -> str | None:
-    return "critical" if share >= critical else ("warning" if share >= warn else None)
+def _warned(facts: RunFacts, name: str, warn: float, critical: float) -> tuple[dict | None, str | None]:
+    """``(part, severity)`` of a training run's part whose wall-time share reaches ``warn``
+    (``critical`` from that share), else ``(None, None)``."""
+    part = _part(facts, name)
+    if part is None or not _trains(facts):
+        return None, None
+    share = part["share"]
+    sev = "critical" if share >= critical else ("warning" if share >= warn else None)
+    return (part, sev) if sev else (None, None)
 
 
 def _less_often_code(facts: RunFacts, k: int, interval: float | None) -> str:
@@ -96,11 +103,8 @@ def eval_bound(facts: RunFacts) -> Finding | None:
     program's own Python (a metric, NMS or decoding loop: vectorize it), else ``too_often`` (the
     model and the validation data: evaluate less often or on fewer batches).
     """
-    part = _part(facts, "evaluation")
-    if part is None or not _trains(facts):
-        return None
-    sev = _severity(part["share"], T.EVAL_WARN_SHARE, T.EVAL_CRITICAL_SHARE)
-    if sev is None or (part["count"] <= 1 and sev != "critical"):
+    part, sev = _warned(facts, "evaluation", T.EVAL_WARN_SHARE, T.EVAL_CRITICAL_SHARE)
+    if part is None or (part["count"] <= 1 and sev != "critical"):
         return None
     mix = part.get("mix") or {}
     sampled = sum(mix.values())
@@ -149,11 +153,8 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
     """Checkpoint saving holds a large share of the wall time (``T.CHECKPOINT_WARN_SHARE``): save
     less often (so saving takes ``T.CHECKPOINT_TARGET_SHARE`` of the wall time), save only what
     resuming needs, or save asynchronously."""
-    part = _part(facts, "checkpoint")
-    if part is None or not _trains(facts):
-        return None
-    sev = _severity(part["share"], T.CHECKPOINT_WARN_SHARE, T.CHECKPOINT_CRITICAL_SHARE)
-    if sev is None:
+    part, sev = _warned(facts, "checkpoint", T.CHECKPOINT_WARN_SHARE, T.CHECKPOINT_CRITICAL_SHARE)
+    if part is None:
         return None
     n = max(1, part["count"])
     steps = len(facts.step_rows or [])
@@ -190,11 +191,8 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
 def logging_bound(facts: RunFacts) -> Finding | None:
     """Experiment-tracker logging (wandb, TensorBoard, MLflow) holds ``T.LOGGING_WARN_SHARE`` or
     more of the wall time: log every N steps."""
-    part = _part(facts, "logging")
-    if part is None or not _trains(facts):
-        return None
-    sev = _severity(part["share"], T.LOGGING_WARN_SHARE, T.LOGGING_CRITICAL_SHARE)
-    if sev is None:
+    part, sev = _warned(facts, "logging", T.LOGGING_WARN_SHARE, T.LOGGING_CRITICAL_SHARE)
+    if part is None:
         return None
     steps = max(1, len(facts.step_rows or []))
     per_step = part["count"] / steps
@@ -213,11 +211,8 @@ def logging_bound(facts: RunFacts) -> Finding | None:
 def epoch_boundary(facts: RunFacts) -> Finding | None:
     """DataLoader iterator start-ups (workers started again each epoch) hold ``T.EPOCH_WARN_SHARE``
     or more of the wall time: ``persistent_workers=True`` starts them once."""
-    part = _part(facts, "epoch_boundary")
-    if part is None or not _trains(facts) or part["count"] < 1:
-        return None
-    sev = _severity(part["share"], T.EPOCH_WARN_SHARE, T.EPOCH_CRITICAL_SHARE)
-    if sev is None:
+    part, sev = _warned(facts, "epoch_boundary", T.EPOCH_WARN_SHARE, T.EPOCH_CRITICAL_SHARE)
+    if part is None or part["count"] < 1:
         return None
     loader = facts.loader or {}
     nw = loader.get("num_workers") or 0
