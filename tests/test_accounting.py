@@ -41,6 +41,8 @@ def test_parts_add_up_and_overlaps_go_to_the_more_specific_part():
     assert p["training"] == pytest.approx(79 - 9 - 3 - 2.5)
     assert t["parts"]["checkpoint"]["count"] == 2 and t["parts"]["evaluation"]["count"] == 1
     assert t["parts"]["epoch_boundary"]["count"] == 1
+    assert t["parts"]["checkpoint"]["every_steps"] == 35.0  # saves in steps 15 and 50
+    assert t["parts"]["evaluation"]["every_steps"] is None
     assert t["parts"]["checkpoint"]["callers"] == [{"site": "train.py:10 main", "count": 2, "seconds": 3.0,
                                                         "code": None}]
     assert t["training_span_s"] == pytest.approx(79.0)
@@ -175,11 +177,12 @@ def test_checkpoint_and_logging_inside_steps_are_left_out_of_the_shares():
 
 
 def job_facts(parts: dict, wall: float = 100.0, steps: int = 100, api: str = "torch", loader=None, config=None):
-    """RunFacts of a training run whose wall time has these parts (name → (seconds, count))."""
+    """RunFacts of a training run whose wall time has these parts (name → (seconds, count) or
+    (seconds, count, steps between two))."""
     from whyidle.analysis.facts import RunFacts
 
-    full = {name: {"s": s, "share": s / wall, "count": n, "sites": [], "host_sites": [], "mix": None, "callers": []}
-            for name, (s, n) in parts.items()}
+    full = {name: {"s": p[0], "share": p[0] / wall, "count": p[1], "every_steps": p[2] if len(p) > 2 else None,
+                   "sites": [], "host_sites": [], "mix": None, "callers": []} for name, p in parts.items()}
     return RunFacts(framework="torch", api={"name": api, "config": config or {}},
                     time={"wall_s": wall, "window": [0, int(wall * S)], "parts": full, "training_span_s": wall},
                     step={"steps": steps}, step_rows=[{"by": "optimizer"}] * steps, loader=loader)
@@ -192,10 +195,10 @@ def test_job_rules_thresholds_and_fixes():
     assert rules_job.eval_bound(job_facts({"evaluation": (30.0, 1), "training": (70.0, 1)})) is None
     f = rules_job.eval_bound(job_facts({"evaluation": (45.0, 1), "training": (55.0, 1)}))
     assert f["severity"] == "critical" and f["est_speedup"] is None  # nothing to do less often
-    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10), "training": (40.0, 1)}))
-    assert f["evidence"]["cause"] == "too_often" and "EVAL_EVERY = 40" in f["fix"]["code"]  # every 10 of 100
+    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)}))
+    assert f["evidence"]["cause"] == "too_often" and "EVAL_EVERY = 40" in f["fix"]["code"]  # every 10 steps
     assert f["est_speedup"] == pytest.approx(100 / (100 - 45), rel=1e-3)  # 3/4 of the evaluations removed
-    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10), "training": (40.0, 1)}, api="lightning",
+    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)}, api="lightning",
                                        config={"val_check_interval": 10}))
     assert "val_check_interval=40" in f["fix"]["code"]
     # a non-training job (no optimizer steps) is never eval-bound: inference is all evaluation
@@ -203,7 +206,7 @@ def test_job_rules_thresholds_and_fixes():
     assert rules_job.eval_bound(facts) is None
 
     assert rules_job.checkpoint_bound(job_facts({"checkpoint": (5.0, 20)})) is None  # 5 % of the wall time
-    f = rules_job.checkpoint_bound(job_facts({"checkpoint": (20.0, 20)}))
+    f = rules_job.checkpoint_bound(job_facts({"checkpoint": (20.0, 20, 5)}))
     assert f["severity"] == "warning" and "SAVE_EVERY = 50" in f["fix"]["code"]  # k = ⌈0.20 / 0.02⌉ = 10
     assert f["est_speedup"] == pytest.approx(100 / (100 - 18), rel=1e-3)
 
@@ -212,3 +215,8 @@ def test_job_rules_thresholds_and_fixes():
     assert f["severity"] == "critical" and "persistent_workers=True" in f["fix"]["code"]
     assert f["est_speedup"] == pytest.approx(100 / 70, rel=1e-3)
     assert rules_job.epoch_boundary(job_facts({"epoch_boundary": (5.0, 9)}, loader=loader)) is None
+    # the HF Trainer's fix is code that runs
+    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)}, api="hf_trainer",
+                                       config={"eval_steps": 10}))
+    assert "eval_steps=40," in f["fix"]["code"]
+    compile(f["fix"]["code"].replace("...,", ""), "fix", "exec")

@@ -20,7 +20,7 @@ RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "runs")
 
 #: RunFacts field → its TypedDict.
 TYPED = {"step": F.StepMetrics, "host": F.HostMetrics, "gpu": F.GpuMetrics, "device": F.DeviceInfo,
-         "api": F.TrainingApi, "loader_iters": F.LoaderIters, "input_wait": F.InputWait}
+         "api": F.TrainingApi, "loader_iters": F.LoaderIters, "input_wait": F.InputWait, "time": F.TimeAccounting}
 
 
 def check(facts: F.RunFacts) -> set[str]:
@@ -34,6 +34,9 @@ def check(facts: F.RunFacts) -> set[str]:
         keys = set(value)
         assert typed.__required_keys__ <= keys, (name, sorted(typed.__required_keys__ - keys))
         assert keys <= typed.__required_keys__ | typed.__optional_keys__, (name, sorted(keys - set(typing.get_type_hints(typed))))
+        if name == "time":  # and each part
+            for part in value["parts"].values():
+                assert set(part) == F.TimePart.__required_keys__, sorted(part)
     return seen
 
 
@@ -47,7 +50,7 @@ def test_every_typed_field_is_declared_with_its_type():
 @pytest.mark.parametrize("name", sorted(os.listdir(RUNS)))
 def test_recorded_runs_parts_match_their_types(name):
     seen = check(analyze(load_run(os.path.join(RUNS, name))))
-    assert {"step", "host", "device", "api", "loader_iters"} <= seen
+    assert {"step", "host", "device", "api", "loader_iters", "time"} <= seen
     if name.startswith("keras"):
         assert "input_wait" in seen
 

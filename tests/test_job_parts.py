@@ -2,9 +2,14 @@
 
 Scenario runs of tests/scenarios/job_parts.py under ``whyidle run``: the faulty variant's verdict
 names the kind, the fix is the one the fixed variant applies, the fixed variant no longer reports
-it, and the wall-time split adds up to the command's wall time. Timing tier: a busy neighbour (a
-parallel test) would be CPU contention, a verdict of its own. Speed ratios between runs are
-asserted loosely (tests/scenarios/README.md has the measured ones).
+it, and the wall-time split adds up to the command's wall time. The verdicts compare seconds of one
+process's own time (evaluation vs training in the same thread), which a busy neighbour stretches
+alike: with two busy burners beside it the eval scenario's verdict stays ``eval_bound`` (run-queue
+wait 68 %, evaluation 19 s vs training 4 s), so the scenarios whose part holds at least twice the
+training time run in the parallel tier. Where it holds less (a checkpoint share of ~15 %, a module
+loop inside the step, the healthy control) the parallel tier's CPU contention would be the bigger
+cause, rightly: those verdicts are asserted in the timing tier. Speed ratios between runs are
+asserted only where the measured one is large (tests/scenarios/README.md has them all).
 """
 
 from __future__ import annotations
@@ -15,17 +20,18 @@ import sys
 
 import pytest
 
-from conftest import SCENARIOS, finding, observe
+from conftest import SCENARIOS, finding, needs, observe
 
-pytestmark = [pytest.mark.slow, pytest.mark.timing]
+pytestmark = [pytest.mark.slow]
 
 SCRIPT = os.path.join(SCENARIOS, "job_parts.py")
 JOB_FINDINGS = ("eval_bound", "checkpoint_bound", "logging_bound", "epoch_boundary")
 
 
-def run(tmp_path, kind, variant="faulty", steps=60):
-    proc, report, run_dir = observe(tmp_path, [sys.executable, SCRIPT, "--kind", kind, "--variant", variant,
-                                         "--steps", str(steps)], timeout=240, name=f"{kind}-{variant}")
+def run(tmp_path, kind, variant="faulty", steps=60, script=SCRIPT):
+    args = ["--kind", kind] if script == SCRIPT else []
+    proc, report, run_dir = observe(tmp_path, [sys.executable, script, *args, "--variant", variant,
+                                               "--steps", str(steps)], timeout=240, name=f"{kind}-{variant}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     t = report["metrics"]["time"]
     # every second of the command in exactly one part: the split adds up to the wall time
@@ -40,11 +46,11 @@ def warned(report) -> set[str]:
 
 
 def test_validation_every_few_steps_is_eval_bound_and_evaluating_less_often_fixes_it(tmp_path):
-    faulty = run(tmp_path, "eval")
+    faulty = run(tmp_path, "eval", steps=40)
     assert faulty["verdict"] == "eval_bound"
     f = finding(faulty, "eval_bound")
     assert f["evidence"]["cause"] == "too_often"
-    assert f["evidence"]["count"] == 6  # model.eval() ... model.train() every 10 of 60 steps
+    assert f["evidence"]["count"] == 4  # model.eval() ... model.train() every 10 of 40 steps
     assert f["evidence"]["callers"][0]["site"].split(":")[0].endswith("job_parts.py")
     assert f["bound"] == pytest.approx(faulty["metrics"]["time"]["parts"]["evaluation"]["share"], abs=1e-3)
     assert "EVAL_EVERY = 40" in f["fix"]["code"] and "was 10" in f["fix"]["code"]
@@ -52,27 +58,32 @@ def test_validation_every_few_steps_is_eval_bound_and_evaluating_less_often_fixe
     # the timeline shows each evaluation on the trainer's "outside the step" track
     with open(os.path.join(faulty["run_dir"], "timeline.json")) as fh:
         events = json.load(fh)["traceEvents"]
-    assert sum(1 for e in events if e.get("name") == "evaluation: Module.eval") == 6
+    assert sum(1 for e in events if e.get("name") == "evaluation: Module.eval") == 4
     # the validation batches are not training samples: the job's samples/s is below the steady one
     m = faulty["metrics"]
     assert m["samples_per_s"] < 0.6 * m["steady_samples_per_s"]
 
-    fixed = run(tmp_path, "eval", "fixed")
+    fixed = run(tmp_path, "eval", "fixed", steps=40)  # one evaluation, at step 40
     assert "eval_bound" not in warned(fixed)
-    assert fixed["metrics"]["samples_per_s"] > 1.5 * m["samples_per_s"]  # measured 3.4x (README)
+    assert fixed["metrics"]["samples_per_s"] > 1.5 * m["samples_per_s"]  # measured 3.1x (README)
 
 
+@pytest.mark.timing
 def test_python_metric_in_the_evaluation_is_named_and_vectorizing_is_the_fix(tmp_path):
-    faulty = run(tmp_path, "eval_metric")
+    faulty = run(tmp_path, "eval_metric", steps=40)
     assert faulty["verdict"] == "eval_bound"
     f = finding(faulty, "eval_bound")
     assert f["evidence"]["cause"] == "host_work"
     assert f["evidence"]["host_sites"][0]["function"].endswith("pr_curve_loop")
     assert "pr_curve_loop" in f["fix"]["text"]
-    fixed = run(tmp_path, "eval_metric", "fixed")
+
+
+def test_the_vectorized_metric_is_not_host_work(tmp_path):
+    fixed = run(tmp_path, "eval_metric", "fixed", steps=40)
     assert "eval_bound" not in warned(fixed) or finding(fixed, "eval_bound")["evidence"]["cause"] != "host_work"
 
 
+@pytest.mark.timing
 def test_saving_model_and_optimizer_every_few_steps_is_checkpoint_bound(tmp_path):
     faulty = run(tmp_path, "checkpoint", steps=150)
     assert faulty["verdict"] == "checkpoint_bound"
@@ -80,9 +91,12 @@ def test_saving_model_and_optimizer_every_few_steps_is_checkpoint_bound(tmp_path
     assert f["evidence"]["count"] == 30
     assert f["evidence"]["callers"][0]["site"].split(":")[0].endswith("job_parts.py")
     assert "SAVE_EVERY" in f["fix"]["code"] and "state_dict()" in f["fix"]["code"]
+
+
+def test_saving_weights_only_and_less_often_is_not_checkpoint_bound(tmp_path):
     fixed = run(tmp_path, "checkpoint", "fixed", steps=150)
-    assert "checkpoint_bound" not in warned(fixed)
-    assert fixed["metrics"]["samples_per_s"] > 1.15 * faulty["metrics"]["samples_per_s"]  # measured 1.55x
+    assert "checkpoint_bound" not in warned(fixed)  # measured 1.36x faster (README): too close to assert here
+    assert fixed["metrics"]["time"]["parts"]["checkpoint"]["count"] == 3
 
 
 def test_spawned_workers_restarted_every_epoch_is_epoch_boundary_and_persistent_workers_fix_it(tmp_path):
@@ -91,14 +105,56 @@ def test_spawned_workers_restarted_every_epoch_is_epoch_boundary_and_persistent_
     f = finding(faulty, "epoch_boundary")
     assert f["evidence"]["count"] == 2 and f["evidence"]["mp_context"] == "spawn"  # 3 epochs: 2 restarts
     assert "persistent_workers=True" in f["fix"]["code"]
+    assert 'multiprocessing_context="spawn"' in f["fix"]["code"]  # the program's own choice is kept
+    # the steps after each restart wait for the workers' start-up: that input wait is not the verdict
+    assert all(g["severity"] == "info" for g in faulty["findings"] if g["id"] == "input_bound")
     fixed = run(tmp_path, "epoch", "fixed", steps=24)
     assert "epoch_boundary" not in warned(fixed)
-    assert fixed["metrics"]["samples_per_s"] > 1.5 * faulty["metrics"]["samples_per_s"]  # measured 2.8x
+    assert fixed["metrics"]["samples_per_s"] > 1.5 * faulty["metrics"]["samples_per_s"]  # measured 2.9x
 
 
+@pytest.mark.timing
 def test_one_short_evaluation_and_one_checkpoint_at_the_end_raise_no_warning(tmp_path):
     report = run(tmp_path, "healthy", "faulty", steps=30)
     assert warned(report) == set()
     assert report["verdict"] == "device_bound"
     parts = report["metrics"]["time"]["parts"]
     assert parts["evaluation"]["count"] == 1 and parts["checkpoint"]["count"] == 1
+
+
+@pytest.mark.timing
+def test_encoder_called_in_a_loop_over_views_is_a_module_loop(tmp_path):
+    faulty = run(tmp_path, "views", steps=40, script=os.path.join(SCENARIOS, "module_loop.py"))
+    assert faulty["verdict"] == "host_bound"
+    f = finding(faulty, "host_bound")
+    ev = f["evidence"]
+    assert ev["kind"] == "module_loop" and ev["module"] == "Encoder"
+    assert ev["calls_per_step"] == 24 and ev["batch"] == 8
+    assert ev["site"].split(":")[0].endswith("module_loop.py")
+    assert "x.flatten(0, 1)" in f["fix"]["code"] and "self.encoder(" in f["fix"]["code"]
+
+
+def test_the_folded_encoder_is_not_a_module_loop(tmp_path):
+    fixed = run(tmp_path, "views", "fixed", steps=40, script=os.path.join(SCENARIOS, "module_loop.py"))
+    assert all(g["evidence"].get("kind") != "module_loop" for g in fixed["findings"] if g["id"] == "host_bound")
+
+
+@needs("lightning")
+def test_lightning_validation_every_few_steps_is_eval_bound_in_trainer_terms(tmp_path):
+    faulty = run(tmp_path, "lightning", steps=60, script=os.path.join(SCENARIOS, "lightning_eval.py"))
+    assert faulty["verdict"] == "eval_bound"
+    f = finding(faulty, "eval_bound")
+    assert f["evidence"]["count"] == 7  # the sanity check and 6 validations (EvaluationLoop.run)
+    assert "val_check_interval=40" in f["fix"]["code"] and "# was 10" in f["fix"]["code"]
+
+
+@needs("keras")
+def test_keras_epoch_end_callback_predicting_per_image_is_eval_bound(tmp_path):
+    proc, report, _ = observe(tmp_path, [sys.executable, os.path.join(SCENARIOS, "keras_eval_callback.py"),
+                                         "--epochs", "3"], timeout=240, name="keras-callback")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "eval_bound"
+    f = finding(report, "eval_bound")
+    assert f["evidence"]["cause"] == "host_work" and f["evidence"]["count"] == 3
+    assert any(s["function"].endswith(("iou", "nms_python")) for s in f["evidence"]["host_sites"])
+    assert "model.predict(" in f["fix"]["code"]

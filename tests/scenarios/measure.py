@@ -48,6 +48,7 @@ SCENARIOS = {
        for kind, extra in (("eval", []), ("eval_metric", []), ("checkpoint", ["--steps", "150"]),
                            ("epoch", ["--steps", "24"]), ("logging", ["--steps", "60"]))},
     "lightning_eval": ("lightning_eval.py", TWO),
+    "module_loop": ("module_loop.py", TWO),
     "keras_eval_callback": ("keras_eval_callback.py", TWO),
 }
 

@@ -43,6 +43,19 @@ MIX_OF_PHASE = {"forward": "model", "backward": "model", "optimizer": "model", "
                 "data": "data"}
 
 
+#: Innermost frames that run the model (or load data) although the step phase says other host
+#: work: a Keras callback's ``predict_on_batch``, a module called outside the hooks' phases.
+MODEL_LEAVES = ("torch/nn/", "torch/_ops", "keras/src/", "tensorflow/python/", "tf_keras/")
+DATA_LEAVES = ("torch/utils/data/",)
+
+
+def _mix_of_leaf(leaf) -> str:
+    leaf = leaf or ""
+    if any(p in leaf for p in DATA_LEAVES):
+        return "data"
+    return "model" if any(p in leaf for p in MODEL_LEAVES) else "host"
+
+
 def _part_phases(records: list[dict], phase: str) -> tuple[set[str], dict[str, float]]:
     """The stack-sample phases of one part (``phase`` itself and ``phase:*``) and the sampled
     seconds of its ``mix`` (``model``, ``data``, ``host``)."""
@@ -56,7 +69,7 @@ def _part_phases(records: list[dict], phase: str) -> tuple[set[str], dict[str, f
             p = site[0]
             if p == phase or (isinstance(p, str) and p.startswith(prefix)):
                 phases.add(p)
-                mix[MIX_OF_PHASE.get(p[len(prefix):], "host")] += (site[4] or 0) / 1000
+                mix[MIX_OF_PHASE.get(p[len(prefix):]) or _mix_of_leaf(site[2])] += (site[4] or 0) / 1000
     return phases, mix
 
 
@@ -81,6 +94,28 @@ def _inside(merged: list[tuple[int, int]], t: int) -> bool:
     return i >= 0 and merged[i][0] <= t < merged[i][1]
 
 
+def _every_steps(steps: list, intervals: list[tuple[int, int]]) -> float | None:
+    """Median number of training steps between the starts of consecutive ``intervals`` (sorted),
+    or None with fewer than two: how often the program evaluates / saves / logs."""
+    if len(intervals) < 2:
+        return None
+    ends = [int(s["t1"]) for s in steps]
+    at = [bisect.bisect_left(ends, a) for a, _ in intervals]  # the step each one starts in
+    gaps = sorted(b - a for a, b in zip(at, at[1:]))
+    return float(gaps[len(gaps) // 2])
+
+
+def _by_site(sites: list[dict]) -> list[dict]:
+    """Sampled lines merged by ``site`` (one line may have several innermost frames under it)."""
+    out: dict[str, dict] = {}
+    for s in sites:
+        if s["site"] in out:
+            out[s["site"]]["seconds"] += s["seconds"]
+        else:
+            out[s["site"]] = dict(s)
+    return sorted(out.values(), key=lambda s: -s["seconds"])
+
+
 def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], iters: list[dict],
                     firsts: list[dict], steady_fetch_s: float = 0.0, records: list[dict] | None = None,
                     source_root: str | None = None, entry_sites: frozenset = frozenset()) -> TimeAccounting:
@@ -100,12 +135,14 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         records: the process's records, for the lines that held each part (stack samples).
         source_root, entry_sites: as for :func:`whyidle.analysis.stacks.hotspots`.
     Returns:
-        ``{"wall_s", "window", "parts": {part: {"s", "share", "count", "sites", "host_sites", "mix",
-        "callers"}}, "training_span_s"}``: seconds, share of ``wall_s`` (0–1), how many regions /
+        ``{"wall_s", "window", "parts": {part: {"s", "share", "count", "every_steps", "sites",
+        "host_sites", "mix", "callers"}}, "training_span_s"}``: seconds, share of ``wall_s`` (0–1), how many regions /
         iterators made it (start-up, training and teardown: 1 or 0), ``sites`` (the busiest lines
         inside it, ``[{"site", "function", "leaf", "seconds"}]``, from stack samples), ``host_sites``
         (the same for its samples outside the model and the data loader), ``mix`` (seconds by what
-        ran: ``model``, ``data``, ``host``, from the samples' step phase; None without samples),
+        ran: ``model``, ``data``, ``host``, from the samples' step phase, else their innermost
+        frame; None without samples), ``every_steps`` (evaluation, checkpoint, logging: median
+        training steps between two of them; None with fewer than two),
         ``callers`` (the program's lines that opened it, ``[{"site", "count", "seconds", "code"}]``,
         ``code`` the line's text when readable; loaders' ids for epoch boundaries);
         ``training_span_s`` the first step's end to the last step's end.
@@ -197,6 +234,9 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
             count = sum(c[0] for c in callers[part].values())
         else:
             count = 1 if s > 0 else 0
+        every = None
+        if part in ("evaluation", "checkpoint", "logging") and steps:
+            every = _every_steps(steps, merged(by_kind[part]))
         sites, host_sites, mix = [], [], None
         phase = PART_PHASES.get(part)
         if phase and records and s > 0:
@@ -205,15 +245,19 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
             scale = s / total if total > 0 else 0.0
             mix = {k: v * scale for k, v in sampled.items()}
             for which, out in ((phases, sites), ({p for p in phases if MIX_OF_PHASE.get(p.partition(":")[2])
-                                                  is None}, host_sites)):
+                                                  is None}, host_sites)):  # host sites: see the filter below
                 if not which:
                     continue
-                for h in stack_analysis.hotspots(records, which, None, s, limit=SITES_PER_PART,
+                for h in stack_analysis.hotspots(records, which, None, s, limit=SITES_PER_PART + 2,
                                                  source_root=source_root, entry_sites=entry_sites):
+                    if out is host_sites and _mix_of_leaf(h["leaf"]) != "host":
+                        continue  # the model or the loader called from the program's own lines
                     out.append({"site": h["site"], "function": h["function"], "leaf": h["leaf"],
                                 "seconds": h["seconds"] * scale})
+                del out[SITES_PER_PART:]
         top_callers = sorted(callers.get(part, {}).items(), key=lambda kv: -kv[1][1])[:SITES_PER_PART]
-        parts[part] = {"s": s, "share": s / wall, "count": count, "sites": sites, "host_sites": host_sites, "mix": mix,
+        parts[part] = {"s": s, "share": s / wall, "count": count, "every_steps": every, "sites": _by_site(sites),
+                       "host_sites": _by_site(host_sites), "mix": mix,
                        "callers": [{"site": k, "count": n, "seconds": v, "code": None if part == "epoch_boundary"
                                     else stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers]}
     return {"wall_s": wall, "window": [w0, w1], "parts": parts,

@@ -193,7 +193,8 @@ class InputWait(TypedDict, total=False):
 
 class TimePart(TypedDict):
     """One part of the wall time (:mod:`whyidle.analysis.accounting`): ``s`` seconds, ``share`` of
-    the wall time (0–1), ``count`` (regions or iterators that made it), ``sites`` (busiest lines
+    the wall time (0–1), ``count`` (regions or iterators that made it), ``every_steps`` (training
+    steps between two evaluations / saves / logging calls, median; None when fewer than two), ``sites`` (busiest lines
     inside it: ``{site, function, leaf, seconds}``), ``host_sites`` (the same, outside the model and
     the data loader), ``mix`` (seconds by what ran: ``model``, ``data``, ``host``; None without
     stack samples), ``callers`` (the program's lines that opened it: ``{site, count, seconds}``)."""
@@ -201,6 +202,7 @@ class TimePart(TypedDict):
     s: float
     share: float
     count: int
+    every_steps: float | None
     sites: list[dict]
     host_sites: list[dict]
     mix: dict[str, float] | None
@@ -250,6 +252,8 @@ class RunFacts:
       ``job_samples_per_s``: samples trained after the first step ÷ ``time.training_span_s`` (what
       the job achieved, evaluation, checkpoints and epoch boundaries inside the training loop
       included).
+    - ``module_loops``: submodules called in a Python loop in the first steps
+      (:func:`whyidle.analysis.run._module_loops`).
     - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
@@ -294,6 +298,7 @@ class RunFacts:
     analyzed_steps: list[Any] | None = None
     time: TimeAccounting | None = None
     job_samples_per_s: float | None = None
+    module_loops: list[dict] | None = None
 
     def replace(self, **changes) -> RunFacts:
         """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""

@@ -203,7 +203,20 @@ def analyze(run: RunData) -> RunFacts:
         analyzed_steps=analyzed,
         time=time_parts,
         job_samples_per_s=_job_samples_per_s(rows, time_parts),
+        module_loops=_module_loops(_last(recs, "module_calls")),
     )
+
+
+def _module_loops(rec: dict | None) -> list[dict]:
+    """Modules called in a Python loop (the ``module_calls`` record of the first steps), busiest
+    first: ``cls``, ``site`` (the user's line calling it), ``calls_per_step``,
+    ``forward_s_per_step`` (seconds of their forward per step), ``share_of_step`` (that ÷ the
+    median step time of those steps, 0–1), ``batch`` (first input's size), ``params``."""
+    if not rec or not rec.get("step_s"):
+        return []
+    return [{"cls": cls, "site": site, "calls_per_step": calls, "forward_s_per_step": fwd,
+             "share_of_step": min(1.0, fwd / rec["step_s"]), "batch": batch, "params": params}
+            for cls, site, calls, fwd, batch, params in rec.get("modules") or []]
 
 
 def _window(meta: dict, recs: list[dict]) -> tuple[int, int] | None:

@@ -79,6 +79,24 @@ def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
     inp["fix"]["code"] = None
 
 
+def _link_restarts_to_input(findings: list[dict]) -> None:
+    """DataLoader workers started again every epoch (``epoch_boundary``) leave the steps after each
+    restart waiting for them and count their start-up (importing the framework) as the workers'
+    CPU: an ``input_bound`` measured then says more about the restarts than about the pipeline. It
+    stays in the report as info, with that said, and no estimate; fix the restarts and measure again."""
+    restarts = next((f for f in findings if f["id"] == "epoch_boundary"), None)
+    inp = next((f for f in findings if f["id"] == "input_bound"), None)
+    if restarts is None or inp is None:
+        return
+    inp["severity"] = "info"
+    inp["est_speedup"] = None
+    inp["evidence"]["measured_with_restarts"] = True
+    inp["summary"] += (" Measured while the DataLoader's workers were started again every epoch (see epoch_boundary): "
+                       "part of this wait, and of the workers' CPU, is their start-up.")
+    inp["fix"].update(text="Keep the workers alive first (epoch_boundary's fix), then measure again: what is left of "
+                           "this wait is the pipeline's own.", code=None, options=[])
+
+
 def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     """Returns ``(verdict, findings)``: the verdict's finding first, then by severity and measured
     share (:func:`whyidle.diagnose.verdict.order`).
@@ -103,7 +121,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
             if f:
                 findings.append(f)
         # Python work outside the model, or per-operation overhead inside it: one host_bound
-        host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts)) if f]
+        host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts), rules_work.module_loop(facts)) if f]
         if host:
             findings.append(max(host, key=lambda f: f["bound"] or 0))
         for rule in rules_job.RULES:  # time outside the step: bound is a share of the wall time
@@ -111,6 +129,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
             if f:
                 findings.append(f)
     _link_contention_to_input(facts, findings)
+    _link_restarts_to_input(findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}
     for f in findings:  # tf.data: smells whose fixed lines input_bound already shows
         if f["id"] == "input_bound":

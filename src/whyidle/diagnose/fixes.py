@@ -90,6 +90,8 @@ def _loader_args(facts: RunFacts, workers: int, prefetch: int, dataset: str) -> 
     nw = loader.get("num_workers") or 0
     opts = [f"num_workers={workers},"
             + (f"            # was {nw}" if workers != nw else "")]
+    if workers > 0 and loader.get("mp_context") in ("spawn", "forkserver"):  # the program chose it: keep it
+        opts.append(f'multiprocessing_context="{loader["mp_context"]}",')
     if workers > 0:
         opts.append("persistent_workers=True,"
                     + ("  # keep workers alive between epochs" if not loader.get("persistent_workers") else ""))

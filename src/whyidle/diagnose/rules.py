@@ -785,7 +785,12 @@ def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
                       "GPU each copy would come from pageable memory and block the host "
                       "(pin_memory=True with .to(device, non_blocking=True) overlaps it)")
     iters = facts.loader_iters or {}
-    if nw > 0 and not loader.get("persistent_workers") and iters.get("count", 0) >= 2:
+    restarts = (((facts.time or {}).get("parts") or {}).get("epoch_boundary") or {})
+    if nw > 0 and not loader.get("persistent_workers") and restarts.get("count"):
+        # the restarts' whole cost (iterator and the workers' first batches), as epoch_boundary says
+        smells.append(f"persistent_workers=False: {nw} worker{'s are' if nw != 1 else ' is'} started again every epoch "
+                      f"({restarts['count']} restarts, {restarts['s'] / restarts['count']:.2f} s each)")
+    elif nw > 0 and not loader.get("persistent_workers") and iters.get("count", 0) >= 2:
         secs = iters.get("seconds") or [0.0]
         smells.append(f"persistent_workers=False: {nw} worker{'s are' if nw != 1 else ' is'} started again every epoch "
                       f"({iters['count']} times, {sum(secs) / len(secs) * 1000:.0f} ms each to create the iterator)")

@@ -68,17 +68,25 @@ def _less_often_code(facts: RunFacts, k: int, interval: float | None) -> str:
         return first + "                  limit_val_batches=0.25)   # or validate on a fixed subset"
     if name == "hf_trainer":
         steps = cfg.get("eval_steps")
-        return (f"args = TrainingArguments(..., eval_strategy=\"steps\", eval_steps={k * steps}   # was {steps}\n"
-                if isinstance(steps, (int, float)) and steps else
-                "args = TrainingArguments(..., eval_strategy=\"epoch\",\n") + \
-            "                         eval_accumulation_steps=None)   # keep predictions on the device"
+        if isinstance(steps, (int, float)) and steps:
+            return (f"args = TrainingArguments(\n    ...,\n    eval_strategy=\"steps\",\n"
+                    f"    eval_steps={k * steps:g},          # was {steps:g}: evaluate {k}x less often\n)")
+        return f"args = TrainingArguments(\n    ...,\n    eval_strategy=\"epoch\",   # was {cfg.get('eval_strategy')!r}\n)"
     if name in ("keras", "tensorflow"):
         return (f"model.fit(..., validation_freq={k})   # validate every {k} epochs\n"
                 "# epoch-end callbacks: return early unless epoch % N == N - 1")
-    every = f"{k * interval:.0f}" if interval else f"{k} * EVAL_EVERY"
-    return (f"EVAL_EVERY = {every}        # was {interval:.0f}: evaluate {k}x less often\n" if interval else
+    every = f"{k * interval:g}" if interval else f"{k} * EVAL_EVERY"
+    return (f"EVAL_EVERY = {every}        # was {interval:g}: evaluate {k}x less often\n" if interval else
             f"EVAL_EVERY = {every}   # evaluate {k}x less often\n") + \
         "if step % EVAL_EVERY == 0:\n    evaluate(model, val_loader)   # with torch.inference_mode() inside"
+
+
+#: Packages whose code runs the program's evaluation for it (their Python is not the program's to vectorize).
+FRAMEWORK_PATHS = ("lightning/", "pytorch_lightning/", "transformers/", "accelerate/", "keras/", "tensorflow/")
+
+
+def _in_framework(leaf: str | None) -> bool:
+    return any(p in (leaf or "") for p in FRAMEWORK_PATHS)
 
 
 def _vectorize_code(facts: RunFacts) -> str:
@@ -110,8 +118,7 @@ def eval_bound(facts: RunFacts) -> Finding | None:
     sampled = sum(mix.values())
     host_share = mix.get("host", 0.0) / sampled if sampled > 0 else 0.0
     n = max(1, part["count"])
-    train_steps = len(facts.step_rows or [])
-    interval = train_steps / n if n > 1 else None
+    interval = part.get("every_steps")
     k = T.EVAL_LESS_OFTEN if n >= T.EVAL_LESS_OFTEN else 1
     less_often = _wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
     host_fix = _wall_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
@@ -136,7 +143,7 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                 + (", under torch.inference_mode()." if fixes.api_name(facts) in ("torch", "accelerate") else "."))
         code = _less_often_code(facts, k if k > 1 else 2, interval)
         options.append(fix_option(text, less_often, None if k > 1 else "when the run evaluates more than once", code))
-        if host_fix and host_share > 0.1:
+        if host_fix and host_share >= T.EVAL_HOST_OPTION_SHARE and top and not _in_framework(top.get("leaf")):
             options.append(fix_option(f"Vectorize the evaluation's Python work{where} ({host_share:.0%} of it).",
                                       host_fix))
     first = options[0]
@@ -157,12 +164,11 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
     if part is None:
         return None
     n = max(1, part["count"])
-    steps = len(facts.step_rows or [])
-    interval = steps / n if n > 1 else None
+    interval = part.get("every_steps")
     k = max(2, math.ceil(part["share"] / T.CHECKPOINT_TARGET_SHARE)) if n > 1 else 1
     gain = _wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
     name = fixes.api_name(facts)
-    every = f"{k * interval:.0f}" if interval else "N"
+    every = f"{k * interval:g}" if interval else "N"
     if name == "lightning":
         code = (f"ModelCheckpoint(every_n_train_steps={every}, save_top_k=1,   # save {k}x less often\n"
                 "                save_weights_only=True)   # the optimizer state only where you resume from")
@@ -173,7 +179,7 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
     elif name in ("keras", "tensorflow"):
         code = 'keras.callbacks.ModelCheckpoint(path, save_freq="epoch", save_weights_only=True)'
     else:
-        code = (f"SAVE_EVERY = {every}   # steps; was {interval:.0f}\n" if interval else f"SAVE_EVERY = {every}\n") + \
+        code = (f"SAVE_EVERY = {every}   # steps; was {interval:g}\n" if interval else f"SAVE_EVERY = {every}\n") + \
             "if step % SAVE_EVERY == 0:\n" \
             "    torch.save(model.state_dict(), path)   # the optimizer state only where you resume from"
     top = part["callers"][0]["site"] if part["callers"] else None

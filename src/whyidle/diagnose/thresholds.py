@@ -95,6 +95,8 @@ EVAL_LESS_OFTEN = 4
 #: Share of the evaluation's sampled time in the program's own Python (not the model, not the
 #: loader) above which the cause is that work (a per-sample metric, NMS) rather than the schedule.
 EVAL_HOST_SHARE = 0.5
+#: ... and from which vectorizing it is offered as a second option when the schedule is the cause.
+EVAL_HOST_OPTION_SHARE = 0.3
 #: Share of a Python per-sample loop that vectorizing removes (batched tensor ops run the same math
 #: 10–100× faster; 0.9 is the conservative end).
 VECTORIZED_SAVING = 0.9
@@ -111,6 +113,13 @@ LOG_EVERY = 50
 #: Iterator start-up share of wall time for ``epoch_boundary`` (worker start per epoch).
 EPOCH_WARN_SHARE = 0.10
 EPOCH_CRITICAL_SHARE = 0.30
+
+#: ``module_loop`` (rules_work.py): a module called this often per step (module_calls.py's
+#: LOOP_MIN_CALLS) with at most this much forward time per call: small calls, whose per-call cost
+#: (Python and dispatch, ~0.1–0.5 ms on a CPU; kernel launches on a GPU) folding removes. Bigger
+#: calls already amortize it.
+MODULE_LOOP_MIN_CALLS = 4
+MODULE_LOOP_MAX_CALL_S = 0.005
 
 #: Fewer analyzed steps than this: say so rather than guess.
 MIN_STEPS = 5

@@ -43,6 +43,7 @@ import weakref
 from time import monotonic_ns, thread_time_ns
 
 from whyidle.instrument import regions as region_mod
+from whyidle.instrument.module_calls import ModuleCalls
 from whyidle.instrument.cuda import (
     MAX_SYNCS_PER_STEP,
     STRIDE_WINDOW,
@@ -229,6 +230,7 @@ class TorchInstrument:
         self._grad_enabled = torch.is_grad_enabled
         self.pending_first: int | None = None  # id() of a new DataLoader iterator before its first batch
         self.switch_next = None  # callable(on): the DataLoader __next__ wrapper in or out (install())
+        self.module_calls = ModuleCalls(self.site_of)  # repeated submodule calls (module_calls.py)
         self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
         self.regions.touch = self.mark_boundary
 
@@ -335,6 +337,8 @@ class TorchInstrument:
                                    1 if self.boundary else 0))
         if by == "optimizer":
             self.opt_steps += 1
+        if self.module_calls is not None and self.global_hooks:
+            self.module_calls.end_step(now - self.t0)
         if self.transfers is not None:
             self._drain_transfers(now, by)
         self.step += 1
@@ -473,6 +477,13 @@ class TorchInstrument:
         return None if code is None else self.frames().classify(code.co_filename)[0] == 0
 
     def on_forward_pre(self, module, args) -> None:
+        calls = self.module_calls
+        if calls is not None and self.global_hooks:
+            try:
+                calls.pre(module, args, sys._getframe(1))
+            except Exception as exc:  # only this count is lost
+                self.module_calls = None
+                self.agent.notice(f"repeated-module count disabled: {exc!r}")
         if self.depth == 0:
             self.enter("forward" if self._grad_enabled() else "eval")
             if self.phase == "eval":
@@ -487,6 +498,8 @@ class TorchInstrument:
         self.depth += 1
 
     def on_forward_post(self) -> None:
+        if self.module_calls is not None and self.global_hooks:
+            self.module_calls.post()
         if self.depth <= 0:
             return
         self.depth -= 1
@@ -696,6 +709,11 @@ class TorchInstrument:
         self.stacks.start()
 
     def _switch_to_root_hooks(self) -> None:
+        if self.module_calls is not None:
+            rec = self.module_calls.record()
+            self.module_calls = None
+            if rec is not None:
+                self.agent.record(rec)
         for h in self.global_hooks:
             h.remove()
         self.global_hooks = []

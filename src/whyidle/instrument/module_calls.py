@@ -1,0 +1,105 @@
+"""Repeated submodule calls in a training step: a Python loop over views, timesteps, crops or chunks
+that calls the same module k times per step on slices of the batch (``host_bound`` kind
+``module_loop``). On a GPU each call is a row of small kernel launches; on a CPU each is a small
+matrix product; folding the loop dimension into the batch makes one call of k times the work.
+
+While the global forward hooks are in (:data:`whyidle.instrument.torch.ROOT_LEARNING_STEPS`
+optimizer steps), every module call passes through :meth:`ModuleCalls.pre` / :meth:`post`: per
+module that has parameters, its calls and forward seconds in each step, the user's line that
+first called it, its first input's batch size and the nearest parameterized module it was called
+from. :meth:`record` then keeps the modules called at least :data:`LOOP_MIN_CALLS` times per step
+(median over the observed steps) whose caller module is not itself repeated (a looped encoder's
+layers repeat with it). Standard library only; the hooks' own cost is paid in those first steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from time import monotonic_ns
+
+#: Calls of one module per step from which a Python loop around it is reported (a module applied
+#: twice, e.g. to two inputs of a siamese net, is ordinary; 4+ is a loop over a dimension).
+LOOP_MIN_CALLS = 4
+#: Modules kept in the record (the busiest by forward time).
+MAX_MODULES = 8
+
+
+def _batch_of(args) -> int | None:
+    for a in args[:4] if isinstance(args, tuple) else ():
+        shape = getattr(a, "shape", None)
+        if shape is not None and len(shape) >= 1:
+            return int(shape[0])
+    return None
+
+
+class ModuleCalls:
+    """Calls per module per step while the global forward hooks are in.
+
+    Args:
+        site_of: callable(frame) → (user site, leaf site), the instrumentation's frame classifier.
+    """
+
+    def __init__(self, site_of) -> None:
+        self.site_of = site_of
+        self.stack: list = []  # (key, t0) of the open calls of parameterized modules; None for others
+        self.current: dict[int, list[int]] = {}  # key → [calls, forward ns] in this step
+        self.info: dict[int, list | bool] = {}  # key → [class, site, batch, parent key, parameters] or False
+        self.steps: list[tuple[int, dict]] = []  # (step ns, {key: (calls, ns)} of modules called twice+)
+
+    def pre(self, module, args, frame) -> None:
+        """A module's forward starts (``frame``: where the hook runs, to find the user's line)."""
+        key = id(module)
+        info = self.info.get(key)
+        if info is None:
+            numel = sum(p.numel() for p in module.parameters())
+            if not numel:
+                info = False
+            else:
+                parent = next((k for k, _ in (e for e in reversed(self.stack) if e is not None)), None)
+                info = [type(module).__name__, self.site_of(frame)[0], _batch_of(args), parent, numel]
+            self.info[key] = info
+        if info is False:
+            self.stack.append(None)
+            return
+        self.stack.append((key, monotonic_ns()))
+        c = self.current.get(key)
+        if c is None:
+            self.current[key] = [1, 0]
+        else:
+            c[0] += 1
+
+    def post(self) -> None:
+        """The innermost open forward returned."""
+        if not self.stack:
+            return
+        top = self.stack.pop()
+        if top is not None:
+            self.current[top[0]][1] += monotonic_ns() - top[1]
+
+    def end_step(self, step_ns: int) -> None:
+        """A step ended (``step_ns``: its wall time)."""
+        self.steps.append((step_ns, {k: (c, ns) for k, (c, ns) in self.current.items() if c >= 2}))
+        self.current = {}
+        self.stack = []
+
+    def record(self) -> dict | None:
+        """The ``module_calls`` record (docs/run-format.md), or None when no module repeats."""
+        if not self.steps:
+            return None
+        n = len(self.steps)
+
+        def median(key, i):
+            return statistics.median(s[1].get(key, (0, 0))[i] for s in self.steps)
+
+        looped = {k for k in {k for _, m in self.steps for k in m} if median(k, 0) >= LOOP_MIN_CALLS}
+        rows = []
+        for key in looped:
+            cls, site, batch, parent, numel = self.info[key]
+            if parent in looped:  # repeats because its caller does: report the caller
+                continue
+            rows.append([cls, site, median(key, 0), round(median(key, 1) / 1e9, 6), batch, numel])
+        if not rows:
+            return None
+        rows.sort(key=lambda r: -r[3])
+        return {"k": "module_calls", "t": monotonic_ns(), "steps": n,
+                "step_s": round(statistics.median(s for s, _ in self.steps) / 1e9, 6), "modules": rows[:MAX_MODULES]}
