@@ -70,7 +70,7 @@ def test_validation_every_few_steps_is_eval_bound_and_evaluating_less_often_fixe
 
 @pytest.mark.timing
 def test_python_metric_in_the_evaluation_is_named_and_vectorizing_is_the_fix(tmp_path):
-    faulty = run(tmp_path, "eval_metric", steps=40)
+    faulty = run(tmp_path, "eval_metric", steps=60)  # 3 evaluations
     assert faulty["verdict"] == "eval_bound"
     f = finding(faulty, "eval_bound")
     assert f["evidence"]["cause"] == "host_work"
@@ -79,7 +79,7 @@ def test_python_metric_in_the_evaluation_is_named_and_vectorizing_is_the_fix(tmp
 
 
 def test_the_vectorized_metric_is_not_host_work(tmp_path):
-    fixed = run(tmp_path, "eval_metric", "fixed", steps=40)
+    fixed = run(tmp_path, "eval_metric", "fixed", steps=60)
     assert "eval_bound" not in warned(fixed) or finding(fixed, "eval_bound")["evidence"]["cause"] != "host_work"
 
 
