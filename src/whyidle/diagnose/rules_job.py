@@ -17,6 +17,7 @@ from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import finding, fix_option
 from whyidle.diagnose.types import Finding
 
+
 def _part(facts: RunFacts, name: str) -> dict | None:
     parts = (facts.time or {}).get("parts") or {}
     return parts.get(name)
