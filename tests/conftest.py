@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = os.path.join(REPO, "tests", "scenarios")
 
@@ -18,16 +20,22 @@ def needs(module: str):
     every process that collected the module, even in sessions that ran none of its tests)."""
     import importlib.util
 
-    import pytest
-
     return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests that start real processes (``slow``) run first, in their collected order: under
     ``-n 2`` the long ones start early and the short in-process ones even out the two workers at
-    the end, instead of a 40-second test starting last beside an idle worker."""
+    the end, instead of a 40-second test starting last beside an idle worker.
+
+    A ``timing`` test that fails runs once more (pytest-rerunfailures; the report shows an ``R``
+    and the first failure): its assertions compare speeds measured on a shared 2-core machine,
+    where another tenant's burst can slow one of its runs (seen in CI: the demo's fixed run at
+    1.06x the faulty one, 1.8x on every rerun). A real fault fails both runs."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        if item.get_closest_marker("timing") is not None and item.get_closest_marker("flaky") is None:
+            item.add_marker(pytest.mark.flaky(reruns=1))
 
 
 def pytest_ignore_collect(collection_path, config):

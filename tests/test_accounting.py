@@ -28,9 +28,10 @@ def test_parts_add_up_and_overlaps_go_to_the_more_specific_part():
              {"t0": int(50 * S), "t1": int(51 * S), "loader": 1},     # a restart: epoch boundary
              {"t0": int(22 * S), "t1": int(23 * S), "loader": 2}]     # validation loader: evaluation
     firsts = [{"t0": int(51 * S), "t1": int(53 * S), "loader": 1}]  # its first batch took 2 s
+    loader = {"k": "loader", "id": 1, "created": ["train.py:4 main", "torch/utils/data/dataloader.py:1 __init__"]}
     t = time_accounting((0, 100 * S), steps(10, 90, 80),
                         [region("evaluation", 20, 30), region("checkpoint", 25, 26), region("checkpoint", 60, 62)],
-                        iters, firsts, steady_fetch_s=0.5)
+                        iters, firsts, steady_fetch_s=0.5, records=[loader])
     p = {k: v["s"] for k, v in t["parts"].items()}
     assert sum(p.values()) == pytest.approx(100.0)
     assert p["startup"] == pytest.approx(11.0)         # to the first step's end (10 → 11 s)
@@ -41,6 +42,7 @@ def test_parts_add_up_and_overlaps_go_to_the_more_specific_part():
     assert p["training"] == pytest.approx(79 - 9 - 3 - 2.5)
     assert t["parts"]["checkpoint"]["count"] == 2 and t["parts"]["evaluation"]["count"] == 1
     assert t["parts"]["epoch_boundary"]["count"] == 1
+    assert [c["site"] for c in t["parts"]["epoch_boundary"]["callers"]] == ["train.py:4 main"]  # where it was made
     assert t["parts"]["checkpoint"]["every_steps"] == 35.0  # saves in steps 15 and 50
     assert t["parts"]["evaluation"]["every_steps"] is None
     assert t["parts"]["checkpoint"]["callers"] == [{"site": "train.py:10 main", "count": 2, "seconds": 3.0,

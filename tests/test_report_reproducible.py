@@ -33,4 +33,13 @@ def test_saved_run_renders_the_same_report_elsewhere(tmp_path, monkeypatch):
     again = json.loads(out.read_text())
     for key in ("tool_version",):
         again.pop(key, None), saved.pop(key, None)
-    assert again == saved
+    assert again == saved, differences(saved, again)
+
+
+def differences(a, b, path="") -> list[str]:
+    """The paths where two JSON values differ, with both values (the assertion's message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"[:300]]

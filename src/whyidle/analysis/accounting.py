@@ -144,7 +144,8 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         frame; None without samples), ``every_steps`` (evaluation, checkpoint, logging: median
         training steps between two of them; None with fewer than two),
         ``callers`` (the program's lines that opened it, ``[{"site", "count", "seconds", "code"}]``,
-        ``code`` the line's text when readable; loaders' ids for epoch boundaries);
+        ``code`` the line's text when readable; for epoch boundaries the line that created the
+        DataLoader, from its ``loader`` record, else ``"DataLoader <id>"``);
         ``training_span_s`` the first step's end to the last step's end.
     Errors: ``ValueError`` when the window is empty.
     """
@@ -172,6 +173,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
     for f in sorted(firsts, key=lambda r: r["t0"]):
         first_by_loader.setdefault(f.get("loader"), []).append(f)
     ordered = sorted(iters, key=lambda r: r["t0"])
+    created = {r.get("id"): (r.get("created") or [None])[0] for r in records or () if r.get("k") == "loader"}
     seen_loaders = set()
     for n, it in enumerate(ordered):
         a, b = max(w0, int(it["t0"])), min(w1, int(it["t1"]))
@@ -193,7 +195,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
             by_kind["startup"].append((a, b))
             continue
         by_kind["epoch_boundary"].append((a, b))
-        c = callers["epoch_boundary"].setdefault(str(loader), [0, 0.0])
+        c = callers["epoch_boundary"].setdefault(created.get(loader) or f"DataLoader {loader}", [0, 0.0])
         c[0] += 1
         c[1] += (b - a) / 1e9
 
@@ -258,7 +260,6 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         top_callers = sorted(callers.get(part, {}).items(), key=lambda kv: -kv[1][1])[:SITES_PER_PART]
         parts[part] = {"s": s, "share": s / wall, "count": count, "every_steps": every, "sites": _by_site(sites),
                        "host_sites": _by_site(host_sites), "mix": mix,
-                       "callers": [{"site": k, "count": n, "seconds": v, "code": None if part == "epoch_boundary"
-                                    else stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers]}
+                       "callers": [{"site": k, "count": n, "seconds": v, "code": stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers]}
     return {"wall_s": wall, "window": [w0, w1], "parts": parts,
             "training_span_s": (last - first) / 1e9 if steps else 0.0}
