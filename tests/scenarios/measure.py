@@ -49,6 +49,8 @@ SCENARIOS = {
                            ("epoch", ["--steps", "24"]), ("logging", ["--steps", "60"]))},
     "lightning_eval": ("lightning_eval.py", TWO),
     "module_loop": ("module_loop.py", TWO),
+    "c36_preprocess_in_forward": ("c36_preprocess_in_forward.py", TWO),
+    "c34_many_tiny_tensors": ("c34_many_tiny_tensors.py", TWO),
     "keras_eval_callback": ("keras_eval_callback.py", TWO),
 }
 

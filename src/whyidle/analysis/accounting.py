@@ -49,7 +49,10 @@ MODEL_LEAVES = ("torch/nn/", "torch/_ops", "keras/src/", "tensorflow/python/", "
 DATA_LEAVES = ("torch/utils/data/",)
 
 
-def _mix_of_leaf(leaf) -> str:
+def mix_of_leaf(leaf) -> str:
+    """``"model"``, ``"data"`` or ``"host"``: what a stack sample's innermost frame (``"path:line
+    func"``) ran, by its package (:data:`MODEL_LEAVES`, :data:`DATA_LEAVES`; the rest, the
+    program's own lines and other libraries, is host work)."""
     leaf = leaf or ""
     if any(p in leaf for p in DATA_LEAVES):
         return "data"
@@ -69,7 +72,7 @@ def _part_phases(records: list[dict], phase: str) -> tuple[set[str], dict[str, f
             p = site[0]
             if p == phase or (isinstance(p, str) and p.startswith(prefix)):
                 phases.add(p)
-                mix[MIX_OF_PHASE.get(p[len(prefix):]) or _mix_of_leaf(site[2])] += (site[4] or 0) / 1000
+                mix[MIX_OF_PHASE.get(p[len(prefix):]) or mix_of_leaf(site[2])] += (site[4] or 0) / 1000
     return phases, mix
 
 
@@ -252,7 +255,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
                     continue
                 for h in stack_analysis.hotspots(records, which, None, s, limit=SITES_PER_PART + 2,
                                                  source_root=source_root, entry_sites=entry_sites):
-                    if out is host_sites and _mix_of_leaf(h["leaf"]) != "host":
+                    if out is host_sites and mix_of_leaf(h["leaf"]) != "host":
                         continue  # the model or the loader called from the program's own lines
                     out.append({"site": h["site"], "function": h["function"], "leaf": h["leaf"],
                                 "seconds": h["seconds"] * scale})

@@ -253,7 +253,10 @@ class RunFacts:
       the job achieved, evaluation, checkpoints and epoch boundaries inside the training loop
       included).
     - ``module_loops``: submodules called in a Python loop in the first steps
-      (:func:`whyidle.analysis.run._module_loops`).
+      (:func:`whyidle.analysis.run._module_loops`); ``preamble``: the model's forward before its
+      first layer (:func:`whyidle.analysis.run._preamble`); ``data_ipc_share``: with DataLoader
+      workers, the fraction of the training thread's sampled data wait spent receiving batches
+      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None.
     - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
@@ -299,6 +302,8 @@ class RunFacts:
     time: TimeAccounting | None = None
     job_samples_per_s: float | None = None
     module_loops: list[dict] | None = None
+    preamble: dict | None = None
+    data_ipc_share: float | None = None
 
     def replace(self, **changes) -> RunFacts:
         """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""

@@ -204,6 +204,9 @@ def analyze(run: RunData) -> RunFacts:
         time=time_parts,
         job_samples_per_s=_job_samples_per_s(rows, time_parts),
         module_loops=_module_loops(_last(recs, "module_calls")),
+        preamble=_preamble(_last(recs, "module_calls"), step, hotspots.get("forward") or []),
+        data_ipc_share=stack_analysis.leaf_share(recs, "data", stack_analysis.IPC_LEAVES, window)
+        if (loader or {}).get("num_workers") else None,
     )
 
 
@@ -217,6 +220,24 @@ def _module_loops(rec: dict | None) -> list[dict]:
     return [{"cls": cls, "site": site, "calls_per_step": calls, "forward_s_per_step": fwd,
              "share_of_step": min(1.0, fwd / rec["step_s"]), "batch": batch, "params": params}
             for cls, site, calls, fwd, batch, params in rec.get("modules") or []]
+
+
+def _preamble(rec: dict | None, step: dict | None, forward_hotspots: list[dict]) -> dict | None:
+    """Seconds per step the model's forward ran before its first layer (the ``module_calls``
+    record's median ``preamble_s`` of the first steps), or None without that record or steady
+    steps: ``cls`` and ``site`` (the top-level module and the user's line calling it),
+    ``s_per_step``, ``share_of_step`` (÷ the steady step time p50, 0–1) and ``sites`` (the forward
+    phase's sampled lines whose innermost frame is neither the model's nor the loader's code:
+    the host work, busiest first)."""
+    if not rec or not step or not rec.get("preamble_s"):
+        return None
+    p50 = step["step_time_s"]["p50"]
+    if not p50:
+        return None
+    cls, site = (rec.get("root") or [None, None])[:2]
+    sites = [h for h in forward_hotspots if accounting.mix_of_leaf(h.get("leaf")) == "host"]
+    return {"cls": cls, "site": site, "s_per_step": rec["preamble_s"],
+            "share_of_step": min(1.0, rec["preamble_s"] / p50), "sites": sites[:3]}
 
 
 def _window(meta: dict, recs: list[dict]) -> tuple[int, int] | None:

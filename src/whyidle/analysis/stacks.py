@@ -81,6 +81,26 @@ def _sites(records: list[dict], phases: set[str], window: tuple[int, int] | None
                 yield site[0], site[1], site[2], site[3], seconds, callers
 
 
+#: Innermost frames of a DataLoader batch crossing from a worker to the training process: reading
+#: the pickled batch, fetching each tensor's shared-memory file descriptor from the worker's
+#: resource sharer, rebuilding the storages (PyTorch's ``file_descriptor`` sharing strategy).
+IPC_LEAVES = ("multiprocessing/connection.py", "multiprocessing/reduction.py", "multiprocessing/resource_sharer.py",
+              "torch/multiprocessing/reductions.py", "torch/_utils.py", "torch/storage.py")
+
+
+def leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...], window: tuple[int, int] | None = None
+               ) -> float | None:
+    """The fraction (0–1) of ``phase``'s sampled time whose innermost frame's path contains one of
+    ``leaves`` (e.g. :data:`IPC_LEAVES` in ``"data"``: the data wait spent receiving batches from
+    the workers rather than waiting for them), or None without samples in ``phase``."""
+    total = hit = 0.0
+    for _phase, _user, leaf, _count, seconds, _callers in _sites(records, {phase}, window):
+        total += seconds
+        if leaf and any(p in leaf for p in leaves):
+            hit += seconds
+    return hit / total if total > 0 else None
+
+
 def _package(site: str | None) -> str:
     """What a library site is part of: ``"logging and progress"`` for :data:`OUTPUT_MODULES`, else
     its top-level package or module file (``"lightning"`` for ``"lightning/pytorch/loops/x.py:1 f"``,

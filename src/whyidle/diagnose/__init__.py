@@ -121,7 +121,8 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
             if f:
                 findings.append(f)
         # Python work outside the model, or per-operation overhead inside it: one host_bound
-        host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts), rules_work.module_loop(facts)) if f]
+        host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts), rules_work.module_loop(facts),
+                            rules_work.preprocess_in_forward(facts)) if f]
         if host:
             findings.append(max(host, key=lambda f: f["bound"] or 0))
         for rule in rules_job.RULES:  # time outside the step: bound is a share of the wall time

@@ -229,10 +229,24 @@ def gpu_idle_share(facts: RunFacts, cause: str) -> float | None:
     return (idle.get("idle_share_by_cause") or {}).get(cause)
 
 
+#: The ``many_tensors`` fix: a collate that returns a few batch tensors instead of one per sample
+#: and field (the layout of cases.md C34's merged fix).
+PACKED_COLLATE = """def collate(samples):                       # runs in the DataLoader workers
+    images = torch.stack([s[0] for s in samples])
+    targets = [s[-1] for s in samples]          # per-sample dicts of small tensors
+    packed = {k: torch.cat([t[k] for t in targets]) for k in targets[0]}
+    sizes = [len(next(iter(t.values()))) for t in targets]
+    packed["offsets"] = torch.tensor([0] + sizes).cumsum(0)   # sample i: rows offsets[i]:offsets[i+1]
+    return images, packed                       # ~10 tensors per batch, the same bytes
+loader = DataLoader(dataset, ..., collate_fn=collate)"""
+
+
 def input_bound(facts: RunFacts) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
-    Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``storage``
+    Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``many_tensors``
+    (workers hand over batches of ``T.BATCH_TENSORS_MANY``+ tensors and the training thread spends
+    ``T.IPC_SHARE_OF_WAIT``+ of its wait receiving them, cases.md C34); ``storage``
     (the loader is mostly off-CPU, not even waiting for a core, while reading files; or iowait
     is high); ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing`` (workers
     want a core all the time and the machine is out of cores: more workers cannot help);
@@ -264,8 +278,12 @@ def input_bound(facts: RunFacts) -> dict | None:
     cpu_busy = host.get("cpu_busy_share")
     reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
     model = loader_model(facts) if loader else None
+    tensors = (facts.devices or {}).get("batch_tensors") or 0
+    ipc = facts.data_ipc_share
     if not loader:
         cause = "unknown"
+    elif nw and tensors >= T.BATCH_TENSORS_MANY and (ipc or 0) >= T.IPC_SHARE_OF_WAIT:
+        cause = "many_tensors"
     elif (off_cpu is not None and off_cpu >= T.LOADER_OFF_CPU and reads) or (busy is None and iowait >= T.IOWAIT_STORAGE):
         cause = "storage"
     elif not nw:
@@ -283,6 +301,10 @@ def input_bound(facts: RunFacts) -> dict | None:
     hot_text = (f" {_pct(focus['share_of_phase'])} of the loading time is inside `{focus['function']}` "
                 f"({focus['site']})." if focus else "")
     reason = {
+        "many_tensors": f"the training process spends {_pct(ipc)} of that wait receiving each batch's {tensors} "
+                        f"tensors ({((facts.devices or {}).get('batch_bytes') or 0) / 1024:.0f} KiB in all) from the "
+                        f"{nw} workers: each tensor crosses on its own (a shared-memory segment and a file "
+                        "descriptor), so the hand-off costs per tensor, not per byte",
         "storage": f"the loader is off-CPU {_pct(off_cpu)} of the time, waiting on reads "
                    f"({(per_sample or 0) / 1024:.1f} KiB read per sample, iowait {_pct(iowait)})",
         "loader_in_main_process": f"batches are prepared in the training process itself (num_workers=0), "
@@ -319,6 +341,13 @@ def input_bound(facts: RunFacts) -> dict | None:
     options = []
     if model and not model["tiny_fetch"] and cause in worker_text:
         options.append(fix_option(worker_text[cause], gain, grows, code))
+    if cause == "many_tensors":
+        packed = speedup_if_removed(share * (ipc or 0))
+        options.append(fix_option(
+            f"Pack each batch into a few tensors in the DataLoader's collate_fn{where}, which the workers run: "
+            "concatenate every per-sample field across the batch, with an offsets tensor to split it again, or "
+            "return NumPy arrays / one buffer per field. A higher file-descriptor limit only hides the cost.",
+            min(packed, removed), None, PACKED_COLLATE))
     if cause == "storage":
         options.append(fix_option("Copy the dataset to local disk or RAM (/dev/shm), or pack small files into large "
                                   "shards (tar/WebDataset, LMDB) so each read fetches many samples.", None,
@@ -353,7 +382,8 @@ def input_bound(facts: RunFacts) -> dict | None:
         "cores": cores, "pin_memory": loader.get("pin_memory"),
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
         "fetch_s_per_batch": model["fetch_s"] if model else None,
-        "est_speedup_if_removed": removed,
+        "est_speedup_if_removed": removed, "batch_tensors": tensors or None,
+        "batch_bytes": (facts.devices or {}).get("batch_bytes"), "ipc_share_of_wait": ipc,
     })
     evidence["hotspots"] = hot
     evidence["focus"] = focus

@@ -319,6 +319,54 @@ def module_loop(facts: RunFacts) -> dict | None:
                    None, text, code, ["https://pytorch.org/docs/stable/generated/torch.vmap.html"], bound=share)
 
 
+def preprocess_in_forward(facts: RunFacts) -> dict | None:
+    """The model's forward spends ``T.HOST_SHARE_WARN`` or more of the step before its first layer
+    (``facts.preamble``: the top-level module's forward start to its first parameterized submodule,
+    timed by the module hooks of the first steps): preprocessing (a tokenizer, an image processor,
+    a per-sample resize) run inside ``forward``, serial with the model, while DataLoader workers
+    could do it during the previous step (cases.md C36).
+
+    ``bound``: the preamble's share of the steady step time. ``est_speedup``: 1 / (1 − bound), the
+    step without it, when the DataLoader has workers or the machine has a core besides the
+    training thread to run them (otherwise null: moved work would still be serial). Reported as
+    ``host_bound`` with ``evidence.kind = "preprocess_in_forward"``.
+    """
+    pre = facts.preamble
+    if not pre or pre["share_of_step"] < T.HOST_SHARE_WARN:
+        return None
+    share = pre["share_of_step"]
+    loader = facts.loader or {}
+    workers = loader.get("num_workers") or 0
+    cores = (facts.host or {}).get("cores") or 0
+    gain = round(1 / (1 - share), 2) if share < 1 and (workers or cores >= 2) else None
+    cls = pre.get("cls") or "the model"
+    site = pre.get("site")
+    lines = ", ".join(h["function"] for h in pre.get("sites") or [])
+    summary = (f"`{cls}.forward` runs {_ms(pre['s_per_step'])} per step before its first layer, "
+               f"{_pct(share)} of the step: preprocessing inside the model, serial with it"
+               + (f"; sampled there: {lines}." if lines else "."))
+    text = ("Move the preprocessing out of `forward` into the DataLoader's `collate_fn` (or the dataset's "
+            "`__getitem__`), so the workers prepare the next batch while the model trains on this one; "
+            "`forward` then takes tensors.")
+    if facts.framework == "transformers":
+        text += " With the HF Trainer: `Trainer(data_collator=...)` runs it in the dataloader workers."
+    code = "\n".join([
+        f"# was: {cls}.forward preprocessing raw inputs" + (f" (called from {site})" if site else ""),
+        "class Preprocess:                     # the DataLoader workers run it",
+        "    def __call__(self, samples):",
+        "        return preprocess(samples)     # tokenizer / processor / resize -> batch tensors",
+        f"loader = DataLoader(dataset, batch_size=..., num_workers={max(workers, 2)}, collate_fn=Preprocess(),",
+        "                    persistent_workers=True)",
+    ])
+    evidence = _round({"preamble_s_per_step": pre["s_per_step"], "preamble_share": share})
+    evidence.update(kind="preprocess_in_forward", module=pre.get("cls"), site=site, num_workers=workers,
+                    hotspots=pre.get("sites") or [])
+    severity = "critical" if share >= T.HOST_SHARE_CRITICAL else "warning"
+    return finding("host_bound", severity, "Host-bound: preprocessing inside the model's forward", summary,
+                   evidence, gain, text, code,
+                   ["https://pytorch.org/docs/stable/data.html#dataloader-collate-fn"], bound=share)
+
+
 def _attr(line: str | None) -> str | None:
     """``encoder`` from a source line calling ``self.encoder(...)``, else None."""
     m = re.search(r"self\.(\w+)\(", line or "")

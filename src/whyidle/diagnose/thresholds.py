@@ -26,6 +26,13 @@ LOADER_OFF_CPU = 0.5
 #: storage. DataLoader IPC moves ~1 KB per *batch* through pipes (indices, shared-memory
 #: handles), a few tens of bytes per sample; reading even a 3 KB sample file is well above.
 STORAGE_MIN_READ_BYTES_PER_SAMPLE = 512
+#: ``input_bound`` cause ``many_tensors``: a batch holding this many tensors crosses the worker
+#: boundary as as many shared-memory segments and file descriptors (cases.md C34: 114 per batch of
+#: 16 paid most of the loader's cost; packing them into 9 gave 1.25–1.67×) ...
+BATCH_TENSORS_MANY = 100
+#: ... when at least this fraction of the sampled data wait is the training thread receiving them
+#: (``RunFacts.data_ipc_share``) rather than waiting for workers to finish.
+IPC_SHARE_OF_WAIT = 0.30
 #: iowait share of all cores that points at local storage whatever the read counters say.
 IOWAIT_STORAGE = 0.10
 

@@ -22,6 +22,9 @@ from time import monotonic_ns
 LOOP_MIN_CALLS = 4
 #: Modules kept in the record (the busiest by forward time).
 MAX_MODULES = 8
+#: Wrappers whose forward does their own work (gradient-sync set-up, parameter all-gather) before
+#: calling the model: the preamble is timed from the wrapped model's forward instead.
+WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"})
 
 
 def _batch_of(args) -> int | None:
@@ -45,10 +48,17 @@ class ModuleCalls:
         self.current: dict[int, list[int]] = {}  # key → [calls, forward ns] in this step
         self.info: dict[int, list | bool] = {}  # key → [class, site, batch, parent key, parameters] or False
         self.steps: list[tuple[int, dict]] = []  # (step ns, {key: (calls, ns)} of modules called twice+)
+        self.root: list | None = None  # [class, site, t0] of the open top-level call until its first layer
+        self.preamble = 0  # ns of preambles in this step
+        self.preambles: list[int] = []  # per step
+        self.roots: dict[tuple, int] = {}  # (class, site) of top-level calls → ns of their preambles
 
     def pre(self, module, args, frame) -> None:
         """A module's forward starts (``frame``: where the hook runs, to find the user's line)."""
         key = id(module)
+        opened = not self.stack or (len(self.stack) == 1 and self.root is not None and self.root[0] in WRAPPERS)
+        if opened:  # a top-level call (or a wrapper's model): its preamble runs until its first layer
+            self.root = [type(module).__name__, self.site_of(frame)[0], monotonic_ns()]
         info = self.info.get(key)
         if info is None:
             numel = sum(p.numel() for p in module.parameters())
@@ -61,7 +71,13 @@ class ModuleCalls:
         if info is False:
             self.stack.append(None)
             return
-        self.stack.append((key, monotonic_ns()))
+        now = monotonic_ns()
+        if self.root is not None and not opened:  # the top-level call's first parameterized submodule
+            cls, site, t0 = self.root
+            self.root = None
+            self.preamble += now - t0
+            self.roots[(cls, site)] = self.roots.get((cls, site), 0) + now - t0
+        self.stack.append((key, now))
         c = self.current.get(key)
         if c is None:
             self.current[key] = [1, 0]
@@ -79,14 +95,22 @@ class ModuleCalls:
     def end_step(self, step_ns: int) -> None:
         """A step ended (``step_ns``: its wall time)."""
         self.steps.append((step_ns, {k: (c, ns) for k, (c, ns) in self.current.items() if c >= 2}))
+        self.preambles.append(self.preamble)
         self.current = {}
         self.stack = []
+        self.root = None
+        self.preamble = 0
 
     def record(self) -> dict | None:
-        """The ``module_calls`` record (docs/run-format.md), or None when no module repeats."""
+        """The ``module_calls`` record (docs/run-format.md), or None when no step was observed."""
         if not self.steps:
             return None
         n = len(self.steps)
+        step_s = round(statistics.median(s for s, _ in self.steps) / 1e9, 6)
+        root = max(self.roots, key=self.roots.get) if self.roots else None
+        base = {"k": "module_calls", "t": monotonic_ns(), "steps": n, "step_s": step_s,
+                "preamble_s": round(statistics.median(self.preambles) / 1e9, 6),
+                "root": list(root) if root else None}
 
         def median(key, i):
             return statistics.median(s[1].get(key, (0, 0))[i] for s in self.steps)
@@ -98,8 +122,5 @@ class ModuleCalls:
             if parent in looped:  # repeats because its caller does: report the caller
                 continue
             rows.append([cls, site, median(key, 0), round(median(key, 1) / 1e9, 6), batch, numel])
-        if not rows:
-            return None
         rows.sort(key=lambda r: -r[3])
-        return {"k": "module_calls", "t": monotonic_ns(), "steps": n,
-                "step_s": round(statistics.median(s for s, _ in self.steps) / 1e9, 6), "modules": rows[:MAX_MODULES]}
+        return {**base, "modules": rows[:MAX_MODULES]}

@@ -151,6 +151,26 @@ def _tensors_in(obj, limit: int = 16):
             stack.extend(list(item.values())[:limit])
 
 
+def count_tensors(obj, limit: int = 20_000) -> tuple[int, int]:
+    """``(tensors, bytes)`` in a batch: every tensor in its nested tuples, lists and dicts (a
+    detection batch's per-sample target dicts included), visiting at most ``limit`` objects.
+    Each tensor a DataLoader worker returns crosses to the main process on its own (a shared-memory
+    segment and a file descriptor), so the count is the hand-off's cost (cases.md C34)."""
+    stack = [obj]
+    seen = tensors = size = 0
+    while stack and seen < limit:
+        item = stack.pop()
+        seen += 1
+        if hasattr(item, "device") and hasattr(item, "element_size"):
+            tensors += 1
+            size += item.element_size() * item.numel()
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, collections.abc.Mapping):
+            stack.extend(item.values())
+    return tensors, size
+
+
 def count_graph_nodes(roots, limit: int = MAX_GRAPH_NODES) -> int:
     """Autograd graph nodes reachable from ``roots`` (a tensor or a sequence of tensors), at most
     ``limit``. One node per differentiable operation of the step: a measure of how many
@@ -557,6 +577,9 @@ class TorchInstrument:
     # -- audits ----------------------------------------------------------------------------------
     def _audit_batch(self, batch) -> None:
         cuda_ready = self.torch.cuda.is_initialized()
+        n, size = count_tensors(batch)
+        if n > self.audit["batch_tensors"]:
+            self.audit["batch_tensors"], self.audit["batch_bytes"] = n, size
         for t in _tensors_in(batch):
             if self.transfers is not None:
                 self.transfers.add_batch(t)
@@ -584,6 +607,7 @@ class TorchInstrument:
             "cuda_initialized": cuda_ready, "pinned": self.audit["pinned"],
             "threads": self.torch.get_num_threads(), "param_dtypes": dtypes,
             "autocast": self.audit["autocast"], "matmul_tf32": tf32, "compiled": self.compiled,
+            "batch_tensors": self.audit["batch_tensors"], "batch_bytes": self.audit["batch_bytes"],
         })
         self.audit = _new_audit()
         if cuda_ready and "cuda" in params and self.timeline is None:
@@ -738,7 +762,7 @@ class TorchInstrument:
 
 
 def _new_audit() -> dict:
-    return {"batch": set(), "inputs": set(), "pinned": None, "autocast": None}
+    return {"batch": set(), "inputs": set(), "pinned": None, "autocast": None, "batch_tensors": 0, "batch_bytes": 0}
 
 
 def _autocast_enabled(torch) -> bool | None:
