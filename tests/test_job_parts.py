@@ -28,8 +28,8 @@ SCRIPT = os.path.join(SCENARIOS, "job_parts.py")
 JOB_FINDINGS = ("eval_bound", "checkpoint_bound", "logging_bound", "epoch_boundary")
 
 
-def run(tmp_path, kind, variant="faulty", steps=60, script=SCRIPT):
-    args = ["--kind", kind] if script == SCRIPT else []
+def run(tmp_path, kind, variant="faulty", steps=60, script=SCRIPT, args=()):
+    args = (["--kind", kind] if script == SCRIPT else []) + list(args)
     proc, report, run_dir = observe(tmp_path, [sys.executable, script, *args, "--variant", variant,
                                                "--steps", str(steps)], timeout=240, name=f"{kind}-{variant}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,6 +66,20 @@ def test_validation_every_few_steps_is_eval_bound_and_evaluating_less_often_fixe
     fixed = run(tmp_path, "eval", "fixed", steps=40)  # one evaluation, at step 40
     assert "eval_bound" not in warned(fixed)
     assert fixed["metrics"]["samples_per_s"] > 1.5 * m["samples_per_s"]  # measured 3.1x (README)
+
+
+def test_validation_under_no_grad_alone_is_evaluation_too(tmp_path):
+    """A custom loop that evaluates under torch.no_grad() without model.eval(): the validation
+    DataLoader started between training steps opens the region, the training loader's next batch
+    closes it."""
+    report = run(tmp_path, "eval", steps=40, args=["--no-eval-mode"])
+    assert report["verdict"] == "eval_bound"
+    f = finding(report, "eval_bound")
+    assert f["evidence"]["count"] == 4 and f["evidence"]["interval_steps"] == 10
+    assert f["evidence"]["callers"][0]["code"] == "for x, y in loader:"  # the evaluation loop's line
+    m = report["metrics"]
+    assert m["samples_per_s"] < 0.6 * m["steady_samples_per_s"]  # validation batches are not trained on
+    assert m["time"]["parts"]["training"]["s"] < m["time"]["parts"]["evaluation"]["s"]
 
 
 @pytest.mark.timing

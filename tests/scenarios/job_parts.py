@@ -5,6 +5,8 @@ one of these kinds of fault (``--kind``):
 
 - ``eval``: a full validation pass (``model.eval()``, ``torch.no_grad()``, 60 batches, accuracy)
   every 10 training steps. fixed: every 40 steps (whyidle's fix: evaluate 4x less often).
+  ``--no-eval-mode``: the same pass under ``torch.no_grad()`` alone (S-CNN has no dropout or
+  batch norm, so the results are the same), as some custom loops evaluate.
 - ``eval_metric``: validation (20 batches) every 20 steps whose metric, per-class precision/recall
   counts at 2,000 thresholds, is a per-sample, per-class, per-threshold Python loop over
   ``.tolist()`` outputs. fixed: the same counts with one tensor comparison (vectorized).
@@ -85,15 +87,17 @@ def pr_curve_vectorized(logits, y, num_classes=10):
     return (above & hit).sum((0, 2)).tolist(), above.sum((0, 2)).tolist()
 
 
-def evaluate(model, loader, metric):
-    model.eval()
+def evaluate(model, loader, metric, eval_mode=True):
+    if eval_mode:
+        model.eval()
     correct = total = 0
     with torch.no_grad():
         for x, y in loader:
             c, t = metric(model(x), y)
             correct += sum(c)
             total += sum(t)
-    model.train()
+    if eval_mode:
+        model.train()
     return correct / max(1, total)
 
 
@@ -101,6 +105,8 @@ def main():
     p = make_parser(__doc__, steps=60)
     p.add_argument("--kind", choices=("eval", "eval_metric", "checkpoint", "epoch", "logging", "healthy"),
                    default="eval")
+    p.add_argument("--no-eval-mode", action="store_true",
+                   help="evaluate under torch.no_grad() only, without model.eval() / model.train()")
     args = p.parse_args()
     torch.set_num_threads(1)
     seed_everything(args.seed)
@@ -154,7 +160,7 @@ def main():
                 optimizer.step()
                 step += 1
                 if eval_every and step % eval_every == 0:
-                    evaluate(model, val, metric)
+                    evaluate(model, val, metric, eval_mode=not args.no_eval_mode)
                 if log_every and step % log_every == 0:
                     writer.add_scalar("loss", loss.item(), step)
                     for name, param in model.named_parameters():

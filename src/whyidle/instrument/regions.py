@@ -4,7 +4,8 @@ The step hooks (:mod:`whyidle.instrument.torch`, :mod:`whyidle.instrument.keras`
 step; this module times what jobs also do between steps, by the frameworks' own entry points:
 
 - ``evaluation``: a PyTorch model switched to eval mode (``model.eval()`` … ``model.train()``, how
-  custom loops, Lightning's validation loop and the HF ``Trainer`` evaluate), ``trainer.validate``,
+  custom loops, Lightning's validation loop and the HF ``Trainer`` evaluate), a custom loop
+  iterating another DataLoader between training steps without it (``loop``), ``trainer.validate``,
   HF ``Trainer.evaluate``/``predict``, Keras ``evaluate``/``predict`` (``fit``'s validation included)
   and Keras callbacks at epoch end;
 - ``checkpoint``: ``torch.save``, ``safetensors`` ``save_file``, ``save_pretrained``, Lightning's
@@ -32,7 +33,11 @@ KINDS = ("evaluation", "checkpoint", "logging")
 #: ``model.eval()``, closed by ``model.train()``, which a framework may never call: Lightning restores
 #: ``training`` flags by assignment), written as an ``evaluation`` record. Kept apart so that an
 #: unbalanced mode region never unbalances the wrapped calls' nesting.
-SLOT_KIND = {"evaluation": "evaluation", "checkpoint": "checkpoint", "logging": "logging", "mode": "evaluation"}
+#: ``loop`` is a custom loop iterating a DataLoader other than the training one between two
+#: training steps without ``model.eval()`` (opened by its ``iter()``, closed by the training
+#: loader's next batch: :mod:`whyidle.instrument.torch`), also an ``evaluation`` record.
+SLOT_KIND = {"evaluation": "evaluation", "checkpoint": "checkpoint", "logging": "logging", "mode": "evaluation",
+             "loop": "evaluation"}
 
 #: Region records written per kind (~150 bytes each): a job logging several values every step
 #: would otherwise write one record per call for its whole life. Past it a notice says that the
@@ -65,13 +70,13 @@ class Regions:
         """A region of ``kind`` is open (for ``evaluation``: an evaluation call or a module in eval mode)."""
         return any(SLOT_KIND[slot] == kind for slot in self.open)
 
-    def begin(self, kind: str, frame=None) -> bool:
-        """Opens a region of slot ``kind`` (a kind, or ``mode``) called from ``frame``; True when it
-        is the outermost of its slot."""
+    def begin(self, kind: str, frame=None, at: int | None = None) -> bool:
+        """Opens a region of slot ``kind`` (a kind, ``mode`` or ``loop``) called from ``frame``, at
+        ``at`` (monotonic ns; now when None); True when it is the outermost of its slot."""
         d = self.depth[kind]
         self.depth[kind] = d + 1
         if d == 0:
-            self.t0[kind] = monotonic_ns()
+            self.t0[kind] = monotonic_ns() if at is None else at
             self.site[kind] = self._site(frame)
             self.open.append(kind)
             if self.touch is not None:
@@ -87,8 +92,9 @@ class Regions:
             self.classifier = FrameClassifier()
         return self.classifier.site_pair(frame)[0]
 
-    def end(self, kind: str, entry: str, drop: bool = False) -> None:
-        """Closes a region of slot ``kind``; the outermost one writes its record (not when ``drop``)."""
+    def end(self, kind: str, entry: str, drop: bool = False, at: int | None = None) -> None:
+        """Closes a region of slot ``kind`` at ``at`` (monotonic ns; now when None); the outermost
+        one writes its record (not when ``drop``)."""
         d = self.depth[kind] - 1
         if d < 0:
             return
@@ -109,7 +115,7 @@ class Regions:
                 self.agent.notice(f"more than {MAX_RECORDS_PER_KIND} {out} calls: the later ones are not timed")
             return
         self.written[out] = n + 1
-        t1 = monotonic_ns()
+        t1 = monotonic_ns() if at is None else at
         self.agent.record({"k": "region", "t": t1, "kind": out, "t0": self.t0[kind], "t1": t1,
                            "entry": entry, "site": self.site[kind]})
 

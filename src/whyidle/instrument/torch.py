@@ -253,6 +253,8 @@ class TorchInstrument:
         self.module_calls = ModuleCalls(self.site_of)  # repeated submodule calls (module_calls.py)
         self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
         self.regions.touch = self.mark_boundary
+        self.train_loader: int | None = None  # id() of the DataLoader the last optimizer step trained on
+        self.loop_open = False  # another DataLoader is being iterated between training steps
 
     # -- phase accounting ------------------------------------------------------------------------
     def _begin_step(self, now: int) -> None:
@@ -416,7 +418,9 @@ class TorchInstrument:
         self.agent.notice(f"PyTorch instrumentation disabled after an error in {where}: {exc!r}")
 
     # -- hooks -----------------------------------------------------------------------------------
-    def on_fetch_start(self) -> None:
+    def on_fetch_start(self, it=None) -> None:
+        if self.loop_open and self.iter_loader.get(id(it)) == self.train_loader:
+            self._end_loop()  # training resumes: the evaluation loop ended before this batch
         if not self.by_optimizer and self.batches >= 1:
             self.end_step("loader")
         elif self.stacks is not None:  # batches without steps (a validation loop) re-install too
@@ -459,6 +463,11 @@ class TorchInstrument:
             self.iter_loader.clear()
         self.iter_loader[id(it)] = key
         self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1})
+        if key == self.train_loader:
+            if self.loop_open:
+                self._end_loop(t0)  # the training loader's next epoch
+        elif self.train_loader is not None and not self.loop_open and not self.regions.inside("evaluation"):
+            self._begin_loop(t0)
         if it is not None:  # time its first batch (worker start-up): the fetch wrapper goes in until then
             self.pending_first = id(it)
             if self.switch_next is not None and not self.tracking:
@@ -469,7 +478,23 @@ class TorchInstrument:
         self.pending_first = None
         now = monotonic_ns()
         self.agent.record({"k": "iter_first", "t": now, "loader": self.iter_loader.get(id(it)), "t0": t0, "t1": now})
+        if self.switch_next is not None and not self.tracking and not self.loop_open:
+            self.switch_next(False)
+
+    def _begin_loop(self, t0: int) -> None:
+        """Another DataLoader than the training one starts between training steps, outside any
+        evaluation region (a custom loop evaluating under ``torch.no_grad()`` without
+        ``model.eval()``): an evaluation region from its ``iter()`` until the training loader's
+        next batch (the ``__next__`` wrapper stays in until then), an optimizer step, or exit."""
+        self.loop_open = True
+        self.regions.begin("loop", sys._getframe(2), at=t0)
         if self.switch_next is not None and not self.tracking:
+            self.switch_next(True)
+
+    def _end_loop(self, at: int | None = None) -> None:
+        self.loop_open = False
+        self.regions.end("loop", "DataLoader.__iter__", at=at)
+        if self.switch_next is not None and not self.tracking and self.pending_first is None:
             self.switch_next(False)
 
     def on_loader_created(self, loader, frame) -> None:
@@ -536,6 +561,9 @@ class TorchInstrument:
                     self.stacks.stop()
                     self.stacks = None
             self._start_stacks()
+        if self.loop_open:
+            self._end_loop()
+        self.train_loader = self.loader_key
         region_mod.optimizer_stepped()
         self.enter("optimizer")
 
@@ -870,7 +898,7 @@ def install(agent, torch) -> TorchInstrument:
         if inst.off or agent.disabled or get_ident() != inst.tid:
             return orig_next(self)
         try:
-            inst.on_fetch_start()
+            inst.on_fetch_start(self)
             c0 = thread_time_ns() if inst.full else 0
         except Exception as exc:
             inst.fail("DataLoader.__next__", exc)
