@@ -122,6 +122,15 @@ def test_logging_fix_per_api():
     assert "accelerator.sync_gradients" in acc
 
 
+def test_the_logging_guard_never_skips_the_training_on_its_line():
+    line = 'x, y = b; loss = F.cross_entropy(self.net(x), y); self.log("loss", loss); return loss'
+    _, code = fixes.logging_code(with_api(make_facts(make_step(), make_host(), make_loader()), LIGHTNING), line)
+    assert code.splitlines()[1].strip() == 'self.log("loss", loss)'  # only the log call is guarded
+    assert "return loss" not in code and "cross_entropy" not in code
+    assert fixes.logging_statement('writer.add_scalar("l", loss.item(), step)') == 'writer.add_scalar("l", loss.item(), step)'
+    assert fixes.logging_statement("loss = crit(out, y)") == "loss = crit(out, y)"
+
+
 def test_metric_loop_gets_vectorized_code_and_lightning_torchmetrics():
     focus = {"function": "model.py per_class_acc", "site": "model.py:9 per_class_acc", "code": "for c in range(K):",
              "seconds": 1.0, "share_of_phase": 0.8, "callers": ["training_step"]}

@@ -200,6 +200,8 @@ def test_hundreds_of_tiny_tensors_per_batch_are_the_worker_hand_off_and_packing_
     assert ev["cause"] == "many_tensors" and ev["batch_tensors"] == 64 * 7 + 2  # targets, images, labels
     assert ev["ipc_share_of_wait"] >= 0.5  # receiving, not waiting for the workers (measured 0.9)
     assert "torch.cat" in f["fix"]["code"] and "num_workers" not in f["fix"]["code"]  # not "more workers"
+    compile(f["fix"]["code"].replace("...", "batch_size=64"), "fix", "exec")  # the fix parses
+    assert f["est_speedup"] == pytest.approx(ev["est_speedup_if_removed"], rel=0.01)  # packing removes the wait
     fixed = run(tmp_path, "c34", "fixed", steps=20, script=script)
     assert all(g["evidence"].get("cause") != "many_tensors" for g in fixed["findings"] if g["id"] == "input_bound")
     assert fixed["metrics"]["steady_samples_per_s"] > 1.5 * faulty["metrics"]["steady_samples_per_s"]  # 4.1x here

@@ -223,21 +223,28 @@ def _module_loops(rec: dict | None) -> list[dict]:
 
 
 def _preamble(rec: dict | None, step: dict | None, forward_hotspots: list[dict]) -> dict | None:
-    """Seconds per step the model's forward ran before its first layer (the ``module_calls``
-    record's median ``preamble_s`` of the first steps), or None without that record or steady
-    steps: ``cls`` and ``site`` (the top-level module and the user's line calling it),
-    ``s_per_step``, ``share_of_step`` (÷ the steady step time p50, 0–1) and ``sites`` (the forward
-    phase's sampled lines whose innermost frame is neither the model's nor the loader's code:
-    the host work, busiest first)."""
+    """The model's forward before its first layer (the ``module_calls`` record of the first,
+    hooked steps), or None without that record or steady steps: ``cls`` and ``site`` (the
+    top-level module and the user's line calling it), ``share_of_step`` (the median preamble ÷ the
+    median step time of those same steps, 0–1: the first steps run slower than the steady ones,
+    their preamble too), ``s_per_step`` (that share of the steady step time p50, seconds) and
+    ``sites`` (the forward phase's sampled lines that are not the model's layers (innermost frame
+    under ``torch/nn/modules/``, or PyTorch called from a ``forward`` method) nor the loader: the
+    preprocessing, busiest first)."""
     if not rec or not step or not rec.get("preamble_s"):
         return None
     p50 = step["step_time_s"]["p50"]
-    if not p50:
+    base = rec.get("step_s") or p50
+    if not p50 or not base:
         return None
+    share = min(1.0, rec["preamble_s"] / base)
     cls, site = (rec.get("root") or [None, None])[:2]
-    sites = [h for h in forward_hotspots if accounting.mix_of_leaf(h.get("leaf")) == "host"]
-    return {"cls": cls, "site": site, "s_per_step": rec["preamble_s"],
-            "share_of_step": min(1.0, rec["preamble_s"] / p50), "sites": sites[:3]}
+    def layer(h: dict) -> bool:
+        leaf = h.get("leaf") or ""
+        return "torch/nn/modules/" in leaf or (h["function"].endswith(" forward") and leaf.startswith("torch/"))
+
+    sites = [h for h in forward_hotspots if not layer(h) and accounting.mix_of_leaf(h.get("leaf")) != "data"]
+    return {"cls": cls, "site": site, "s_per_step": share * p50, "share_of_step": share, "sites": sites[:3]}
 
 
 def _window(meta: dict, recs: list[dict]) -> tuple[int, int] | None:

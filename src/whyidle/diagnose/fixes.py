@@ -191,14 +191,29 @@ def batch_code(facts: RunFacts, target: int, batch: float) -> str:
     return f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
 
 
+#: A logging or progress call inside a source line (what the guard in :func:`logging_code` wraps).
+LOG_CALL = re.compile(r"\.(log\w*|add_\w+|info|debug|warning|set_postfix\w*|write)\(|\bprint\(|\blogging\.\w+\(")
+
+
+def logging_statement(line: str) -> str:
+    """The logging call(s) of a source line: a one-line step (``x, y = b; loss = f(x, y);
+    self.log("loss", loss); return loss``) keeps its other statements out of the guard, which
+    would otherwise skip the training itself. The line as it is when every part logs or none does."""
+    parts = [p.strip() for p in line.split(";") if p.strip()]
+    logs = [p for p in parts if LOG_CALL.search(p)]
+    return "; ".join(logs) if logs and len(logs) < len(parts) else line
+
+
 def logging_code(facts: RunFacts, call: str) -> tuple[str, str]:
-    """``(sentence, code)`` for per-step logging / progress work, in the program's API."""
+    """``(sentence, code)`` for per-step logging / progress work, in the program's API; ``call``:
+    the program's line (only its logging calls go under the guard: :func:`logging_statement`)."""
     name = api_name(facts)
     cfg = _config(facts)
+    call = logging_statement(call)
     if name == "lightning" and re.search(r"\b\w+\.log(_dict)?\(", call):  # self.log in a hook: the calls cost
         return ("In Lightning each self.log call costs on every step (validation, reduction, progress bar), "
                 "whatever log_every_n_steps says: call it every N batches, or for fewer values.",
-                "if batch_idx % 50 == 0:          # was: every step\n"
+                "if batch_idx % 50 == 0:          # batch_idx: training_step's second argument\n"
                 f"    {call}")
     if name == "lightning":
         bar = cfg.get("progress_bar") or {}

@@ -79,7 +79,7 @@ def _less_often_code(facts: RunFacts, k: int, interval: float | None) -> str:
     every = f"{k * interval:g}" if interval else f"{k} * EVAL_EVERY"
     return (f"EVAL_EVERY = {every}        # was {interval:g}: evaluate {k}x less often\n" if interval else
             f"EVAL_EVERY = {every}   # evaluate {k}x less often\n") + \
-        "if step % EVAL_EVERY == 0:\n    evaluate(model, val_loader)   # with torch.inference_mode() inside"
+        "if step % EVAL_EVERY == 0:\n    ...   # the program's evaluation (under torch.inference_mode())"
 
 
 #: Packages whose code runs the program's evaluation for it (their Python is not the program's to vectorize).
