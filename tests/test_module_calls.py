@@ -107,3 +107,11 @@ def test_ipc_share_is_the_data_wait_spent_receiving_batches():
         ["forward", None, "torch/nn/modules/conv.py:1 forward", 5, 50.0]]}]
     assert stacks.leaf_share(recs, "data", stacks.IPC_LEAVES) == pytest.approx(0.8)
     assert stacks.leaf_share(recs, "backward", stacks.IPC_LEAVES) is None
+
+
+def test_count_tensors_walks_nested_targets_and_stays_bounded():
+    from whyidle.instrument.torch import count_tensors
+
+    targets = [{"boxes": torch.zeros(5, 4), "labels": torch.zeros(5, dtype=torch.int64)} for _ in range(8)]
+    assert count_tensors((torch.zeros(8, 3, 4, 4, dtype=torch.uint8), targets)) == (17, 8 * 48 + 8 * 80 + 8 * 40)
+    assert count_tensors(list(range(1_000_000)), limit=100) == (0, 0)  # a huge list is not walked whole

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import functools
+import itertools
 import math
 import os
 import random
@@ -165,9 +166,9 @@ def count_tensors(obj, limit: int = 20_000) -> tuple[int, int]:
             tensors += 1
             size += item.element_size() * item.numel()
         elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+            stack.extend(item[:limit])
         elif isinstance(item, collections.abc.Mapping):
-            stack.extend(item.values())
+            stack.extend(itertools.islice(item.values(), limit))
     return tensors, size
 
 
