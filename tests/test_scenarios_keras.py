@@ -56,7 +56,9 @@ def findings_summary(report) -> list:
 def test_c03_sequential_map_is_input_bound_and_the_fix_helps(tmp_path):
     _, faulty = scenario(tmp_path, C03, "--variant", "faulty", "--steps", "30")
     assert faulty["verdict"] == "input_bound", findings_summary(faulty)
-    assert data_wait(faulty) >= 0.4  # measured ~0.64 without whyidle
+    # measured ~0.64 without whyidle, 0.45 under it on a quiet box (its TF profiler window slows the
+    # step), 0.32-0.38 under load: asserted loosely here, and against the fixed run below
+    assert data_wait(faulty) >= 0.25
     f = finding(faulty, "input_bound")
     ev = f["evidence"]
     assert ev["cause"] == "sequential_map", ev
@@ -72,6 +74,7 @@ def test_c03_sequential_map_is_input_bound_and_the_fix_helps(tmp_path):
     _, fixed = scenario(tmp_path, C03, "--variant", "fixed", "--steps", "30")
     assert fixed["verdict"] != "input_bound", findings_summary(fixed)
     assert data_wait(fixed) < 0.15  # measured ~0.03 without whyidle
+    assert data_wait(faulty) >= 4 * data_wait(fixed), (data_wait(faulty), data_wait(fixed))
     # measured 2.3x without whyidle (script docstring)
     assert sps(fixed) >= 1.5 * sps(faulty), (sps(fixed), sps(faulty))
 
