@@ -129,6 +129,8 @@ def test_the_logging_guard_never_skips_the_training_on_its_line():
     assert "return loss" not in code and "cross_entropy" not in code
     assert fixes.logging_statement('writer.add_scalar("l", loss.item(), step)') == 'writer.add_scalar("l", loss.item(), step)'
     assert fixes.logging_statement("loss = crit(out, y)") == "loss = crit(out, y)"
+    assert fixes.logging_statement('print("loss; acc", loss)') == 'print("loss; acc", loss)'  # a ; in a string
+    assert fixes.logging_statement('loss = f(x); print("a; b", loss)') == 'print("a; b", loss)'
 
 
 def test_metric_loop_gets_vectorized_code_and_lightning_torchmetrics():

@@ -12,6 +12,7 @@ kept, and a compiled model is never told to compile.
 
 from __future__ import annotations
 
+import ast
 import re
 
 from whyidle.analysis.facts import RunFacts
@@ -199,8 +200,16 @@ def logging_statement(line: str) -> str:
     """The logging call(s) of a source line: a one-line step (``x, y = b; loss = f(x, y);
     self.log("loss", loss); return loss``) keeps its other statements out of the guard, which
     would otherwise skip the training itself. The line as it is when every part logs or none does."""
-    parts = [p.strip() for p in line.split(";") if p.strip()]
-    logs = [p for p in parts if LOG_CALL.search(p)]
+    try:
+        tree = ast.parse(line.strip())
+    except SyntaxError:  # a line of a longer statement, or `return` outside its function
+        try:
+            tree = ast.parse("def _():\n " + line.strip()).body[0]
+        except SyntaxError:
+            return line
+    parts = [ast.get_source_segment(line.strip() if isinstance(tree, ast.Module) else "def _():\n " + line.strip(), n)
+             for n in tree.body]
+    logs = [p for p in parts if p and LOG_CALL.search(p)]
     return "; ".join(logs) if logs and len(logs) < len(parts) else line
 
 
