@@ -17,9 +17,9 @@ def row(pid, ppid, cpu_s, rss=0, threads=1, ctx_vol=0, ctx_invol=0, read_bytes=0
     return [pid, ppid, cpu_s, rss, threads, ctx_vol, ctx_invol, read_bytes, read_chars, run_delay, main_delay]
 
 
-def tick(t_s, percpu, iowait, procs, disk=None, psi_cpu=None, psi_io=None):
+def tick(t_s, percpu, iowait, procs, disk=None, psi_cpu=None, psi_io=None, steal=0.0):
     return {"k": "host", "t": int(t_s * S),
-            "cpu": {"user": 100.0, "system": 20.0, "idle": 500.0, "iowait": iowait},
+            "cpu": {"user": 100.0, "system": 20.0, "idle": 500.0, "iowait": iowait, "steal": steal},
             "percpu_busy_s": percpu, "ctx": 0, "disk_read_bytes": disk, "mem_used_bytes": 0,
             "psi_cpu_us": psi_cpu, "psi_io_us": psi_io, "procs": procs}
 
@@ -320,3 +320,12 @@ def test_other_processes_fall_back_to_busy_minus_tree_without_scans():
     m = host_metrics(two_ticks(), None, {TRAINER}, TRAINER, WHYIDLE)
     # 3 cores busy (6 CPU-s over 2 s) minus the tree's and whyidle's CPU
     assert m["other_procs_cores"] == pytest.approx(3.0 - (0.1 + 2.0 + 1.0 + 0.4) / 2 - 0.1)
+
+
+def test_steal_share_is_the_hypervisors_part_of_the_machines_cpu_time():
+    recs = two_ticks()
+    recs[1]["cpu"]["steal"], recs[2]["cpu"]["steal"] = 7.0, 8.2  # +1.2 s over 2 s and 4 cores
+    m = host_metrics(recs, None, {TRAINER}, TRAINER, WHYIDLE)
+    assert m["steal_share"] == pytest.approx(0.15)
+    del recs[1]["cpu"]["steal"], recs[2]["cpu"]["steal"]  # a kernel without the column
+    assert host_metrics(recs, None, {TRAINER}, TRAINER, WHYIDLE)["steal_share"] == 0.0

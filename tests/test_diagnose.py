@@ -814,3 +814,44 @@ def test_loader_snippet_keeps_the_users_settings():
     loader.update(sampler="RandomSampler", collate_fn="default_collate", iterable=False, drop_last=False)
     code = fixes.loader_code(RunFacts(loader=loader), 2)
     assert "shuffle=True" in code and "collate_fn" not in code and "get_worker_info" not in code
+
+
+# -- hypervisor steal ------------------------------------------------------------------------------
+
+def test_cpu_steal_is_contention_no_process_on_the_machine_caused():
+    host = make_host(cores=2, run_delay=0.02, others=0.0)
+    host["steal_share"] = 0.3
+    f = rules.cpu_contention(make_facts(make_step(), host))
+    assert_contract(f)
+    assert f["evidence"]["cause"] == "hypervisor_steal" and f["evidence"]["steal_share"] == 0.3
+    assert f["severity"] == "warning" and f["bound"] == pytest.approx(0.3)
+    assert f["est_speedup"] is None  # the host's other guests, not the job, decide it
+    assert "other guests 30% of the time" in f["summary"]
+    host["steal_share"] = 0.5
+    assert rules.cpu_contention(make_facts(make_step(), host))["severity"] == "critical"
+    host["steal_share"] = 0.15  # seen for minutes on shared VMs: a note, not what holds the job
+    f = rules.cpu_contention(make_facts(make_step(), host))
+    assert f["severity"] == "info" and f["evidence"]["cause"] == "hypervisor_steal"
+    verdict, findings = diagnose(make_facts(make_step(data=0.02, fwd=0.5, bwd=0.35, opt=0.1), host, make_loader(nw=2)))
+    assert verdict == "device_bound" and "cpu_contention" in [f["id"] for f in findings]
+    host["steal_share"] = 0.09  # below the note: the run-queue wait alone decides, and it is small
+    assert rules.cpu_contention(make_facts(make_step(), host)) is None
+    host["steal_share"], host["trainer_run_delay_share"], host["other_procs_cores"] = 0.2, 0.4, 1.5
+    assert rules.cpu_contention(make_facts(make_step(), host))["evidence"]["cause"] == "other_processes"
+
+
+def test_loader_cpu_share_is_counted_against_the_cpu_the_hypervisor_gave():
+    # a main-process loader computing all the time on 2 cores reads 0.45 busy when half the time was
+    # stolen: the advice must be what it is on a quiet host, where it reads 0.9
+    quiet = make_facts(make_step(data=0.5, fwd=0.3, bwd=0.15, opt=0.05, data_cpu_share=0.9),
+                       make_host(cores=2, cpu_busy=0.55), make_loader(nw=0))
+    stolen = copy.deepcopy(quiet)
+    stolen.step["data_cpu_share"] = 0.45
+    stolen.host["steal_share"] = 0.5
+    assert rules.cpu_given(0.45, stolen.host) == pytest.approx(0.9)
+    assert rules.cpu_given(None, stolen.host) is None
+    assert rules.loader_model(stolen)["cpu_bound"] == rules.loader_model(quiet)["cpu_bound"] is True
+    assert rules.suggested_workers(stolen) == rules.suggested_workers(quiet)
+    without = copy.deepcopy(stolen)
+    without.host["steal_share"] = 0.0
+    assert rules.loader_model(without)["cpu_bound"] is False  # what the advice read before steal was counted

@@ -75,6 +75,7 @@ class HostMetrics(TypedDict):
     cpu_busy_share: float
     percpu_busy_share: list[float]
     iowait_share: float
+    steal_share: float
     trainer_cores: float
     workers: int
     workers_cores: float

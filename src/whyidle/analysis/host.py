@@ -114,7 +114,10 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     Returns:
         None when fewer than two host ticks exist; otherwise a dict with ``cores``,
         ``cpu_affinity`` (CPUs the job may run on, None when not recorded),
-        ``cpu_busy_share``, ``percpu_busy_share`` (list), ``iowait_share``, ``trainer_cores``,
+        ``cpu_busy_share``, ``percpu_busy_share`` (list; both count CPU time stolen by the hypervisor as busy:
+        the guest cannot use it), ``iowait_share``, ``steal_share`` (fraction of the machine's CPU
+        time the hypervisor gave to other guests while this one's threads were ready: Linux
+        ``/proc/stat`` steal; a process's own CPU time excludes it), ``trainer_cores``,
         ``workers`` (count alive at the window's end), ``workers_cores``, ``worker_busy_share`` (per
         worker, fraction of a core), ``tree_other_cores``, ``whyidle_cores``,
         ``other_procs_cores`` (measured by the scans of other processes when there are any),
@@ -177,6 +180,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     percpu = [max(0.0, (y - x) / dt) for x, y in zip(busy_a, busy_b)]
     busy_cores = sum(percpu)
     iowait = (b["cpu"].get("iowait", 0.0) - a["cpu"].get("iowait", 0.0)) / dt / cores
+    steal = (b["cpu"].get("steal", 0.0) - a["cpu"].get("steal", 0.0)) / dt / cores
     tree_cores = cores_of(tree) + (tail["workers"] + tail["other"]) / dt
     whyidle_cores = cores_of({whyidle_pid}) if whyidle_pid in rows_b else 0.0
     live_workers = [p for p in worker_set if p in alive]
@@ -210,6 +214,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "cpu_busy_share": min(1.0, busy_cores / cores),
         "percpu_busy_share": [min(1.0, x) for x in percpu],
         "iowait_share": max(0.0, iowait),
+        "steal_share": min(1.0, max(0.0, steal)),
         "trainer_cores": cores_of(trainer_set),
         "workers": len(live_workers),
         "workers_cores": workers_cores,

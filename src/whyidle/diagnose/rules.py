@@ -141,7 +141,7 @@ def loader_model(facts: RunFacts) -> dict:
     wait = step["data_wait_s_per_step"] * per_batch
     fetch = wait if nw == 0 else nw * now
     compute = max(step["compute_s_per_step"] * per_batch, 1e-6)
-    busy = step.get("data_cpu_share") if nw == 0 else host.get("worker_busy_share")
+    busy = cpu_given(step.get("data_cpu_share") if nw == 0 else host.get("worker_busy_share"), host)
     demand = (busy or 0.0) + (host.get("workers_run_delay_share") or 0.0 if nw else 0.0)
     cpu_bound = demand >= T.LOADER_OFF_CPU
     loader_cpu = (busy or 0.0) * wait if nw == 0 else (host.get("workers_cores") or 0.0) * now
@@ -188,6 +188,17 @@ def loader_model(facts: RunFacts) -> dict:
             "loader_cpu_s": loader_cpu, "compute_cpu_s": compute_cpu, "usable_cores": usable,
             "cores_for_all": math.ceil(cpu_total / floor) if floor > 0 else None,
             "est_speedup_unbounded": now / floor if floor > 0 else None}
+
+
+def cpu_given(share: float | None, host: dict) -> float | None:
+    """A process's CPU time per wall second (``share``, fraction of a core) as a fraction of the
+    CPU the machine was given: on a virtual machine the hypervisor lends the cores to other guests
+    ``host["steal_share"]`` of the time (``/proc/stat`` steal), which no process's CPU time
+    counts, so a loader that computes all the time reads ``1 − steal`` busy. None stays None."""
+    if share is None:
+        return None
+    steal = min(host.get("steal_share") or 0.0, 0.9)
+    return share / (1.0 - steal)
 
 
 def _workers_condition(model: dict, cores: int) -> str | None:
@@ -275,7 +286,7 @@ def input_bound(facts: RunFacts) -> dict | None:
     loader = facts.loader or {}
     nw = loader.get("num_workers")
     cores = host.get("cores") or 1
-    busy = step.get("data_cpu_share") if not nw else host.get("worker_busy_share")
+    busy = cpu_given(step.get("data_cpu_share") if not nw else host.get("worker_busy_share"), host)
     waiting_for_cpu = (host.get("workers_run_delay_share") or 0.0) if nw else 0.0
     off_cpu = None if busy is None else max(0.0, 1.0 - busy - waiting_for_cpu)
     per_sample = host.get("loader_read_bytes_per_sample")
@@ -666,12 +677,19 @@ def small_batch(facts: RunFacts) -> dict | None:
 def cpu_contention(facts: RunFacts) -> dict | None:
     """The training thread waits for a CPU core (run-queue wait ≥ ``RUN_DELAY_WARN`` of wall time).
 
-    Cause ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
+    Cause ``hypervisor_steal`` when the virtual machine's cores were lent to other guests
+    (``/proc/stat`` steal) ≥ ``RUN_DELAY_WARN`` of the time and the run-queue wait is below that,
+    or steal ≥ ``STEAL_WARN`` and at least the run-queue wait: the thread was "running" as far as
+    the kernel knew, and no process of this machine is to blame (severity by ``STEAL_WARN`` /
+    ``STEAL_CRITICAL``, info below); ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
     else ``oversubscription`` (the job's own threads and processes want more cores than exist).
     """
     host = facts.host or {}
     delay = host.get("trainer_run_delay_share")
-    if delay is None or delay < T.RUN_DELAY_WARN:
+    steal = host.get("steal_share") or 0.0
+    waited = delay is not None and delay >= T.RUN_DELAY_WARN
+    stolen = steal >= T.RUN_DELAY_WARN and (not waited or (steal >= T.STEAL_WARN and steal >= delay))
+    if not stolen and (delay is None or delay < T.RUN_DELAY_WARN):
         return None
     cores = host.get("cores") or 1
     others = host.get("other_procs_cores") or 0.0
@@ -681,8 +699,18 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     threads = devices.get("threads") or proc.get("threads")
     trainers = max(1, len(facts.trainers or []))
     workers = host.get("workers") or 0
-    gain = speedup_if_removed(delay)  # the printed fix removes the wait
-    if others >= T.OTHER_PROCS_MIN_CORES:
+    gain = speedup_if_removed(delay) if delay else None  # the printed fix removes the wait
+    if stolen:
+        cause = "hypervisor_steal"
+        reason = (f"the hypervisor gave this virtual machine's {cores} cores to other guests {_pct(steal)} of the time "
+                  "(CPU steal): every CPU phase of the step took longer for it")
+        text = ("Nothing on this machine can win that time back: run on a dedicated or non-burstable instance (or "
+                "one with spare credits), and compare runs only when the steal share of both is low "
+                "(`whyidle compare` shows it).")
+        code = None
+        gain = None  # depends on the host's other tenants, not on the job
+        delay = steal
+    elif others >= T.OTHER_PROCS_MIN_CORES:
         cause = "other_processes"
         names = ", ".join(f"`{p['command']}` (pid {p['pid']}, {p['cores']:.1f} cores)" for p in top[:3])
         reason = f"other processes use {others:.1f} of {cores} cores" + (f": {names}" if names else "")
@@ -729,13 +757,17 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                         f"{workers} loader workers) share {cores} cores: {fewer}fewer processes per machine, or a "
                         "machine with more cores.")
             code = None
-    summary = f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}."
-    evidence = _round({"cause": cause, "run_delay_share": delay, "cores": cores, "other_procs_cores": others,
+    summary = (f"The training thread lost its CPU {_pct(delay)} of the time: {reason}." if stolen else
+               f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}.")
+    evidence = _round({"cause": cause, "run_delay_share": host.get("trainer_run_delay_share"), "steal_share": steal, "cores": cores, "other_procs_cores": others,
                        "cpu_busy_share": host.get("cpu_busy_share"), "intra_op_threads": threads,
                        "processes": trainers, "workers": workers, "tree_threads": host.get("tree_threads"),
                        "invol_ctx_per_s": host.get("invol_ctx_per_s")})
     evidence["top_other_processes"] = top
-    severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
+    if stolen:
+        severity = "critical" if steal >= T.STEAL_CRITICAL else "warning" if steal >= T.STEAL_WARN else "info"
+    else:
+        severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
     return finding("cpu_contention", severity, "CPU contention: the job waits for cores", summary, evidence,
                    gain, text, code, [DOCS_THREADS], bound=delay)
 

@@ -58,6 +58,13 @@ WORKER_MIN_FETCH_S = 0.002
 #: removing it could gain at least (1.11×); 25 % is a third more throughput.
 RUN_DELAY_WARN = 0.10
 RUN_DELAY_CRITICAL = 0.25
+#: Share of the machine's CPU time the hypervisor gave to other guests (``/proc/stat`` steal)
+#: that makes ``cpu_contention`` (cause ``hypervisor_steal``) a warning / critical; from
+#: ``RUN_DELAY_WARN`` up to the warning it is info (a note beside the verdict: the job cannot win
+#: it back, and 10-20 % steal came and went for minutes at a time on the shared 2-core VM this was
+#: built on). A quarter of the CPU gone is what a burstable instance out of credits shows.
+STEAL_WARN = 0.25
+STEAL_CRITICAL = 0.5
 #: Other processes using at least half a core are named as the cause of contention.
 OTHER_PROCS_MIN_CORES = 0.5
 

@@ -42,10 +42,11 @@ def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], 
     or None without a GPU; ``util_trend`` is ``gpu_trend``, the means of
     :data:`GPU_TREND_PARTS` parts of the analyzed window), ``"metrics"`` (name → last logged
     value, None when not finite), ``"metrics_n"`` (name → examples behind it, when logged),
-    ``"confounded"`` (a sentence when other processes took CPU the job needed, else None),
+    ``"confounded"`` (a sentence when other processes or the hypervisor took CPU the job needed, else
+    None),
     ``"problems"``}``.
     """
-    from whyidle.diagnose.thresholds import OTHER_PROCS_MIN_CORES
+    from whyidle.diagnose.thresholds import OTHER_PROCS_MIN_CORES, RUN_DELAY_WARN
     from whyidle.report.build import gpu_metrics_of
 
     steps = facts.analyzed_steps or []
@@ -53,12 +54,15 @@ def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], 
     gpu = gpu_metrics_of(facts)
     others = (facts.host or {}).get("other_procs_cores") or 0.0
     contention = next((f for f in findings if f["id"] == "cpu_contention"), None)
-    confounded = None
+    causes = []
     if others >= OTHER_PROCS_MIN_CORES or (contention and contention["evidence"].get("cause") == "other_processes"):
-        confounded = (f"other processes used {others:.1f} cores during its steps"
+        causes.append(f"other processes used {others:.1f} cores during its steps"
                       + (f" and the trainer waited for a CPU {contention['evidence']['run_delay_share']:.0%} of the time"
-                         if contention and contention["evidence"].get("run_delay_share") is not None else "")
-                      + ": its speed reflects the machine as much as the change")
+                         if contention and contention["evidence"].get("run_delay_share") is not None else ""))
+    steal = (facts.host or {}).get("steal_share") or 0.0
+    if steal >= RUN_DELAY_WARN:
+        causes.append(f"the hypervisor gave its cores to other guests {steal:.0%} of the time (CPU steal)")
+    confounded = "; ".join(causes) + ": its speed reflects the machine as much as the change" if causes else None
     logged = facts.logged or {}
     return {
         "name": name,

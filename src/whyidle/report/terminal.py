@@ -179,6 +179,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         parts.append(f"other processes {host['other_procs_cores']:.2f} cores")
         if host.get("trainer_run_delay_share") is not None:
             parts.append(f"run-queue wait {host['trainer_run_delay_share']:.0%}")
+        if (host.get("steal_share") or 0) >= 0.01:
+            parts.append(f"stolen by the hypervisor {host['steal_share']:.0%}")
         console.print("[bold]CPU[/] " + " · ".join(parts))
     gpu = m.get("gpu")
     if gpu:
