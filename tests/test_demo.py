@@ -46,8 +46,9 @@ def test_demo_finds_input_bound_and_the_fix_is_faster(tmp_path):
     assert after["metrics"]["shares"]["data_wait"] < before["metrics"]["shares"]["data_wait"] / 2
     # the fix makes the step faster (steady samples/s, what `whyidle compare` below measures) on a
     # machine that gives the run its cores; where other tenants took them (seen in CI: the trainer
-    # got 0.5 of a core beside its worker), the after run's report must say so instead
-    if not any(f["id"] == "cpu_contention" for f in after["findings"]):
+    # got 0.5 of a core beside its worker), the after run's report must say so instead (a warning:
+    # the 10-20 % CPU steal this VM sees for minutes at a time is an info note and leaves 1.15x)
+    if not any(f["id"] == "cpu_contention" and f["severity"] != "info" for f in after["findings"]):
         assert after["metrics"]["steady_samples_per_s"] >= 1.15 * before["metrics"]["steady_samples_per_s"]
     # the demo ends with `whyidle compare` of its two runs: the speed-up with its interval
     assert "speed-up vs A" in proc.stdout

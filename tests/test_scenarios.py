@@ -41,7 +41,7 @@ def ids(report) -> set[str]:
 # -- the scenarios -----------------------------------------------------------------------
 
 def test_main_process_loader_with_cpu_heavy_samples(tmp_path):
-    faulty = scenario(tmp_path, "main_loader_cpu.py", "--variant", "faulty", "--steps", "50")
+    faulty = scenario(tmp_path, "main_loader_cpu.py", "--variant", "faulty", "--steps", "30")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "loader_in_main_process"
@@ -55,19 +55,19 @@ def test_main_process_loader_with_cpu_heavy_samples(tmp_path):
 
     # all the loading is CPU work on 2 cores: 2 workers take it off the training thread, but the
     # fixed run stays partly input-bound (about 40 % data wait; tests/scenarios/README.md)
-    fixed = scenario(tmp_path, "main_loader_cpu.py", "--variant", "fixed", "--steps", "50")
+    fixed = scenario(tmp_path, "main_loader_cpu.py", "--variant", "fixed", "--steps", "30")
     assert fixed["metrics"]["shares"]["data_wait"] < 0.75 * faulty["metrics"]["shares"]["data_wait"]
     assert sps(fixed) >= 1.3 * sps(faulty)
 
 
 def test_loader_waiting_on_slow_storage(tmp_path):
-    faulty = scenario(tmp_path, "slow_storage.py", "--variant", "faulty", "--steps", "50")
+    faulty = scenario(tmp_path, "slow_storage.py", "--variant", "faulty", "--steps", "30")
     assert faulty["verdict"] == "input_bound"
     f = finding(faulty, "input_bound")
     assert f["evidence"]["cause"] == "storage"
     assert f["evidence"]["loader_cpu_busy_share"] < 0.5  # off-CPU, waiting on reads
     assert f["evidence"]["loader_read_bytes_per_sample"] >= 2048  # ~3 KB files are really read
-    fixed = scenario(tmp_path, "slow_storage.py", "--variant", "fixed", "--steps", "50")
+    fixed = scenario(tmp_path, "slow_storage.py", "--variant", "fixed", "--steps", "30")
     assert fixed["metrics"]["shares"]["data_wait"] < faulty["metrics"]["shares"]["data_wait"] / 2
     assert sps(fixed) >= 1.5 * sps(faulty)
 
@@ -83,13 +83,13 @@ def test_compute_heavy_model_on_in_memory_data_is_device_bound(tmp_path):
 
 
 def test_python_logging_in_the_loop_is_host_bound_and_named(tmp_path):
-    faulty = scenario(tmp_path, "logging_loop.py", "--variant", "faulty", "--steps", "40")
+    faulty = scenario(tmp_path, "logging_loop.py", "--variant", "faulty", "--steps", "25")
     assert faulty["verdict"] == "host_bound"
     f = finding(faulty, "host_bound")
     assert f["evidence"]["focus"]["function"] == "logging_loop.py log_metrics"
     assert f["evidence"]["kind"] == "logging"
     assert "log_metrics" in f["summary"] and "log_metrics" in f["fix"]["text"]
-    fixed = scenario(tmp_path, "logging_loop.py", "--variant", "fixed", "--steps", "40")
+    fixed = scenario(tmp_path, "logging_loop.py", "--variant", "fixed", "--steps", "25")
     assert "host_bound" not in ids(fixed)
     assert sps(fixed) >= 1.5 * sps(faulty)
 

@@ -83,7 +83,7 @@ def test_c03_sequential_map_is_input_bound_and_the_fix_helps(tmp_path):
 
 @pytest.mark.timing
 def test_generator_source_is_input_bound_on_python(tmp_path):
-    _, report = scenario(tmp_path, "keras_generator_source.py")
+    _, report = scenario(tmp_path, "keras_generator_source.py", "--steps", "30")
     assert report["verdict"] == "input_bound", findings_summary(report)
     assert data_wait(report) >= 0.5  # measured 0.81-0.86 without whyidle
     assert finding(report, "input_bound")["evidence"]["cause"] == "python_in_pipeline"
@@ -100,7 +100,7 @@ def test_cached_in_memory_data_with_heavy_model_is_device_bound(tmp_path):
 
 @pytest.mark.timing
 def test_logging_callback_is_host_bound_and_named(tmp_path):
-    _, report = scenario(tmp_path, "keras_logging_callback.py")
+    _, report = scenario(tmp_path, "keras_logging_callback.py", "--steps", "30")
     assert report["verdict"] == "host_bound", findings_summary(report)
     f = finding(report, "host_bound")
     ev = f["evidence"]
