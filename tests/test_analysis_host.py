@@ -329,3 +329,13 @@ def test_steal_share_is_the_hypervisors_part_of_the_machines_cpu_time():
     assert m["steal_share"] == pytest.approx(0.15)
     del recs[1]["cpu"]["steal"], recs[2]["cpu"]["steal"]  # a kernel without the column
     assert host_metrics(recs, None, {TRAINER}, TRAINER, WHYIDLE)["steal_share"] == 0.0
+
+
+def test_yielding_processes_are_spare_time_not_competitors():
+    recs = two_ticks()
+    recs.append({"k": "host_top", "t": int(12 * S), "t0": int(10 * S), "t1": int(12 * S), "total_cpu_s": 0.2,
+                 "procs": [], "yielding_cpu_s": 1.6, "yielding_procs": [[9, "nice python suite", 1.6]]})
+    m = host_metrics(recs, None, {TRAINER}, TRAINER, WHYIDLE)
+    assert m["other_procs_cores"] == pytest.approx(0.1)
+    assert m["yielding_procs_cores"] == pytest.approx(0.8)
+    assert m["cpu_busy_share"] == pytest.approx((3.0 - 0.8) / 4)  # 3 busy cores, 0.8 of them spare time

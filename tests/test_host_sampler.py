@@ -42,3 +42,22 @@ def test_poller_samples_the_tree_and_the_machine():
     assert 0.5 <= m["trainer_cores"] <= 1.1  # the child spins one core
     assert m["cores"] == os.cpu_count()
     assert m["trainer_run_delay_share"] is not None
+
+
+def test_a_process_niced_far_below_the_job_is_counted_apart():
+    """A ``nice -n 19`` spinner outside the observed tree yields its core to the job: the scan
+    counts its CPU as ``yielding_cpu_s`` and names it there, not as a competitor."""
+    spin = "import time\nt=time.time()\nwhile time.time()-t<3: pass"
+    niced = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", spin])
+    try:
+        poller = HostPoller(os.getpid(), period_s=0.2)
+        poller._job_nice = min(poller._job_nice, 4)  # the job at nice <= 4: 19 is >= 15 above it
+        first = poller._scan_top({os.getpid()}, time.monotonic_ns())
+        time.sleep(1.0)
+        scan = poller._scan_top({os.getpid()}, time.monotonic_ns())
+    finally:
+        niced.kill()
+        niced.wait()
+    assert first is None and scan["yielding_cpu_s"] >= 0.3
+    assert niced.pid in [row[0] for row in scan["yielding_procs"]]
+    assert niced.pid not in [row[0] for row in scan["procs"]]

@@ -83,6 +83,7 @@ class HostMetrics(TypedDict):
     tree_other_cores: float
     whyidle_cores: float
     other_procs_cores: float
+    yielding_procs_cores: float
     trainer_run_delay_share: float | None
     workers_run_delay_share: float | None
     tree_run_delay_cores: float

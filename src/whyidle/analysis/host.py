@@ -115,12 +115,15 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         None when fewer than two host ticks exist; otherwise a dict with ``cores``,
         ``cpu_affinity`` (CPUs the job may run on, None when not recorded),
         ``cpu_busy_share``, ``percpu_busy_share`` (list; both count CPU time stolen by the hypervisor as busy:
-        the guest cannot use it), ``iowait_share``, ``steal_share`` (fraction of the machine's CPU
+        the guest cannot use it; ``cpu_busy_share`` leaves out the CPU of yielding processes, see
+        ``yielding_procs_cores``), ``iowait_share``, ``steal_share`` (fraction of the machine's CPU
         time the hypervisor gave to other guests while this one's threads were ready: Linux
         ``/proc/stat`` steal; a process's own CPU time excludes it), ``trainer_cores``,
         ``workers`` (count alive at the window's end), ``workers_cores``, ``worker_busy_share`` (per
         worker, fraction of a core), ``tree_other_cores``, ``whyidle_cores``,
-        ``other_procs_cores`` (measured by the scans of other processes when there are any),
+        ``other_procs_cores`` (measured by the scans of other processes when there are any;
+        processes niced far below the job are left out: they yield their core whenever the job
+        wants it), ``yielding_procs_cores`` (the CPU those used: the cores' spare time),
         ``trainer_run_delay_share`` (fraction of wall time the trainer's main thread was runnable
         but waiting for a CPU), ``workers_run_delay_share`` (the same, averaged over the workers), ``tree_run_delay_cores`` (thread-seconds waiting per second),
         ``invol_ctx_per_s``, ``disk_read_bytes_per_s``, ``loader_read_bytes_per_s`` and
@@ -206,12 +209,13 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
                 if rec.get("k") == "host" and (window is None or a["t"] <= rec["t"] <= b["t"])]
     workers_cores = cores_of(worker_set) + tail["workers"] / dt
     measured_other = _other_cores(records, a["t"], b["t"])
+    yielding = _other_cores(records, a["t"], b["t"], "yielding_cpu_s") or 0.0
     per_worker = num_workers or len(live_workers)
     return {
         "window_s": dt,
         "cores": cores,
         "cpu_affinity": static.get("cpu_affinity"),
-        "cpu_busy_share": min(1.0, busy_cores / cores),
+        "cpu_busy_share": min(1.0, max(0.0, busy_cores - yielding) / cores),
         "percpu_busy_share": [min(1.0, x) for x in percpu],
         "iowait_share": max(0.0, iowait),
         "steal_share": min(1.0, max(0.0, steal)),
@@ -223,6 +227,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "whyidle_cores": whyidle_cores,
         "other_procs_cores": measured_other if measured_other is not None
         else max(0.0, busy_cores - tree_cores - whyidle_cores),
+        "yielding_procs_cores": yielding,
         "trainer_run_delay_share": main_delay,
         "workers_run_delay_share": (sum(worker_delays) / len(worker_delays)) if worker_delays else None,
         "tree_run_delay_cores": sum(delta(p, RUN_DELAY) for p in tree) / 1e9 / dt,
@@ -238,13 +243,15 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     }
 
 
-def _other_cores(records: list[dict], t0: int, t1: int) -> float | None:
+def _other_cores(records: list[dict], t0: int, t1: int, key: str = "total_cpu_s") -> float | None:
     """CPU-seconds per second used outside the tree, from the scans overlapping [t0, t1]
-    (``host_top.total_cpu_s``); None without such scans (the caller then subtracts the tree's
-    CPU from the machine's, which over-counts processes of the tree that exit between ticks)."""
+    (``host_top.total_cpu_s``: processes that compete with the job; ``key="yielding_cpu_s"``:
+    those niced far below it, 0 in runs recorded before it was kept); None without such scans
+    (the caller then subtracts the tree's CPU from the machine's, which over-counts processes of
+    the tree that exit between ticks)."""
     scans = [r for r in records if r.get("k") == "host_top" and "total_cpu_s" in r and r["t1"] > t0 and r["t0"] < t1]
     span = sum(r["t1"] - r["t0"] for r in scans) / 1e9
-    return sum(r["total_cpu_s"] for r in scans) / span if span > 0 else None
+    return sum(r.get(key) or 0.0 for r in scans) / span if span > 0 else None
 
 
 #: Processes below this many cores are not worth naming as competitors.

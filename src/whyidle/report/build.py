@@ -10,7 +10,7 @@ SCHEMA = "whyidle.report/1"
 #: Host metrics copied into ``metrics.host`` (names and units documented in
 #: :func:`whyidle.analysis.host.host_metrics`).
 HOST_KEYS = ("cores", "cpu_affinity", "cpu_busy_share", "percpu_busy_share", "iowait_share", "steal_share", "trainer_cores", "workers",
-             "workers_cores", "worker_busy_share", "tree_other_cores", "other_procs_cores", "whyidle_cores",
+             "workers_cores", "worker_busy_share", "tree_other_cores", "other_procs_cores", "yielding_procs_cores", "whyidle_cores",
              "trainer_run_delay_share", "invol_ctx_per_s", "disk_read_bytes_per_s", "loader_read_bytes_per_s",
              "trainer_rss_max_bytes", "tree_rss_max_bytes", "tree_threads")
 
