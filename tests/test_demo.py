@@ -30,7 +30,7 @@ def test_image_folder_is_cut_from_the_sklearn_photos(tmp_path):
 
 @pytest.mark.timing
 def test_demo_finds_input_bound_and_the_fix_is_faster(tmp_path):
-    proc = run_whyidle(["demo", "--out", str(tmp_path / "runs"), "--data", str(tmp_path / "img"), "--steps", "60"],
+    proc = run_whyidle(["demo", "--out", str(tmp_path / "runs"), "--data", str(tmp_path / "img"), "--steps", "40"],
                        timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     before_dir = glob.glob(str(tmp_path / "runs" / "*-demo-before"))[0]
