@@ -51,6 +51,7 @@ SCENARIOS = {
     "module_loop": ("module_loop.py", TWO),
     "c36_preprocess_in_forward": ("c36_preprocess_in_forward.py", TWO),
     "c34_many_tiny_tensors": ("c34_many_tiny_tensors.py", TWO),
+    "c26_watch_hooks": ("c26_watch_hooks.py", TWO),
     "keras_eval_callback": ("keras_eval_callback.py", TWO),
 }
 

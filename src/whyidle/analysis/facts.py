@@ -258,7 +258,8 @@ class RunFacts:
       (:func:`whyidle.analysis.run._module_loops`); ``preamble``: the model's forward before its
       first layer (:func:`whyidle.analysis.run._preamble`); ``data_ipc_share``: with DataLoader
       workers, the fraction of the training thread's sampled data wait spent receiving batches
-      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None.
+      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None; ``hooks``: the
+      program's own model hooks (:func:`whyidle.analysis.run._hooks`), or None when none ran.
     - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
@@ -306,6 +307,7 @@ class RunFacts:
     module_loops: list[dict] | None = None
     preamble: dict | None = None
     data_ipc_share: float | None = None
+    hooks: dict | None = None
 
     def replace(self, **changes) -> RunFacts:
         """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""

@@ -207,7 +207,32 @@ def analyze(run: RunData) -> RunFacts:
         preamble=_preamble(_last(recs, "module_calls"), step, hotspots.get("forward") or []),
         data_ipc_share=stack_analysis.leaf_share(recs, "data", stack_analysis.IPC_LEAVES, window)
         if (loader or {}).get("num_workers") else None,
+        hooks=_hooks(_last(recs, "hooks"), analyzed, step),
     )
+
+
+def _hooks(rec: dict | None, analyzed: list, step: dict | None) -> dict | None:
+    """The program's own hooks on the model (forward, backward and gradient hooks a program or a
+    tracker registered; :mod:`whyidle.instrument.hooks`): ``share_of_step`` (their seconds in the
+    analyzed steps that recorded them ÷ those steps' time, 0–1; inside the forward and backward
+    shares), ``s_per_step`` (that share of the steady step time p50, seconds), ``by_phase``
+    (``forward``/``backward`` → share of step, from the hooks' totals), ``hooks`` (the ``hooks``
+    record's rows: ``phase``, ``function``, ``defined``, ``registered``, ``owner``, ``calls``,
+    ``s``; costliest first). None without hook time or steady steps."""
+    timed = [s for s in analyzed if s.get("hk") is not None]
+    total_ns = sum(s["t1"] - s["t0"] for s in timed)
+    hook_ns = sum(s["hk"] for s in timed)
+    if not step or not total_ns or not hook_ns:
+        return None
+    share = min(1.0, hook_ns / total_ns)
+    rows = (rec or {}).get("hooks") or []
+    seconds = sum(r.get("s") or 0.0 for r in rows)
+    by_phase: dict[str, float] = {}
+    for r in rows:
+        if seconds > 0:
+            by_phase[r["phase"]] = by_phase.get(r["phase"], 0.0) + share * (r.get("s") or 0.0) / seconds
+    return {"share_of_step": share, "s_per_step": share * step["step_time_s"]["p50"], "by_phase": by_phase,
+            "hooks": rows}
 
 
 def _module_loops(rec: dict | None) -> list[dict]:

@@ -122,7 +122,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
                 findings.append(f)
         # Python work outside the model, or per-operation overhead inside it: one host_bound
         host = [f for f in (rules.host_bound(facts), rules.many_small_ops(facts), rules_work.module_loop(facts),
-                            rules_work.preprocess_in_forward(facts)) if f]
+                            rules_work.preprocess_in_forward(facts), rules_work.model_hooks(facts)) if f]
         if host:
             findings.append(max(host, key=lambda f: f["bound"] or 0))
         for rule in rules_job.RULES:  # time outside the step: bound is a share of the wall time

@@ -21,6 +21,7 @@ from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding
+from whyidle.instrument.hooks import TRACKERS
 
 DOCS_AMP = "https://pytorch.org/docs/stable/amp.html"
 DOCS_AMP_RECIPE = "https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html"
@@ -365,6 +366,56 @@ def preprocess_in_forward(facts: RunFacts) -> dict | None:
     return finding("host_bound", severity, "Host-bound: preprocessing inside the model's forward", summary,
                    evidence, gain, text, code,
                    ["https://pytorch.org/docs/stable/data.html#dataloader-collate-fn"], bound=share)
+
+
+def model_hooks(facts: RunFacts) -> dict | None:
+    """Forward, backward or gradient hooks that the program or a tracker put on the model hold
+    ``T.HOST_SHARE_WARN`` or more of the step (``facts.hooks``, timed per call by
+    :mod:`whyidle.instrument.hooks`): ``wandb.watch`` with a small ``log_freq`` reading every weight
+    and gradient into histograms (cases.md C26), or a hand-written hook doing the same. Their time
+    is inside the forward and backward shares, where it would read as device work.
+
+    ``bound``: the hooks' share of the step. ``est_speedup``: the step with the hooks' work done
+    every ``T.LOG_EVERY`` calls instead of every call, 1 / (1 − bound × (1 − 1/LOG_EVERY)).
+    Reported as ``host_bound`` with ``evidence.kind = "model_hooks"``.
+    """
+    hooks = facts.hooks
+    if not hooks or hooks["share_of_step"] < T.HOST_SHARE_WARN:
+        return None
+    share = hooks["share_of_step"]
+    rows = hooks.get("hooks") or []
+    top = rows[0] if rows else {}
+    tracker = top.get("owner") in TRACKERS
+    gain = round(1 / (1 - share * (1 - 1 / T.LOG_EVERY)), 2)
+    phases = " and ".join(f"{_pct(v)} in {k}" for k, v in sorted(hooks.get("by_phase", {}).items(), key=lambda kv: -kv[1])
+                          if v >= 0.01)
+    named = ", ".join(f"`{r['function']}` ({r['defined']}, {r['calls']} calls)" for r in rows[:3])
+    where = top.get("registered")
+    summary = (f"Hooks on the model take {_ms(hooks['s_per_step'])} per step, {_pct(share)} of the step"
+               + (f" ({phases})" if phases else "") + f": {named or 'hooks registered by the program'}"
+               + (f", registered at {where}" if where else "") + ". That time reads as forward/backward, not as the model.")
+    if tracker and top.get("owner") == "wandb":
+        text = ("Log histograms less often: `wandb.watch(model, log_freq=...)` reads every weight and gradient each "
+                "time it logs; use the default 1000 (or `log=\"gradients\"`), or drop `watch` and log scalars.")
+        code = 'wandb.watch(model, log="gradients", log_freq=1000)   # was a small log_freq'
+    else:
+        who = f"the {top.get('owner')} hooks" if tracker else "the hooks"
+        text = (f"Let {who} do their work every {T.LOG_EVERY} steps instead of every call: read weights and gradients into "
+                "histograms (or anything that copies whole tensors to the host) only on logging steps, or remove the "
+                "hooks (the handle's `.remove()`) between logging steps.")
+        fn = (top.get("function") or "hook").split(".")[-1]
+        code = (f"def {fn}(...):                 # {top.get('defined') or 'the hook'}\n"
+                f"    if step % {T.LOG_EVERY}:          # the training step counter: log on every {T.LOG_EVERY}th step\n"
+                "        return\n"
+                "    ...                             # the histogram / logging work")
+    evidence = _round({"hooks_s_per_step": hooks["s_per_step"], "hooks_share": share})
+    evidence.update(kind="model_hooks", owner=top.get("owner"), registered=where, by_phase=_round(hooks.get("by_phase") or {}),
+                    hooks=rows[:5])
+    severity = "critical" if share >= T.HOST_SHARE_CRITICAL else "warning"
+    return finding("host_bound", severity, "Host-bound: hooks on the model", summary, evidence, gain, text, code,
+                   ["https://docs.wandb.ai/ref/python/watch/",
+                    "https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.register_forward_hook"],
+                   bound=share)
 
 
 def _attr(line: str | None) -> str | None:

@@ -44,6 +44,7 @@ import weakref
 from time import monotonic_ns, thread_time_ns
 
 from whyidle.instrument import regions as region_mod
+from whyidle.instrument.hooks import HookTimer
 from whyidle.instrument.module_calls import ModuleCalls
 from whyidle.instrument.cuda import (
     MAX_SYNCS_PER_STEP,
@@ -252,6 +253,7 @@ class TorchInstrument:
         self.pending_first: int | None = None  # id() of a new DataLoader iterator before its first batch
         self.switch_next = None  # callable(on): the DataLoader __next__ wrapper in or out (install())
         self.module_calls = ModuleCalls(self.site_of)  # repeated submodule calls (module_calls.py)
+        self.hooks = HookTimer(self.site_of, os.path.dirname(torch.__file__))  # the program's hooks (hooks.py)
         self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
         self.regions.touch = self.mark_boundary
         self.train_loader: int | None = None  # id() of the DataLoader the last optimizer step trained on
@@ -339,6 +341,7 @@ class TorchInstrument:
         acc = self.acc
         if self.tracking:
             acc[self.phase] += now - self.t_phase
+        hooks_ns = self.hooks.take()
         if self.full:
             if self.lite_rows:  # keep the file in step order
                 self.flush_lite()
@@ -348,7 +351,7 @@ class TorchInstrument:
                 "opt": acc["optimizer"], "eval": acc["eval"],
                 "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
                 "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
-                "mb": self.micro, "ld": self.loader_key, "ph": self.ph, "wi": self.wi,
+                "mb": self.micro, "ld": self.loader_key, "ph": self.ph, "wi": self.wi, "hk": hooks_ns,
             })
         elif self.tracking:  # one tuple per lite step, in LITE_COLUMNS order
             self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), acc["data"], acc["forward"],
@@ -891,6 +894,14 @@ def install(agent, torch) -> TorchInstrument:
     })
     agent.start_background()
     agent.on_exit.append(inst.flush_lite)  # before the agent's last flush
+    inst.hooks.install(torch)
+
+    def hooks_record() -> None:
+        rec = inst.hooks.record(monotonic_ns())
+        if rec is not None:
+            agent.record(rec)
+
+    agent.on_exit.append(hooks_record)
 
     orig_next = dl._BaseDataLoaderIter.__next__
 

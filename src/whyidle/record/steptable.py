@@ -12,7 +12,7 @@ import collections.abc
 import math
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
-               "fn", "comp", "grad", "mb", "ld", "wi")
+               "fn", "comp", "grad", "mb", "ld", "wi", "hk")
 _BY = ("optimizer", "loader", None, "keras", "iterator")
 #: Stands for null in an int column (``cols[...]`` arrays hold int64 values).
 NULL_INT = -(2**63)

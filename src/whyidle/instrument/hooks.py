@@ -1,0 +1,144 @@
+"""The program's own hooks on the model, timed: forward hooks, backward hooks and gradient hooks
+that a program or a tracker registers (``wandb.watch`` puts a forward hook on the model and a
+gradient hook on every parameter, each reading whole tensors every ``log_freq`` calls; cases.md
+C26). Their time sits inside ``forward`` and ``backward``, where it reads as device work unless
+it is measured apart.
+
+:meth:`HookTimer.install` wraps the registration methods (``nn.Module.register_forward_hook`` and
+friends, ``Tensor.register_hook``, ``Tensor.register_post_accumulate_grad_hook``); a hook whose
+code lives outside PyTorch and whyidle is registered wrapped in a timer (the handle the program
+gets back removes the wrapper: same semantics, same return value). Hooks of PyTorch itself
+(DDP, FSDP, checkpointing) and whyidle's own are left as they are. Per step the instrument takes
+the nanoseconds spent in timed hooks (:meth:`take`); at exit :meth:`record` lists the hooks by
+function and registration line. Standard library only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+from time import perf_counter_ns
+
+#: Registration methods wrapped, with the phase their hooks run in.
+MODULE_METHODS = {"register_forward_pre_hook": "forward", "register_forward_hook": "forward",
+                  "register_full_backward_pre_hook": "backward", "register_full_backward_hook": "backward",
+                  "register_backward_hook": "backward"}
+TENSOR_METHODS = {"register_hook": "backward", "register_post_accumulate_grad_hook": "backward"}
+#: Hook functions kept in the record (the costliest).
+MAX_HOOKS = 8
+#: Packages whose hooks are an experiment tracker's (``wandb.watch`` and the like): timed, as the
+#: program's own are. Other libraries' hooks (DeepSpeed's parameter gathering, PEFT, Lightning)
+#: are the framework's cost and stay as they are.
+TRACKERS = frozenset({"wandb", "tensorboard", "tensorboardX", "mlflow", "comet_ml", "neptune", "clearml", "aim",
+                      "dvclive"})
+
+_OWN_DIRS = tuple(os.path.dirname(os.path.dirname(p)) + os.sep for p in (__file__,))
+
+
+def _code_file(fn) -> str | None:
+    code = getattr(fn, "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def owner(path: str | None) -> str:
+    """The package a hook's code comes from (``wandb``, ``tensorboard`` …) for code installed in
+    site-packages, else ``"program"`` (the user's own files)."""
+    if not path:
+        return "program"
+    parts = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = parts.index(marker)
+            if i + 1 < len(parts):
+                return parts[i + 1].removesuffix(".py")
+    return "program"
+
+
+class HookTimer:
+    """Times the program's hooks.
+
+    Args:
+        site_of: callable(frame) → (user site, leaf site) (the instrument's frame classifier),
+            for the line that registered a hook.
+        torch_dir: PyTorch's package directory (its own hooks are not timed).
+    """
+
+    def __init__(self, site_of, torch_dir: str) -> None:
+        self.site_of = site_of
+        self.skip = (torch_dir.rstrip(os.sep) + os.sep,) + _OWN_DIRS
+        self.ns = 0  # in timed hooks since the last take()
+        self.by_hook: dict[tuple, list[int]] = {}  # (phase, function, def site, registered at) → [calls, ns]
+
+    def wrap(self, hook, phase: str, frame):
+        """``hook`` wrapped in a timer when it is a function (or method, or ``functools.partial``
+        of one) of the program's own files or of a tracker (:data:`TRACKERS`); else ``hook``
+        itself: PyTorch's, whyidle's and other libraries' hooks, and callable objects, which a
+        library may look for again by type in the module's hook dicts (``torch.nn.utils.prune``)."""
+        fn = hook.func if isinstance(hook, functools.partial) else hook
+        if not isinstance(fn, (types.FunctionType, types.MethodType)):
+            return hook
+        path = _code_file(fn)
+        if path is None or path.startswith(self.skip) or owner(path) not in TRACKERS | {"program"}:
+            return hook
+        code = getattr(fn, "__code__", None)
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        cwd = os.getcwd() + os.sep
+        shown = path[len(cwd):] if path.startswith(cwd) else path  # as the program's other sites are shown
+        where = f"{shown}:{code.co_firstlineno}" if code is not None else shown
+        try:
+            registered = self.site_of(frame)[0] if frame is not None else None
+        except Exception:
+            registered = None
+        entry = self.by_hook.setdefault((phase, name, where, registered), [0, 0])
+        timer = self
+
+        @functools.wraps(hook)
+        def timed(*args, **kwargs):
+            t0 = perf_counter_ns()
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                d = perf_counter_ns() - t0
+                timer.ns += d
+                entry[0] += 1
+                entry[1] += d
+
+        return timed
+
+    def install(self, torch) -> None:
+        """Wraps the registration methods of ``torch.nn.Module`` and ``torch.Tensor``."""
+        for cls, methods in ((torch.nn.Module, MODULE_METHODS), (torch.Tensor, TENSOR_METHODS)):
+            for name, phase in methods.items():
+                orig = cls.__dict__.get(name)
+                if orig is None:
+                    continue
+                setattr(cls, name, self._registering(orig, phase))
+
+    def _registering(self, orig, phase: str):
+        timer = self
+
+        @functools.wraps(orig)
+        def register(self, hook, *args, **kwargs):
+            try:
+                hook = timer.wrap(hook, phase, sys._getframe(1))
+            except Exception:  # never in the program's way
+                pass
+            return orig(self, hook, *args, **kwargs)
+
+        return register
+
+    def take(self) -> int:
+        """Nanoseconds in timed hooks since the last call (a step's share)."""
+        ns, self.ns = self.ns, 0
+        return ns
+
+    def record(self, t: int) -> dict | None:
+        """The ``hooks`` record: the costliest hook functions (None when no hook ran)."""
+        rows = sorted(((v[1], v[0], k) for k, v in self.by_hook.items() if v[0]), reverse=True)[:MAX_HOOKS]
+        if not rows:
+            return None
+        return {"k": "hooks", "t": t, "hooks": [
+            {"phase": phase, "function": name, "defined": where, "registered": registered, "owner": owner(where),
+             "calls": calls, "s": round(ns / 1e9, 6)} for ns, calls, (phase, name, where, registered) in rows]}
