@@ -120,3 +120,15 @@ def test_wandb_watch_hooks_get_the_trackers_own_setting():
     f = rules_work.model_hooks(_facts_with_hooks(0.5, "wandb"))
     assert f["evidence"]["owner"] == "wandb" and f["severity"] == "critical"
     assert "log_freq=1000" in f["fix"]["code"] and "wandb.watch" in f["fix"]["text"]
+
+
+def test_tensorflow_imported_by_tensorboard_does_not_take_a_torch_run():
+    from whyidle.analysis.run import _proc_record
+
+    torch_proc = {"k": "proc", "t": 1, "framework": "torch"}
+    tf_proc = {"k": "proc", "t": 2, "framework": "tensorflow"}
+    steps = [{"k": "step", "t": 3, "by": "optimizer"}]
+    assert _proc_record([torch_proc, tf_proc] + steps) is torch_proc
+    assert _proc_record([torch_proc, tf_proc], [{"by": "loader"}]) is torch_proc  # the step table's rows
+    assert _proc_record([torch_proc, tf_proc, {"k": "step", "t": 3, "by": "keras"}]) is tf_proc  # Keras trains
+    assert _proc_record([torch_proc, tf_proc]) is tf_proc  # no steps: the order decides, as before

@@ -215,7 +215,8 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "window_s": dt,
         "cores": cores,
         "cpu_affinity": static.get("cpu_affinity"),
-        "cpu_busy_share": min(1.0, max(0.0, busy_cores - yielding) / cores),
+        # the scans' window differs from the ticks': never below what the job itself used
+        "cpu_busy_share": min(1.0, max(busy_cores - yielding, min(busy_cores, tree_cores + whyidle_cores)) / cores),
         "percpu_busy_share": [min(1.0, x) for x in percpu],
         "iowait_share": max(0.0, iowait),
         "steal_share": min(1.0, max(0.0, steal)),

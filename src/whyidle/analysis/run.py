@@ -33,8 +33,14 @@ def _last(records: list[dict], kind: str) -> dict | None:
 FRAMEWORK_ORDER = ("keras", "tensorflow", "torch")
 
 
-def _proc_record(records: list[dict]) -> dict | None:
+def _proc_record(records: list[dict], steps=()) -> dict | None:
+    """The process's framework record (:data:`FRAMEWORK_ORDER`), except that a framework which
+    only was imported never wins over PyTorch's training steps (``steps``: its step rows) (TensorBoard's ``SummaryWriter``
+    imports TensorFlow when it is installed)."""
     procs = [r for r in records if r.get("k") == "proc"]
+    kinds = {r.get("by") for r in records if r.get("k") == "step"} | {s.get("by") for s in steps}
+    if kinds & {"optimizer", "loader"} and not kinds & {"keras", "iterator"}:
+        procs = [r for r in procs if r.get("framework") == "torch"] or procs
     return min(procs, key=lambda r: FRAMEWORK_ORDER.index(r["framework"]) if r.get("framework") in FRAMEWORK_ORDER
                else len(FRAMEWORK_ORDER), default=None)
 
@@ -98,7 +104,7 @@ def analyze(run: RunData) -> RunFacts:
     primary = trainers[0] if trainers else None
     recs = procs.get(primary, []) if primary is not None else []
 
-    proc = _proc_record(recs) if primary is not None else None
+    proc = _proc_record(recs, step_lists[primary]) if primary is not None else None
     if proc is None:
         proc = next((p for p in map(_proc_record, procs.values()) if p), None)
     framework = (proc or {}).get("framework") or "none"

@@ -753,7 +753,7 @@ def cpu_contention(facts: RunFacts) -> dict | None:
             else:
                 fewer = (f"use at most {limit} loader worker{'s' if limit != 1 else ''} per process, "
                          if workers > limit else "")
-                text = (f"Threads are already {threads} per process, but {busy} busy processes ({trainers} training, "
+                text = (f"Threads are already {threads} per process, but {busy} busy process{'es' if busy != 1 else ''} ({trainers} training, "
                         f"{workers} loader workers) share {cores} cores: {fewer}fewer processes per machine, or a "
                         "machine with more cores.")
             code = None

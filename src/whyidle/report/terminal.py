@@ -178,7 +178,7 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
             parts.append(f"{host['workers']} workers {host['workers_cores']:.2f} cores")
         parts.append(f"other processes {host['other_procs_cores']:.2f} cores")
         if (host.get("yielding_procs_cores") or 0) >= 0.05:
-            parts.append(f"low-priority processes {host['yielding_procs_cores']:.2f} (they yield)")
+            parts.append(f"low-priority processes {host['yielding_procs_cores']:.2f} cores (they yield)")
         if host.get("trainer_run_delay_share") is not None:
             parts.append(f"run-queue wait {host['trainer_run_delay_share']:.0%}")
         if (host.get("steal_share") or 0) >= 0.01:
