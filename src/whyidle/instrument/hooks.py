@@ -5,10 +5,11 @@ C26). Their time sits inside ``forward`` and ``backward``, where it reads as dev
 it is measured apart.
 
 :meth:`HookTimer.install` wraps the registration methods (``nn.Module.register_forward_hook`` and
-friends, ``Tensor.register_hook``, ``Tensor.register_post_accumulate_grad_hook``); a hook whose
-code lives outside PyTorch and whyidle is registered wrapped in a timer (the handle the program
-gets back removes the wrapper: same semantics, same return value). Hooks of PyTorch itself
-(DDP, FSDP, checkpointing) and whyidle's own are left as they are. Per step the instrument takes
+friends, ``Tensor.register_hook``, ``Tensor.register_post_accumulate_grad_hook``); a hook function
+of the program's own files or of an experiment tracker is registered wrapped in a timer (the
+handle the program gets back removes the wrapper: same semantics, same return value). Hooks of
+PyTorch itself (DDP, FSDP, checkpointing), of other libraries and whyidle's own, and callable
+objects, are left as they are. Per step the instrument takes
 the nanoseconds spent in timed hooks (:meth:`take`); at exit :meth:`record` lists the hooks by
 function and registration line. Standard library only.
 """
@@ -33,13 +34,8 @@ MAX_HOOKS = 8
 #: are the framework's cost and stay as they are.
 TRACKERS = frozenset({"wandb", "tensorboard", "tensorboardX", "mlflow", "comet_ml", "neptune", "clearml", "aim",
                       "dvclive"})
-
-_OWN_DIRS = tuple(os.path.dirname(os.path.dirname(p)) + os.sep for p in (__file__,))
-
-
-def _code_file(fn) -> str | None:
-    code = getattr(fn, "__code__", None)
-    return code.co_filename if code is not None else None
+_TIMED_OWNERS = TRACKERS | {"program"}
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # whyidle's package
 
 
 def owner(path: str | None) -> str:
@@ -67,7 +63,7 @@ class HookTimer:
 
     def __init__(self, site_of, torch_dir: str) -> None:
         self.site_of = site_of
-        self.skip = (torch_dir.rstrip(os.sep) + os.sep,) + _OWN_DIRS
+        self.skip = (torch_dir.rstrip(os.sep) + os.sep, _OWN_DIR)
         self.ns = 0  # in timed hooks since the last take()
         self.by_hook: dict[tuple, list[int]] = {}  # (phase, function, def site, registered at) → [calls, ns]
 
@@ -79,14 +75,14 @@ class HookTimer:
         fn = hook.func if isinstance(hook, functools.partial) else hook
         if not isinstance(fn, (types.FunctionType, types.MethodType)):
             return hook
-        path = _code_file(fn)
-        if path is None or path.startswith(self.skip) or owner(path) not in TRACKERS | {"program"}:
+        code = fn.__code__
+        path = code.co_filename
+        if path.startswith(self.skip) or owner(path) not in _TIMED_OWNERS:
             return hook
-        code = getattr(fn, "__code__", None)
-        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        name = getattr(fn, "__qualname__", None) or fn.__name__
         cwd = os.getcwd() + os.sep
         shown = path[len(cwd):] if path.startswith(cwd) else path  # as the program's other sites are shown
-        where = f"{shown}:{code.co_firstlineno}" if code is not None else shown
+        where = f"{shown}:{code.co_firstlineno}"
         try:
             registered = self.site_of(frame)[0] if frame is not None else None
         except Exception:
