@@ -178,6 +178,28 @@ def test_checkpoint_and_logging_inside_steps_are_left_out_of_the_shares():
     assert m["step_time_s"]["p50"] == pytest.approx(1.0)  # step times stay wall time
 
 
+def test_logging_inside_the_forward_phase_is_left_out_of_forward():
+    """A tracker logging from a forward hook: its time is inside ``fwd``; with the steps' phase
+    spans it comes out of ``forward`` (not out of ``other_host``), and no share passes 1."""
+    from whyidle.analysis.steps import step_metrics
+
+    us = S // 1000  # ph offsets are µs after t0: data 0-0.1 s, forward 0.1-0.8 s, backward 0.8-1.0 s
+    rows = [{"t0": i * S, "t1": (i + 1) * S, "data": int(0.1 * S), "fwd": int(0.7 * S), "bwd": int(0.2 * S),
+             "opt": 0, "eval": 0, "samples": 32, "batches": 1, "ph": [1, 0, 2, int(0.1 * us), 3, int(0.8 * us)]}
+            for i in range(10)]
+    logging = [(int((i + 0.2) * S), int((i + 0.7) * S)) for i in range(10)]  # 0.5 s inside forward
+    m = step_metrics(rows, logging)
+    assert m["outside_share"] == pytest.approx(0.5)
+    assert m["shares"]["forward"] == pytest.approx(0.2 / 0.5)
+    assert m["shares"]["data_wait"] == pytest.approx(0.1 / 0.5)
+    assert m["shares"]["backward"] == pytest.approx(0.2 / 0.5)
+    assert m["shares"]["other_host"] == pytest.approx(0.0, abs=1e-9)
+    # steps recorded without phase spans: the shares are scaled back to the step, never above 1
+    bare = step_metrics([{k: v for k, v in r.items() if k != "ph"} for r in rows], logging)
+    assert sum(bare["shares"].values()) == pytest.approx(1.0)
+    assert bare["shares"]["forward"] == pytest.approx(0.7)
+
+
 def job_facts(parts: dict, wall: float = 100.0, steps: int = 100, api: str = "torch", loader=None, config=None):
     """RunFacts of a training run whose wall time has these parts (name → (seconds, count) or
     (seconds, count, steps between two))."""

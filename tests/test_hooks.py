@@ -58,6 +58,40 @@ def test_program_hooks_are_timed_and_keep_their_semantics(timer):
     assert torch.allclose(model(x), plain) and not model._forward_hooks
 
 
+def test_logging_inside_a_hook_is_the_logging_regions_not_the_hooks():
+    """A forward hook that writes TensorBoard histograms: the writer's time is a ``logging``
+    region (reported as logging), so the hook timer leaves it out of the hook's time."""
+    import time
+
+    from whyidle.instrument import regions as region_mod
+
+    class Agent:
+        disabled = False
+        on_exit: list = []
+
+        def record(self, rec):
+            pass
+
+        def notice(self, msg):
+            pass
+
+    regions = region_mod.Regions(Agent(), 0)
+    t = HookTimer(lambda frame: ("here", None), torch.__path__[0], regions)
+
+    def log_histograms(module, inputs, output):
+        time.sleep(0.002)  # the hook's own work
+        regions.begin("logging")
+        time.sleep(0.05)  # writer.add_histogram
+        regions.end("logging", "SummaryWriter.add_histogram")
+
+    timed = t.wrap(log_histograms, "forward", None)
+    timed(None, (), None)
+    ns = t.take()
+    assert regions.outside_ns >= 50_000_000
+    assert 2_000_000 <= ns < 30_000_000
+    assert t.record(1)["hooks"][0]["s"] < 0.03
+
+
 def test_torchs_own_hooks_and_callable_objects_are_left_alone(timer):
     from torch.nn.utils import prune
 

@@ -1,12 +1,12 @@
 """Keras ``fit`` with an epoch-end evaluation callback that predicts one image at a time.
 
-Stages: 1,024 random 32x32x3 images in memory, ``fit(x, y, batch_size=32, epochs=4)`` of a small
+Stages: 512 random 32x32x3 images in memory, ``fit(x, y, batch_size=32, epochs=4)`` of a small
 CNN (conv 32 → conv 64 → GAP → dense 10). The user's ``DetectionScore`` callback computes a
-detection-style score on 96 validation images at each epoch end, the way detector code often does:
+detection-style score on 128 validation images at each epoch end, the way detector code often does:
 
 - faulty: ``model.predict_on_batch(image[None])`` per image, then a pure-Python greedy NMS over the
   10 class scores with 40 jittered boxes each (``iou`` in Python) and a per-class precision count;
-- fixed: one ``model.predict(val, batch_size=96)`` and the same suppression vectorized with numpy.
+- fixed: one ``model.predict(val, batch_size=128)`` and the same suppression vectorized with numpy.
 
 Expected diagnosis (faulty): ``eval_bound`` (the callback's epoch-end time, ``evaluation``
 part), cause ``host_work`` when the Python NMS dominates it. RESULT ``samples_per_s`` is over
@@ -98,9 +98,9 @@ def main():
     p.add_argument("--epochs", type=int, default=4)
     args = p.parse_args()
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1024, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, 1024)
-    vx, vy = x[:96], y[:96]
+    x = rng.standard_normal((512, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, 512)
+    vx, vy = x[:128], y[:128]
     model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
                               keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
                               keras.layers.Dense(10)])
@@ -110,7 +110,7 @@ def main():
     model.fit(x, y, batch_size=32, epochs=args.epochs, callbacks=[score], verbose=0)
     wall = time.perf_counter() - t0
     print("RESULT " + json.dumps({"scenario": "keras_eval_callback", "variant": args.variant, "wall_s": round(wall, 3),
-                                  "samples_per_s": round(1024 * args.epochs / wall, 1), "epochs": args.epochs}))
+                                  "samples_per_s": round(len(x) * args.epochs / wall, 1), "epochs": args.epochs}))
 
 
 if __name__ == "__main__":

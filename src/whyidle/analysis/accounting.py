@@ -28,6 +28,7 @@ import bisect
 
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis.facts import TimeAccounting
+from whyidle.instrument import regions
 
 #: Overlapping parts: the first listed takes the time. ``startup`` here is a loader's first
 #: iterator (its workers' first start), which is start-up cost even inside the first step.
@@ -77,8 +78,9 @@ def _part_phases(records: list[dict], phase: str) -> tuple[set[str], dict[str, f
 
 
 #: Region kinds called from the training loop's own body (not a loop of their own, like an
-#: evaluation): their time inside a step is left out of the step's shares.
-OUTSIDE_STEP = ("checkpoint", "logging")
+#: evaluation): their time inside a step is left out of the step's shares (and of the hooks' time,
+#: which the instrument counts without them).
+OUTSIDE_STEP = regions.OUTSIDE_STEP
 
 
 def merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -217,18 +217,19 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     time. A function whose innermost frame is a framework entry site (``entry_sites``) is never a
     candidate: its time is the framework's.
 
-    Returns ``{"function", "site", "code", "seconds", "share_of_phase", "callers"}`` (seconds scaled
-    to ``phase_seconds`` when given; ``callers``: the names of the user functions it was most often
+    Returns ``{"function", "site", "code", "seconds", "share_of_phase", "samples", "callers"}``
+    (seconds scaled to ``phase_seconds`` when given; ``samples``: the stack samples behind it; ``callers``: the names of the user functions it was most often
     called from, innermost first), or None without samples or when no function reaches
     ``min_share``.
     """
     inclusive: dict[tuple, float] = {}
+    counts: dict[tuple, int] = {}
     depth: dict[tuple, list] = {}
     lines: dict[tuple, dict] = {}
     outer: dict[tuple, dict] = {}  # key -> {enclosing function names: seconds}
     nestings: dict[tuple, float] = {}  # the functions of a sample, innermost first -> seconds
     total = 0.0
-    for _phase, user, _leaf, _count, seconds, callers in _sites(records, {phase}, window, entry_sites):
+    for _phase, user, _leaf, count, seconds, callers in _sites(records, {phase}, window, entry_sites):
         total += seconds
         seen: dict[tuple, None] = {}
         chain = ([user] if user and user not in entry_sites else []) + list(callers)
@@ -239,6 +240,7 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
                 continue
             seen[key] = None
             inclusive[key] = inclusive.get(key, 0.0) + seconds
+            counts[key] = counts.get(key, 0) + count
             depth.setdefault(key, []).append(level)
             by_line = lines.setdefault(key, {})
             by_line[s] = by_line.get(s, 0.0) + seconds
@@ -258,4 +260,4 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     callers = max(outer[best], key=outer[best].get) if outer.get(best) else ()
     return {"function": f"{os.path.basename(best[0])} {best[1]}".strip(), "site": site,
             "code": source_line(site, source_root), "seconds": inclusive[best] * scale,
-            "share_of_phase": inclusive[best] / total, "callers": list(callers)}
+            "share_of_phase": inclusive[best] / total, "samples": counts[best], "callers": list(callers)}

@@ -17,10 +17,11 @@ Definitions (all over the *analyzed* steps, see :func:`select_steps`):
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from whyidle.analysis.facts import StepMetrics
-from whyidle.record.steptable import expand_lite
+from whyidle.record.steptable import expand_lite, phase_spans
 
 #: Steps skipped at the start of a run: the first steps include worker start-up, lazy
 #: initialization and allocator warm-up, and would skew per-step shares (PyTorch profiler
@@ -32,6 +33,10 @@ MIN_STEPS_FOR_LONG_WARMUP = 10
 #: Steps that contain an epoch boundary (iterator creation, StopIteration, eval forwards) are left
 #: out of the steady-state shares unless they are this common (then they *are* the steady state).
 MAX_BOUNDARY_FRACTION_TO_EXCLUDE = 0.3
+
+#: Share name of each ``ph`` phase code name (``whyidle.record.steptable.PHASE_CODES``).
+SHARE_OF_PHASE = {"data": "data_wait", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+                  "eval": "eval", "compute": "compute"}
 
 PHASE_KEYS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("eval", "eval"))
 #: The fused compiled step of Keras / TensorFlow (see the module docstring).
@@ -129,6 +134,26 @@ def _overlaps(steps: list, intervals: list[tuple[int, int]]) -> list[int]:
     return out
 
 
+def _outside_by_phase(steps: list, per_step: list[int], intervals: list[tuple[int, int]]) -> dict[str, int]:
+    """ns of ``intervals`` (sorted, disjoint) inside each phase (share names) of the steps that
+    hold some (``per_step``: :func:`_overlaps`), from the steps' ``ph`` spans; a step without spans
+    counts none (its interval time is left to ``other_host``)."""
+    starts = [a for a, _ in intervals]
+    ends = [b for _, b in intervals]
+    out: dict[str, int] = {}
+    for s, ns in zip(steps, per_step):
+        ph = s.get("ph")
+        if not ns or not ph:
+            continue
+        # the intervals ending after the step starts and starting before it ends
+        mine = intervals[bisect.bisect_right(ends, s["t0"]):bisect.bisect_left(starts, s["t1"])]
+        for t0, t1, phase in phase_spans(s["t0"], s["t1"], ph, 1000):
+            name = SHARE_OF_PHASE.get(phase)
+            if name is not None:
+                out[name] = out.get(name, 0) + sum(max(0, min(t1, b) - max(t0, a)) for a, b in mine)
+    return out
+
+
 def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None) -> StepMetrics:
     """Metrics of the analyzed steps (see the module docstring for definitions).
 
@@ -143,7 +168,9 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
     ``gpu_ms`` {p50, mean} or None; ``outside_share``: fraction of the detailed steps' time inside
     ``outside`` intervals (sorted, disjoint ``(t0, t1)`` ns: checkpoint saving and tracker logging
     called from the loop, which the whole-job accounting reports as parts of their own), left out
-    of the shares like whyidle's own work (it would otherwise read as the program's host work).
+    of the shares like whyidle's own work (it would otherwise read as the program's host work), and
+    out of the phase it fell in (a tracker logging from a forward hook: ``forward``) where the step
+    has phase spans; the shares never sum above 1.
     Errors: ``ValueError`` for an empty list.
     """
     if not steps:
@@ -155,13 +182,18 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
     # whyidle's own step-boundary work ("wi": record building, hook switching) is not the program's
     # host work: shares are of the step time without it
     own_s = sum(s.get("wi") or 0 for s in phased) / 1e9
-    outside_s = sum(_overlaps(phased, outside)) / 1e9 if outside else 0.0
+    per_step = _overlaps(phased, outside) if outside else []
+    outside_s = sum(per_step) / 1e9
+    in_phase = _outside_by_phase(phased, per_step, outside) if outside_s else {}
     phased_wall_s = sum(s["t1"] - s["t0"] for s in phased) / 1e9
     phased_s = (phased_wall_s - own_s - outside_s) or 1e-12
     shares = {}
     keys = PHASE_KEYS + ((COMPUTE_KEY,) if any(s.get(COMPUTE_KEY[1]) is not None for s in steps) else ())
     for name, key in keys:
-        shares[name] = sum(s.get(key) or 0 for s in phased) / 1e9 / phased_s
+        shares[name] = max(0.0, sum(s.get(key) or 0 for s in phased) - in_phase.get(name, 0)) / 1e9 / phased_s
+    over = sum(shares.values())
+    if over > 1.0:  # interval time inside phases of steps without spans: scaled back to the step
+        shares = {k: v / over for k, v in shares.items()}
     shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
     known = [s for s in steps if s.get("samples") is not None]
     samples_per_s = None

@@ -453,12 +453,15 @@ def host_bound(facts: RunFacts) -> dict | None:
         share = min(share, gpu_share)
     if share < T.HOST_SHARE_WARN:
         return None
-    spots = (facts.hotspots or {}).get("other", [])
+    # a function named by fewer than MIN_SITE_SAMPLES samples is chance, not where the time goes
+    spots = [h for h in (facts.hotspots or {}).get("other", []) if (h.get("samples") or 0) >= T.MIN_SITE_SAMPLES]
     # the framework's own progress bar / logging (Lightning's TQDMProgressBar, HF's callbacks) is
     # named like user code: its settings are the user's to change
     output = [h for h in spots if h.get("framework") and _is_logging(h)][:1]
     user = sorted([h for h in spots if not h["library"]][:3] + output, key=lambda h: -h["seconds"])[:3] or spots[:3]
     focus = (facts.focus or {}).get("other")
+    if focus and focus.get("samples", T.MIN_SITE_SAMPLES) < T.MIN_SITE_SAMPLES:
+        focus = None
     framework_output = not focus and bool(output) and user[0] is output[0]
     if framework_output:
         top = user[0]
@@ -477,7 +480,8 @@ def host_bound(facts: RunFacts) -> dict | None:
         where += f", inside {top['leaf']})" if top.get("leaf") and top["leaf"] != top["site"] else ")"
     else:
         attributed = None
-        where = "no stack samples were recorded to name the lines"
+        where = ("too few stack samples landed in it to name the lines (a longer run, or a higher --stack-hz, names them)"
+                 if (facts.hotspots or {}).get("other") else "no stack samples were recorded to name the lines")
     removable = share if attributed is None else min(share, attributed)
     logging_work = any(_is_logging(h) for h in ([focus] if focus else []) + user[:1])
     summary = (f"Host work outside data loading and the model takes {_pct(share)} of each step "

@@ -18,6 +18,11 @@ SMELL_MIN_DATA_WAIT = 0.05
 #: computed with functions outside an nn.Module adds real compute to it on a CPU (15–17 % for the
 #: vectorized triplet loss of tests/scenarios/c12), so 20 % is clearly above that floor.
 HOST_SHARE_WARN = 0.20
+#: Stack samples a function needs before a finding names it and credits it with a share of the
+#: step: one or two samples (10-20 ms at 100 Hz) are often a garbage-collection finalizer or an
+#: allocator call that happened to run then, not where the step's time goes. A share read from n
+#: samples has a relative standard error of about 1/sqrt(n) (binomial); 3 is the least that names.
+MIN_SITE_SAMPLES = 3
 HOST_SHARE_CRITICAL = 0.30
 
 #: The loader is "waiting, not computing" when at least half its time is off-CPU.

@@ -43,7 +43,7 @@ from whyidle.analysis import series
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis.facts import RunFacts
 from whyidle.record.reader import RunData
-from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
+from whyidle.record.steptable import MAX_PH_VALUES, phase_spans
 from whyidle.record.writer import atomic_file
 
 #: Format tag written into ``otherData.format``.
@@ -183,22 +183,6 @@ class _Track:
             yield self.put(ev)
 
 
-def _phase_spans(t0_us: int, t1_us: int, ph: list[int]) -> list[tuple[int, int, str]]:
-    """``(ts, end, phase)`` µs spans of one step from its ``ph`` values (docs/run-format.md)."""
-    spans = []
-    code, start = "other", 0
-    dur = t1_us - t0_us
-    for k in range(0, len(ph) - 1, 2):
-        off = min(max(int(ph[k + 1]), start), dur)  # offsets never go back, never past the step
-        if off > start:
-            spans.append((t0_us + start, t0_us + off, code))
-        c = int(ph[k])
-        code, start = (PHASE_CODES[c] if 0 <= c < len(PHASE_CODES) else "other"), off
-    if dur > start:
-        spans.append((t0_us + start, t1_us, code))
-    return spans
-
-
 def _sequential(t0, t1) -> bool:
     """Whether int ns ranges follow one another in order without overlapping (then their slices
     are in ``(ts, -dur)`` order and can stream)."""
@@ -311,7 +295,7 @@ class _Timeline:
                     with_ph += 1
                     if len(ph) >= MAX_PH_VALUES:
                         args["phases_cut"] = True  # later phase changes of this step were not recorded
-                    for ts, end, phase in _phase_spans(t0, t1, ph):
+                    for ts, end, phase in phase_spans(t0, t1, ph, 1):
                         ev = {"name": PHASE_NAMES[phase], "ph": "X", "ts": ts, "dur": end - ts, "pid": pid,
                               "tid": tid_p}
                         n_phase += 1

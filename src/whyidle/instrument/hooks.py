@@ -59,10 +59,14 @@ class HookTimer:
         site_of: callable(frame) → (user site, leaf site) (the instrument's frame classifier),
             for the line that registered a hook.
         torch_dir: PyTorch's package directory (its own hooks are not timed).
+        regions: the process's :class:`whyidle.instrument.regions.Regions` or None: a hook's
+            checkpoint saving or tracker logging (``Regions.outside_ns``) is left out of its time,
+            as the analysis leaves those regions out of the step (they are reported as themselves).
     """
 
-    def __init__(self, site_of, torch_dir: str) -> None:
+    def __init__(self, site_of, torch_dir: str, regions=None) -> None:
         self.site_of = site_of
+        self.regions = regions
         self.skip = (torch_dir.rstrip(os.sep) + os.sep, _OWN_DIR)
         self.ns = 0  # in timed hooks since the last take()
         self.by_hook: dict[tuple, list[int]] = {}  # (phase, function, def site, registered at) → [calls, ns]
@@ -89,14 +93,18 @@ class HookTimer:
             registered = None
         entry = self.by_hook.setdefault((phase, name, where, registered), [0, 0])
         timer = self
+        regions = self.regions
 
         @functools.wraps(hook)
         def timed(*args, **kwargs):
+            out0 = regions.outside_ns if regions is not None else 0
             t0 = perf_counter_ns()
             try:
                 return hook(*args, **kwargs)
             finally:
                 d = perf_counter_ns() - t0
+                if regions is not None:
+                    d = max(0, d - (regions.outside_ns - out0))
                 timer.ns += d
                 entry[0] += 1
                 entry[1] += d

@@ -44,6 +44,10 @@ SLOT_KIND = {"evaluation": "evaluation", "checkpoint": "checkpoint", "logging": 
 #: later calls of that kind are not timed (their time stays in the training part).
 MAX_RECORDS_PER_KIND = 20_000
 
+#: Kinds whose time inside a training step the analysis leaves out of the step's shares
+#: (``whyidle.analysis.accounting.OUTSIDE_STEP``): :attr:`Regions.outside_ns` adds them up.
+OUTSIDE_STEP = ("checkpoint", "logging")
+
 _REGIONS: "Regions | None" = None
 
 
@@ -61,6 +65,7 @@ class Regions:
         self.classifier = None  # FrameClassifier, created at the first region's end
         self.eval_module: int | None = None  # id() of the module whose eval() opened a region
         self.touch = None  # callable() marking the current training step as holding a region
+        self.outside_ns = 0  # ns in recorded OUTSIDE_STEP regions so far (a hook timer subtracts them)
 
     def sample_phase(self, step_phase: str) -> str:
         """A stack sample's phase: ``step_phase``, or ``"<kind>:<step_phase>"`` inside a region."""
@@ -118,6 +123,8 @@ class Regions:
         t1 = monotonic_ns() if at is None else at
         self.agent.record({"k": "region", "t": t1, "kind": out, "t0": self.t0[kind], "t1": t1,
                            "entry": entry, "site": self.site[kind]})
+        if out in OUTSIDE_STEP:
+            self.outside_ns += t1 - self.t0[kind]
 
     def close_all(self) -> None:
         """Ends every open region (at exit: an evaluation never followed by ``model.train()``)."""

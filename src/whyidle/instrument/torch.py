@@ -253,8 +253,8 @@ class TorchInstrument:
         self.pending_first: int | None = None  # id() of a new DataLoader iterator before its first batch
         self.switch_next = None  # callable(on): the DataLoader __next__ wrapper in or out (install())
         self.module_calls = ModuleCalls(self.site_of)  # repeated submodule calls (module_calls.py)
-        self.hooks = HookTimer(self.site_of, os.path.dirname(torch.__file__))  # the program's hooks (hooks.py)
         self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
+        self.hooks = HookTimer(self.site_of, os.path.dirname(torch.__file__), self.regions)  # the program's hooks
         self.regions.touch = self.mark_boundary
         self.train_loader: int | None = None  # id() of the DataLoader the last optimizer step trained on
         self.loop_open = False  # another DataLoader is being iterated between training steps

@@ -46,6 +46,24 @@ PHASE_CODES = ("setup", "data", "forward", "backward", "optimizer", "eval", "oth
 MAX_PH_VALUES = 64
 
 
+def phase_spans(t0: int, t1: int, ph: list[int], per_us: int) -> list[tuple[int, int, str]]:
+    """``(start, end, phase)`` spans tiling one step ``[t0, t1]`` from its ``ph`` values
+    (docs/run-format.md), in the unit of ``t0``/``t1``: ``per_us`` of those units per µs (1 for
+    µs, 1000 for ns). Offsets never go back and never pass ``t1``; an unknown code reads ``other``."""
+    spans = []
+    code, start = "other", 0
+    dur = t1 - t0
+    for k in range(0, len(ph) - 1, 2):
+        off = min(max(int(ph[k + 1]) * per_us, start), dur)
+        if off > start:
+            spans.append((t0 + start, t0 + off, code))
+        c = int(ph[k])
+        code, start = (PHASE_CODES[c] if 0 <= c < len(PHASE_CODES) else "other"), off
+    if dur > start:
+        spans.append((t0 + start, t1, code))
+    return spans
+
+
 class StepTable:
     """Append-only table of step records (``k == "step"``) plus per-step GPU times."""
 
