@@ -25,8 +25,8 @@ def needs(module: str):
 
 def pytest_collection_modifyitems(config, items):
     """Tests that start real processes (``slow``) run first, in their collected order: under
-    ``-n 2`` the long ones start early and the short in-process ones even out the two workers at
-    the end, instead of a 40-second test starting last beside an idle worker.
+    ``-n 3`` the long ones start early and the short in-process ones even out the workers at the
+    end, instead of a 40-second test starting last beside an idle worker.
 
     A ``timing`` test that fails runs once more (pytest-rerunfailures; the report shows an ``R``
     and the first failure): its assertions compare speeds measured on a shared 2-core machine,

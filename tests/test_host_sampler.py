@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from whyidle.analysis.host import host_metrics
 from whyidle.sampling.host import HostPoller, short_command
 
@@ -18,6 +20,7 @@ def test_short_command():
     assert short_command([], "kworker/0:1") == "kworker/0:1"
 
 
+@pytest.mark.timing  # asserts the spinner's measured cores: beside other tests it gets less than one
 def test_poller_samples_the_tree_and_the_machine():
     child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1.5: pass"])
     try:
@@ -44,6 +47,7 @@ def test_poller_samples_the_tree_and_the_machine():
     assert m["trainer_run_delay_share"] is not None
 
 
+@pytest.mark.timing  # a nice-19 spinner gets ~1.5 % of a core while other tests keep both busy
 def test_a_process_niced_far_below_the_job_is_counted_apart():
     """A ``nice -n 19`` spinner outside the observed tree yields its core to the job: the scan
     counts its CPU as ``yielding_cpu_s`` and names it there, not as a competitor."""
