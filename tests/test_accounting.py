@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -139,6 +140,46 @@ def test_wrapped_calls_and_eval_mode_become_region_records(agent):
     assert all(r["t1"] >= r["t0"] for r in agent.recs if r["k"] == "region")
 
 
+def test_a_saves_record_names_its_file_its_size_and_its_file_system(agent, tmp_path, monkeypatch):
+    """A checkpoint region records where the save went (path, bytes, the mount's file system
+    type); a folder (``save_pretrained``) counts the files written; a buffer records nothing."""
+    import io
+
+    from whyidle.env import fs
+    from whyidle.instrument import saves
+
+    class Lib:
+        @staticmethod
+        def save(obj, f):
+            if isinstance(f, str):
+                with open(f, "wb") as fh:
+                    fh.write(b"x" * 3000)
+            else:
+                f.write(b"y" * 500)
+
+        @staticmethod
+        def save_pretrained(model, save_directory):
+            os.makedirs(os.path.join(save_directory, "sub"), exist_ok=True)
+            for name in ("model.safetensors", "sub/config.json"):
+                with open(os.path.join(save_directory, name), "wb") as fh:
+                    fh.write(b"z" * 1000)
+
+    table = f"36 1 0:40 / {tmp_path} rw - nfs4 server:/export rw\n25 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+    monkeypatch.setattr(saves, "_mounts", fs.parse_mountinfo(table))
+    regions.wrap(Lib, "save", "checkpoint", agent, "torch.save")
+    regions.wrap(Lib, "save_pretrained", "checkpoint", agent, "save_pretrained")
+    Lib.save({"w": 1}, str(tmp_path / "ckpt.pt"))
+    with open(tmp_path / "open.pt", "wb") as fh:
+        Lib.save({"w": 1}, fh)
+    Lib.save({"w": 1}, io.BytesIO())
+    Lib.save_pretrained(object(), save_directory=str(tmp_path / "hf"))
+    recs = [r for r in agent.recs if r["k"] == "region"]
+    assert [(r.get("path"), r.get("bytes"), r.get("fs")) for r in recs] == [
+        (str(tmp_path / "ckpt.pt"), 3000, "nfs4"), (str(tmp_path / "open.pt"), 500, "nfs4"), (None, None, None),
+        (str(tmp_path / "hf"), 2000, "nfs4")]
+    assert saves.destination((object(),), {}) is None
+
+
 def test_other_threads_and_exceptions_pass_through(agent):
     class Lib:
         @staticmethod
@@ -234,6 +275,8 @@ def test_job_rules_thresholds_and_fixes():
     assert f["severity"] == "warning" and "SAVE_EVERY = 50" in f["fix"]["code"]  # k = ⌈0.20 / 0.02⌉ = 10
     assert f["est_speedup"] == pytest.approx(100 / (100 - 18), rel=1e-3)
 
+    assert f["evidence"]["cause"] == "too_often" and f["evidence"]["storage"] is None
+
     loader = {"num_workers": 4, "persistent_workers": False, "mp_context": "spawn"}
     f = rules_job.epoch_boundary(job_facts({"epoch_boundary": (30.0, 9)}, loader=loader))
     assert f["severity"] == "critical" and "persistent_workers=True" in f["fix"]["code"]
@@ -244,3 +287,36 @@ def test_job_rules_thresholds_and_fixes():
                                        config={"eval_steps": 10}))
     assert "eval_steps=40," in f["fix"]["code"]
     compile(f["fix"]["code"].replace("...,", ""), "fix", "exec")
+
+
+def test_checkpoints_written_to_a_network_mount_or_slowly_name_the_storage():
+    """Where the saves went (accounting.save_storage) and what checkpoint_bound makes of it: a
+    network mount, or a rate below CHECKPOINT_SLOW_BPS for large saves, is cause
+    ``slow_storage`` with a local-disk option; a fast local disk keeps ``too_often``."""
+    from whyidle.analysis.accounting import save_storage
+    from whyidle.diagnose import rules_job
+
+    def saves_to(fs_type, mb, seconds, n=20):
+        recs = [{"k": "region", "kind": "checkpoint", "t0": int((10 + 3 * i) * S), "t1": int((10 + 3 * i + seconds) * S),
+                 "path": f"/mnt/ckpt/step{i}.pt", "bytes": int(mb * 1e6), "fs": fs_type} for i in range(n)]
+        return save_storage(recs, 0, 100 * S)
+
+    nfs = saves_to("nfs4", 400, 1.0)
+    assert nfs == {"saves": 20, "bytes": 8_000_000_000, "mean_bytes": 400e6, "bytes_per_s": pytest.approx(400e6),
+                   "fs_type": "nfs4", "fs_class": "network", "folder": "/mnt/ckpt"}
+    assert save_storage([{"kind": "checkpoint", "t0": 0, "t1": S, "bytes": None}], 0, S) is None
+
+    def checkpoint(storage):
+        facts = job_facts({"checkpoint": (20.0, 20, 5)})
+        facts.time["parts"]["checkpoint"]["storage"] = storage
+        return rules_job.checkpoint_bound(facts)
+
+    f = checkpoint(nfs)
+    assert f["evidence"]["cause"] == "slow_storage" and f["evidence"]["storage"]["fs_type"] == "nfs4"
+    assert "nfs4" in f["summary"] and "/mnt/ckpt" in f["summary"]
+    assert [o["est_speedup"] for o in f["fix"]["options"]] == [f["est_speedup"], None, None]
+    assert "local disk" in f["fix"]["options"][1]["text"] and "network" in f["fix"]["options"][1]["text"]
+    slow = checkpoint(saves_to("ext4", 400, 8.0))  # 50 MB/s on a local disk
+    assert slow["evidence"]["cause"] == "slow_storage" and "50 MB/s" in slow["fix"]["options"][1]["text"]
+    assert checkpoint(saves_to("ext4", 400, 0.5))["evidence"]["cause"] == "too_often"  # 800 MB/s
+    assert checkpoint(saves_to("ext4", 1, 0.5))["evidence"]["cause"] == "too_often"  # small: rate not judged

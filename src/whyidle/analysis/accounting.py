@@ -25,9 +25,12 @@ validation callback is checkpoint time, a validation loader's iterator start-up 
 from __future__ import annotations
 
 import bisect
+import os
+from collections import Counter
 
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis.facts import TimeAccounting
+from whyidle.env import fs
 from whyidle.instrument import regions
 
 #: Overlapping parts: the first listed takes the time. ``startup`` here is a loader's first
@@ -121,6 +124,26 @@ def _by_site(sites: list[dict]) -> list[dict]:
     return sorted(out.values(), key=lambda s: -s["seconds"])
 
 
+def save_storage(regions: list[dict], w0: int, w1: int) -> dict | None:
+    """Where the checkpoints of ``regions`` (``checkpoint`` records that name their target:
+    ``path``, ``bytes``, ``fs``; :mod:`whyidle.instrument.saves`) inside ``[w0, w1]`` (ns) went:
+    ``{"saves", "bytes" (summed), "mean_bytes", "bytes_per_s" (summed bytes ÷ summed save
+    seconds), "fs_type" (of the most saves), "fs_class" (``network``, ``parallel``, ``fuse``,
+    ``local`` or ``unknown``: :func:`whyidle.env.fs.classify`), "folder" (the most common
+    folder)}``; None when no save recorded its size."""
+    rows = [r for r in regions if r.get("kind") == "checkpoint" and isinstance(r.get("bytes"), int)
+            and w0 <= int(r["t1"]) and int(r["t0"]) <= w1]
+    if not rows:
+        return None
+    total_b = sum(r["bytes"] for r in rows)
+    total_s = sum(max(0, int(r["t1"]) - int(r["t0"])) for r in rows) / 1e9
+    fs_type = Counter(r.get("fs") for r in rows).most_common(1)[0][0]
+    folder = Counter(os.path.dirname(r.get("path") or "") for r in rows).most_common(1)[0][0]
+    return {"saves": len(rows), "bytes": total_b, "mean_bytes": total_b / len(rows),
+            "bytes_per_s": total_b / total_s if total_s > 0 else None, "fs_type": fs_type,
+            "fs_class": fs.classify(fs_type) if fs_type else "unknown", "folder": folder or None}
+
+
 def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], iters: list[dict],
                     firsts: list[dict], steady_fetch_s: float = 0.0, records: list[dict] | None = None,
                     source_root: str | None = None, entry_sites: frozenset = frozenset()) -> TimeAccounting:
@@ -151,6 +174,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         ``callers`` (the program's lines that opened it, ``[{"site", "count", "seconds", "code"}]``,
         ``code`` the line's text when readable; for epoch boundaries the line that created the
         DataLoader, from its ``loader`` record, else ``"DataLoader <id>"``);
+        ``storage`` (checkpoint part only, else None): where the saves went, :func:`save_storage`;
         ``training_span_s`` the first step's end to the last step's end.
     Errors: ``ValueError`` when the window is empty.
     """
@@ -265,6 +289,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         top_callers = sorted(callers.get(part, {}).items(), key=lambda kv: -kv[1][1])[:SITES_PER_PART]
         parts[part] = {"s": s, "share": s / wall, "count": count, "every_steps": every, "sites": _by_site(sites),
                        "host_sites": _by_site(host_sites), "mix": mix,
-                       "callers": [{"site": k, "count": n, "seconds": v, "code": stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers]}
+                       "callers": [{"site": k, "count": n, "seconds": v, "code": stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers],
+                       "storage": save_storage(regions, w0, w1) if part == "checkpoint" else None}
     return {"wall_s": wall, "window": [w0, w1], "parts": parts,
             "training_span_s": (last - first) / 1e9 if steps else 0.0}

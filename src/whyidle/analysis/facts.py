@@ -199,7 +199,9 @@ class TimePart(TypedDict):
     steps between two evaluations / saves / logging calls, median; None when fewer than two), ``sites`` (busiest lines
     inside it: ``{site, function, leaf, seconds}``), ``host_sites`` (the same, outside the model and
     the data loader), ``mix`` (seconds by what ran: ``model``, ``data``, ``host``; None without
-    stack samples), ``callers`` (the program's lines that opened it: ``{site, count, seconds}``)."""
+    stack samples), ``callers`` (the program's lines that opened it: ``{site, count, seconds}``),
+    ``storage`` (checkpoint part: where the saves went and how fast,
+    :func:`whyidle.analysis.accounting.save_storage`; None otherwise)."""
 
     s: float
     share: float
@@ -209,6 +211,7 @@ class TimePart(TypedDict):
     host_sites: list[dict]
     mix: dict[str, float] | None
     callers: list[dict]
+    storage: dict | None
 
 
 class TimeAccounting(TypedDict):

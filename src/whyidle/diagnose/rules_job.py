@@ -189,10 +189,55 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
             if k > 1 else "Save only what resuming needs (weights, not the whole object) or save asynchronously.")
     summary = (f"Checkpoint saving took {part['s']:.1f} s, {part['share']:.0%} of the wall time ({n} save"
                f"{'s' if n != 1 else ''}, {part['s'] / n:.2f} s each).")
-    return finding("checkpoint_bound", sev, "Checkpoint saving holds the job", summary,
-                   _evidence(part, interval_steps=interval, mean_save_s=round(part["s"] / n, 4)), gain, text, code,
-                   bound=part["share"],
-                   docs=["https://pytorch.org/tutorials/beginner/saving_loading_models.html"])
+    storage = part.get("storage") or {}
+    slow = _slow_storage(storage)
+    options = [fix_option(text, gain, None, code)]
+    if storage:
+        rate = storage.get("bytes_per_s")
+        summary += (f" {storage['mean_bytes'] / 1e6:.0f} MB a save, written to {storage.get('folder') or 'disk'}"
+                    f" ({storage.get('fs_type') or 'unknown file system'}"
+                    + (f", {rate / 1e6:.0f} MB/s" if rate else "") + ").")
+    if slow:
+        where = (f"{storage.get('fs_type')} is a {storage['fs_class']} file system" if slow == "remote" else
+                 f"{rate / 1e6:.0f} MB/s is below a local disk's rate")
+        local = ("Write the checkpoint to a local disk (local NVMe, /tmp) and copy it to "
+                 f"{storage.get('folder') or 'its destination'} in the background: {where}, and the training loop "
+                 "waits for every byte.")
+        options.append(fix_option(local, None, f"the saves went to {storage.get('fs_type')} ({storage['fs_class']}) at "
+                                  + (f"{rate / 1e6:.0f} MB/s" if rate else "an unknown rate"),
+                                  "torch.save(state, \"/local_nvme/ckpt.pt\")   # fast local disk\n"
+                                  "threading.Thread(target=shutil.copy, args=(\"/local_nvme/ckpt.pt\", remote_path)).start()"))
+    options.append(fix_option("Save asynchronously: copy the state dict to CPU memory and let a background thread (or "
+                              "torch.distributed.checkpoint.async_save) write it while training goes on.", None,
+                              "when a core is free for the writer", None))
+    cause = "slow_storage" if slow else ("too_often" if k > 1 else "large_saves")
+    ev = _evidence(part, interval_steps=interval, mean_save_s=round(part["s"] / n, 4), cause=cause,
+                   storage=_round_storage(storage) if storage else None)
+    return finding("checkpoint_bound", sev, "Checkpoint saving holds the job", summary, ev, gain, text, code,
+                   bound=part["share"], options=options,
+                   docs=["https://pytorch.org/tutorials/beginner/saving_loading_models.html",
+                         "https://pytorch.org/docs/stable/distributed.checkpoint.html"])
+
+
+def _slow_storage(storage: dict) -> str | None:
+    """``"remote"`` when the saves went to a network, parallel or FUSE file system, ``"slow"`` when
+    saves of at least ``T.CHECKPOINT_RATE_MIN_BYTES`` wrote below ``T.CHECKPOINT_SLOW_BPS``, else None."""
+    if not storage:
+        return None
+    if storage.get("fs_class") in ("network", "parallel", "fuse"):
+        return "remote"
+    rate = storage.get("bytes_per_s")
+    if rate is not None and storage.get("mean_bytes", 0) >= T.CHECKPOINT_RATE_MIN_BYTES and rate < T.CHECKPOINT_SLOW_BPS:
+        return "slow"
+    return None
+
+
+def _round_storage(storage: dict) -> dict:
+    out = dict(storage)
+    for key in ("mean_bytes", "bytes_per_s"):
+        if out.get(key) is not None:
+            out[key] = round(out[key])
+    return out
 
 
 def logging_bound(facts: RunFacts) -> Finding | None:

@@ -124,6 +124,13 @@ VECTORIZED_SAVING = 0.9
 CHECKPOINT_WARN_SHARE = 0.10
 CHECKPOINT_CRITICAL_SHARE = 0.30
 CHECKPOINT_TARGET_SHARE = 0.02
+#: Write rate (bytes/s, summed bytes ÷ summed save time) below which checkpoint saving is slow
+#: because of where it writes: below one spinning disk's sequential write (~100-200 MB/s); a
+#: local SATA SSD writes ~500 MB/s, an NVMe drive 1-3 GB/s, and without ``fsync`` the page cache
+#: takes a save at memory speed. Judged only for saves of at least ``CHECKPOINT_RATE_MIN_BYTES``:
+#: smaller ones are dominated by opening the file and serializing, not by the bandwidth.
+CHECKPOINT_SLOW_BPS = 100e6
+CHECKPOINT_RATE_MIN_BYTES = 16 << 20
 #: Tracker logging share of wall time for ``logging_bound`` (same scale as ``HOST_SHARE_WARN``'s
 #: lean-loop floor); the fix logs every ``LOG_EVERY`` steps (fixes.logging_code writes 50).
 LOGGING_WARN_SHARE = 0.10

@@ -28,6 +28,8 @@ import sys
 import threading
 from time import monotonic_ns
 
+from whyidle.instrument import saves
+
 KINDS = ("evaluation", "checkpoint", "logging")
 #: Slots counted apart from the wrapped calls' kinds: ``mode`` is a module's eval mode (opened by
 #: ``model.eval()``, closed by ``model.train()``, which a framework may never call: Lightning restores
@@ -97,9 +99,10 @@ class Regions:
             self.classifier = FrameClassifier()
         return self.classifier.site_pair(frame)[0]
 
-    def end(self, kind: str, entry: str, drop: bool = False, at: int | None = None) -> None:
+    def end(self, kind: str, entry: str, drop: bool = False, at: int | None = None, saved=None) -> None:
         """Closes a region of slot ``kind`` at ``at`` (monotonic ns; now when None); the outermost
-        one writes its record (not when ``drop``)."""
+        one writes its record (not when ``drop``), with the ``path``, ``bytes`` and ``fs`` of
+        ``saved`` (a checkpoint's destination, :mod:`whyidle.instrument.saves`) when given."""
         d = self.depth[kind] - 1
         if d < 0:
             return
@@ -121,8 +124,11 @@ class Regions:
             return
         self.written[out] = n + 1
         t1 = monotonic_ns() if at is None else at
-        self.agent.record({"k": "region", "t": t1, "kind": out, "t0": self.t0[kind], "t1": t1,
-                           "entry": entry, "site": self.site[kind]})
+        rec = {"k": "region", "t": t1, "kind": out, "t0": self.t0[kind], "t1": t1, "entry": entry,
+               "site": self.site[kind]}
+        if saved is not None:
+            rec.update(saves.describe(saved, t1 - self.t0[kind]))
+        self.agent.record(rec)
         if out in OUTSIDE_STEP:
             self.outside_ns += t1 - self.t0[kind]
 
@@ -165,11 +171,12 @@ def wrap(owner, name: str, kind: str, agent, entry: str | None = None) -> None:
         except Exception as exc:
             agent.notice(f"{label} timing disabled: {exc!r}")
             return orig(*args, **kwargs)
+        saved = saves.destination(args, kwargs) if kind == "checkpoint" else None
         try:
             return orig(*args, **kwargs)
         finally:
             try:
-                regions.end(kind, label)
+                regions.end(kind, label, saved=saved)
             except Exception as exc:
                 agent.notice(f"{label} timing disabled: {exc!r}")
 
