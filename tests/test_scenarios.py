@@ -167,9 +167,9 @@ def test_c12_python_loops_in_the_loss(tmp_path):
     assert "loss" in f["evidence"]["focus"]["function"]
     assert "vectorize" in f["fix"]["text"]
     fixed = scenario(tmp_path, "c12_python_loop_loss.py", "--variant", "fixed")
-    assert fixed["verdict"] != "host_bound"
     # the loss loop is gone; the 1.6 ms step's own loop Python (~21 % other host, just above
-    # HOST_SHARE_WARN) may stay, but is never put on the loss again
+    # HOST_SHARE_WARN, beside a ~22 % data wait: either can be the verdict) may stay, but is never
+    # put on the loss again
     g = next((g for g in fixed["findings"] if g["id"] == "host_bound"), None)
     assert g is None or (g["bound"] <= f["bound"] / 3 and "loss" not in ((g["evidence"]["focus"] or {}).get("function") or ""))
     assert sps(fixed) >= 10 * sps(faulty)
