@@ -465,8 +465,14 @@ def test_cpu_contention_thresholds():
     assert rules.cpu_contention(make_facts(make_step(), None)) is None
     f = rules.cpu_contention(make_facts(make_step(), make_host(run_delay=0.1, others=0.5)))
     assert f["severity"] == "warning" and f["evidence"]["cause"] == "other_processes"
-    f = rules.cpu_contention(make_facts(make_step(), make_host(run_delay=0.25, others=0.49)))
-    assert f["severity"] == "critical" and f["evidence"]["cause"] == "oversubscription"
+    f = rules.cpu_contention(make_facts(make_step(), make_host(cores=4, run_delay=0.25, others=0.49)))
+    assert f["severity"] == "critical" and f["evidence"]["cause"] == "oversubscription"  # 8 threads, 4 cores
+    # 8 compute threads on 8 cores, no workers: the wait is the job's other threads taking turns
+    f = rules.cpu_contention(make_facts(make_step(), make_host(run_delay=0.13)))
+    assert f["severity"] == "info" and f["evidence"]["cause"] == "own_threads" and f["est_speedup"] is None
+    assert "fewer processes" not in f["fix"]["text"] and "torch.set_num_threads(7)" in f["fix"]["text"]
+    f = rules.cpu_contention(make_facts(make_step(), make_host(run_delay=0.3)))
+    assert f["severity"] == "warning" and f["evidence"]["cause"] == "own_threads"
     # no steps needed: contention is judged from the host alone
     assert rules.cpu_contention(make_facts(None, make_host(run_delay=0.5, others=2.0))) is not None
 

@@ -686,6 +686,8 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     or steal ≥ ``STEAL_WARN`` and at least the run-queue wait: the thread was "running" as far as
     the kernel knew, and no process of this machine is to blame (severity by ``STEAL_WARN`` /
     ``STEAL_CRITICAL``, info below); ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
+    ``own_threads`` (info below ``RUN_DELAY_CRITICAL``, else warning; ``est_speedup`` null) when the job has no loader workers and its training
+    processes' compute threads fit the cores: the wait is the job's other threads taking turns;
     else ``oversubscription`` (the job's own threads and processes want more cores than exist).
     """
     host = facts.host or {}
@@ -735,6 +737,18 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                     "def one_thread(worker_id):      # a named function: it must pickle for spawned workers\n"
                     "    torch.set_num_threads(1)\n\n"
                     "loader = DataLoader(..., worker_init_fn=one_thread)")
+        elif not workers and trainers * (threads or 1) <= cores:
+            # the compute threads fit the cores: the training thread takes turns with the job's other
+            # threads (a tracker's writer, prefetch threads, OpenMP threads spinning after each
+            # parallel region, whyidle's samplers). No setting is known to win that time back here.
+            cause = "own_threads"
+            gain = None
+            text = (f"The job's compute threads ({trainers} × {threads}) fit the {cores} cores; the wait is its other "
+                    f"threads ({host.get('tree_threads')} in all: a tracker's or logger's writer, prefetch threads, OpenMP "
+                    "threads spinning between parallel regions) taking turns with the training thread. Move background "
+                    f"work off the training loop's path or measure torch.set_num_threads({max(1, cores - 1)}) (one core left "
+                    "for them; it can also slow the step's own compute).")
+            code = None
         else:
             busy = trainers + workers
             wait = ((facts.step or {}).get("shares") or {}).get("data_wait")
@@ -770,6 +784,8 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     evidence["top_other_processes"] = top
     if stolen:
         severity = "critical" if steal >= T.STEAL_CRITICAL else "warning" if steal >= T.STEAL_WARN else "info"
+    elif cause == "own_threads":  # the job's own threads on cores it fills: a warning only when critical
+        severity = "warning" if delay >= T.RUN_DELAY_CRITICAL else "info"
     else:
         severity = "critical" if delay >= T.RUN_DELAY_CRITICAL else "warning"
     return finding("cpu_contention", severity, "CPU contention: the job waits for cores", summary, evidence,
