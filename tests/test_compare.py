@@ -109,8 +109,10 @@ def run_whyidle(args):
 
 
 def write_run(path, step_s, samples=32, script="train.py", metrics=(), steps=40, fmt="whyidle.run/1", pid=4242,
-              name=None):
-    """A run directory as `whyidle run` writes it: meta.json and one trainer's proc file."""
+              name=None, eval_every=None, eval_s=1.0):
+    """A run directory as `whyidle run` writes it: meta.json and one trainer's proc file; with
+    ``eval_every``, every such step also holds an ``eval_s`` evaluation (a boundary step whose
+    sample count was not recorded, as the instrument writes it)."""
     os.makedirs(path)
     t0 = 10**12
     meta = {"format": fmt, "tool_version": "0.1.0", "name": name or os.path.basename(path), "command": ["python", script],
@@ -122,9 +124,12 @@ def write_run(path, step_s, samples=32, script="train.py", metrics=(), steps=40,
     t = t0 + 10**9
     for i in range(steps):
         dur = int(step_s * (1 + rng.normal(0, 0.03)) * 1e9)
-        recs.append({"k": "step", "t": t + dur, "i": i, "t0": t, "t1": t + dur, "by": "optimizer",
-                     "data": dur // 2, "fwd": dur // 4, "bwd": dur // 8, "opt": 0, "eval": 0, "batches": 1,
-                     "samples": samples, "cpu": dur})
+        evaluates = bool(eval_every) and i % eval_every == eval_every - 1
+        ev = int(eval_s * 1e9) if evaluates else 0
+        recs.append({"k": "step", "t": t + dur + ev, "i": i, "t0": t, "t1": t + dur + ev, "by": "optimizer",
+                     "data": dur // 2, "fwd": dur // 4, "bwd": dur // 8, "opt": 0, "eval": ev, "batches": 1,
+                     "samples": None if evaluates else samples, "cpu": dur, "boundary": evaluates})
+        dur += ev
         t += dur
     for name, value, n in metrics:
         recs.append({"k": "metric", "t": t, "name": name, "value": value, "step": steps, "n": n,
@@ -269,3 +274,18 @@ whyidle.log_metric("broken", "not a number")
     assert logged["val_loss"]["last"] is None and logged["val_loss"]["count"] == 1  # NaN kept as null
     assert "broken" not in logged
     assert proc.stderr.count("whyidle.log_metric('broken', ...) not recorded") == 1
+
+
+def test_evaluating_less_often_shows_in_the_comparison(tmp_path):
+    """The comparison is over every training step after the warm-up: the steps that hold an
+    evaluation count (the steady-state metrics leave them out), and their unrecorded sample counts
+    are the run's median batch, so a per-sample comparison sees the job's rate too."""
+    a = write_run(tmp_path / "every10", 0.05, steps=60, eval_every=10)
+    b = write_run(tmp_path / "every40", 0.05, steps=60, eval_every=40, script="train_fixed.py")
+    result = compare_runs([a, b])
+    comp = result["comparisons"][0]
+    assert comp["basis"] == "sample"
+    # A: 58 steps of 0.05 s + 6 evaluations of 1 s; B: the same steps + 1 evaluation
+    assert comp["speedup"]["ratio"] == pytest.approx((58 * 0.05 + 6) / (58 * 0.05 + 1), rel=0.05)
+    assert comp["speedup"]["claim"] == "faster"
+    assert result["runs"][0]["stats"]["steps"] == 58

@@ -2,8 +2,9 @@
 
 Definitions:
 
-- A run's statistics are over its *analyzed* steps (:func:`whyidle.analysis.steps.select_steps`:
-  warm-up, epoch-boundary and profiled steps left out), in step order.
+- A run's statistics are over its training steps after the warm-up, in step order, the steps
+  holding an evaluation, a checkpoint or an epoch boundary included (what the job achieved;
+  :func:`whyidle.report.compare.training_steps`), whyidle's profiled steps left out.
 - Throughput is total work over total time: steps/s = steps / summed step time; samples/s =
   summed samples / summed step time (steps whose batch size is known).
 - Runs of the same script with the same batch size are compared **per step** (steps/s); other

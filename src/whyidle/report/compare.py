@@ -37,7 +37,7 @@ def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], 
     (:func:`whyidle.pipeline.summarize_run` loads them).
 
     Returns ``{"name", "run_dir", "command", "script", "framework", "device", "batch_size",
-    "times"``, ``"samples"`` (step times in s and samples per step of the analyzed steps),
+    "times"``, ``"samples"`` (step times in s and samples per step of :func:`training_steps`),
     ``"data_wait_share"``, ``"verdict"``, ``"gpu"`` (``{"util_mean", "util_trend"}`` in percent,
     or None without a GPU; ``util_trend`` is ``gpu_trend``, the means of
     :data:`GPU_TREND_PARTS` parts of the analyzed window), ``"metrics"`` (name → last logged
@@ -49,7 +49,7 @@ def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], 
     from whyidle.diagnose.thresholds import OTHER_PROCS_MIN_CORES, RUN_DELAY_WARN
     from whyidle.report.build import gpu_metrics_of
 
-    steps = facts.analyzed_steps or []
+    steps = training_steps(facts)
     step = facts.step
     gpu = gpu_metrics_of(facts)
     others = (facts.host or {}).get("other_procs_cores") or 0.0
@@ -73,7 +73,7 @@ def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], 
         "device": (facts.device or {}).get("name"),
         "batch_size": step.get("batch_size"),
         "times": [(s["t1"] - s["t0"]) / 1e9 for s in steps],
-        "samples": [s.get("samples") for s in steps],
+        "samples": _samples(steps),
         "data_wait_share": (step.get("shares") or {}).get("data_wait"),
         "verdict": verdict,
         "gpu": {"util_mean": gpu.get("util_mean"), "util_trend": gpu_trend} if gpu else None,
@@ -82,6 +82,25 @@ def run_summary(path: str, facts: RunFacts, verdict: str, findings: list[dict], 
         "confounded": confounded,
         "problems": list(problems),
     }
+
+
+def training_steps(facts: RunFacts) -> list:
+    """The steps a comparison is over: every training step after the warm-up, those holding an
+    evaluation, a checkpoint or an epoch boundary included (what the job achieved: a fix that
+    evaluates or saves less often shows in them); steps run under whyidle's TensorFlow profiler
+    window are left out (its cost, not the job's). The analyzed steps when no row is left."""
+    warm = (facts.steps_info or {}).get("warmup") or 0
+    rows = [s for s in (facts.step_rows or [])[warm:] if not s.get("profiled")]
+    return rows or list(facts.analyzed_steps or [])
+
+
+def _samples(steps: list) -> list:
+    """Samples of each step; a step whose count was not recorded (one holding an evaluation, whose
+    last batch came from another loader, or one recorded with less detail) counts the median of the
+    others: the same loop trained the same batch in it."""
+    known = sorted(s.get("samples") for s in steps if s.get("samples") is not None)
+    fill = known[len(known) // 2] if known else None
+    return [s.get("samples") if s.get("samples") is not None else fill for s in steps]
 
 
 def _mean(values):

@@ -42,7 +42,7 @@ def comparison_table(result: dict) -> Table:
         table.add_row(label, *[fn(r) for r in runs])
 
     row("batch size", lambda r: "unknown" if r["batch_size"] is None else f"{r['batch_size']:g}")
-    row("steps analyzed", lambda r: str(r["stats"]["steps"])
+    row("training steps", lambda r: str(r["stats"]["steps"])
         + (f" ({r['stats']['runs']} runs)" if r["stats"]["runs"] > 1 else ""))
     row("samples/s", lambda r: "n/a" if r["stats"]["samples_per_s"] is None else
         f"{r['stats']['samples_per_s']:.1f}" + _ci(r["stats"]["ci"]["samples_per_s"], lambda x: f"{x:.1f}"))
