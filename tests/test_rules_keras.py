@@ -75,6 +75,23 @@ def test_generator_source_is_python_in_pipeline():
     assert f["evidence"]["predicted_step_s"] == pytest.approx(0.078, abs=1e-4)  # parallel calls alone: no gain
 
 
+def test_a_python_generator_passed_to_fit_is_named_with_a_batch_level_fix():
+    """``model.fit(gen())``: Keras wraps the generator itself (no tf.data pipeline of the
+    program's to lint); the cause is still the Python source, named at its line, with the
+    vectorized-batch fix first and worker processes (``PyDataset``) as an option."""
+    calls = [{"k": "keras_call", "fn": "fit", "input": "generator", "source": "train.py:26 gen"}]
+    f = rules_keras.input_bound(facts(pipeline=None, keras_calls=calls))
+    ev = f["evidence"]
+    assert ev["cause"] == "python_in_pipeline" and ev["fit_input"] == "generator" and ev["input_source"] == "train.py:26 gen"
+    assert "`gen` at train.py:26" in f["summary"] and "`gen` (train.py:26)" in f["fix"]["text"]
+    assert "tf.data" not in f["fix"]["text"]
+    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.86), rel=1e-3)
+    assert [o["est_speedup"] for o in f["fix"]["options"]][1:] == [None]
+    assert "use_multiprocessing=True" in f["fix"]["options"][1]["code"]
+    # without a known fit input it stays unknown
+    assert rules_keras.input_bound(facts(pipeline=None))["evidence"]["cause"] == "unknown"
+
+
 def test_parallel_prefetched_pipeline_is_cpu_preprocessing():
     f = rules_keras.input_bound(facts(pipeline=FIXED, data_share=0.5))
     assert f["evidence"]["cause"] in ("cpu_preprocessing", "python_in_pipeline")

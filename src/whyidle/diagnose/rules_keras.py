@@ -100,7 +100,10 @@ def input_bound(facts: RunFacts) -> dict | None:
     comes from the tf.data lint (:func:`whyidle.diagnose.rules_tfdata.input_cause`):
     ``python_in_pipeline``, ``sequential_map``, ``sequential_interleave``, ``no_prefetch``, else
     ``cpu_preprocessing`` when the pipeline is already parallel and prefetched, or ``unknown``
-    without a pipeline description. ``est_speedup`` follows :func:`_fix_model` (parallel calls
+    without a pipeline description — ``python_in_pipeline`` too when ``fit`` took a Python
+    generator or ``PyDataset`` itself (``evidence.fit_input``, ``input_source``: its function), with
+    a vectorize-the-batch fix first and a ``PyDataset`` with worker processes as an option.
+    ``est_speedup`` follows :func:`_fix_model` (parallel calls
     and prefetching) for ``sequential_map``, ``sequential_interleave`` and ``no_prefetch``,
     capped by 1/(1 − share) (``evidence.est_speedup_if_removed``); for the other causes the fix
     removes the per-element work, so it is 1/(1 − share).
@@ -118,13 +121,17 @@ def input_bound(facts: RunFacts) -> dict | None:
     mem = facts.host_mem_total_bytes
     smells = rules_tfdata.tfdata_smells(pipeline, mem) if pipeline else []
     cause = _cause(smells)
+    fit_input, source = _fit_input(facts)
     if cause is None:
         cause = "cpu_preprocessing" if pipeline and not pipeline.get("error") else "unknown"
+    python_source = cause == "unknown" and fit_input in ("generator", "PyDataset")
+    if python_source:
+        cause = "python_in_pipeline"  # fit draws batches from the program's Python, one at a time
     ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
     prefetched = bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells)
     model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"))
     removed = speedup_if_removed(share)
-    io_python = cause == "python_in_pipeline" and model["parallel"] > 1
+    io_python = cause == "python_in_pipeline" and model["parallel"] > 1 and not python_source
     # Parallel calls and prefetching are what the fix changes for the parallel causes and for Python
     # that waits on I/O; for Python that computes, or work already parallel, the fix removes the
     # per-element work itself (1/(1 - share)).
@@ -139,6 +146,9 @@ def input_bound(facts: RunFacts) -> dict | None:
     mean = step["step_time_s"]["mean"]
     lead = [s for s in smells if s["kind"] == {"python_in_pipeline": "generator_source"}.get(cause, cause)] or smells
     why = f": {lead[0]['text'].rstrip('.')}" if lead else ""
+    if python_source:
+        why = f": fit draws its batches from a Python {fit_input}" + (f", `{source.split()[-1]}` at {source.split()[0]}"
+                                                                      if source else "")
     summary = (f"The train step waits for the next batch {_pct(share)} of each step ({_ms(wait)} of {_ms(mean)}, "
                f"{how}){why}.")
     code = rules_tfdata.fix_code(pipeline, mem) if pipeline else None
@@ -159,6 +169,17 @@ def input_bound(facts: RunFacts) -> dict | None:
                 f"(options.threading.private_threadpool_size = {IO_PARALLEL_CALLS}; AUTOTUNE stops at the core "
                 f"count), about {est:.2f}× per step; reading the files with tf.io ops in a parallel map avoids the "
                 "GIL altogether.")
+    elif python_source:
+        what = f"`{source.split()[-1]}` ({source.split()[0]})" if source else f"the {fit_input}"
+        text = (f"fit takes each batch from {what}, Python that builds it one sample at a time while the step "
+                "waits: make it build the whole batch with array operations (one numpy call over the batch instead "
+                "of a loop over samples and rows), or precompute what does not change between epochs.")
+        code = ("def batches(batch=64):                  # your generator, vectorized over the batch\n"
+                "    while True:\n"
+                "        idx = rng.integers(0, len(images), batch)\n"
+                "        x = images[idx]                     # (batch, H, W, C): one array\n"
+                "        x = (x - x.mean(axis=(1, 2), keepdims=True)) / (x.std(axis=(1, 2), keepdims=True) + 1e-6)\n"
+                "        yield x, labels[idx]")
     elif cause == "python_in_pipeline":
         text = ("The pipeline runs Python (from_generator / py_function / numpy_function), which holds the GIL: "
                 "parallel calls overlap only its I/O. Move the per-element work into TensorFlow ops (tf.io, "
@@ -169,8 +190,19 @@ def input_bound(facts: RunFacts) -> dict | None:
                 "batching before the map, or precompute the preprocessing once.")
     else:
         text = "Give fit a tf.data pipeline with parallel map calls and a final prefetch, then re-run whyidle."
+    alternatives = _alternatives(smells, pipeline, mem, cause, removed)
+    if python_source and fit_input == "generator":
+        alternatives.append(fix_option(
+            f"Prepare batches in {max(1, cores - 1)} worker process{'es' if cores > 2 else ''}: a keras.utils.PyDataset "
+            "whose __getitem__ builds batch i, with workers and use_multiprocessing=True (a generator runs in one "
+            "thread, under the GIL).", None, "gains only with cores the step leaves free",
+            "class Batches(keras.utils.PyDataset):\n"
+            f"    def __init__(self):\n        super().__init__(workers={max(1, cores - 1)}, use_multiprocessing=True)\n"
+            "    def __len__(self):\n        return steps_per_epoch\n"
+            "    def __getitem__(self, i):\n        return make_batch(i)      # the body of your generator's loop\n\n"
+            "model.fit(Batches(), epochs=epochs)"))
     options = rank_options([fix_option(text, est, _parallel_condition(cause, cores, est, removed), code)]
-                           + _alternatives(smells, pipeline, mem, cause, removed))
+                           + alternatives)
     text, code, est = options[0]["text"], options[0]["code"], options[0]["est_speedup"]
     evidence = _round({
         "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
@@ -178,6 +210,8 @@ def input_bound(facts: RunFacts) -> dict | None:
         "load_cpu_share": model["load_cpu_share"], "parallel_gain": model["parallel"], "cpu_floor_s": model["cpu_floor_s"],
         "est_speedup_if_removed": removed,
     })
+    evidence["fit_input"] = fit_input
+    evidence["input_source"] = source
     evidence["input_wait_method"] = method
     evidence["input_wait_steps"] = iw.get("calls")
     evidence["smells"] = [s["kind"] for s in smells]
@@ -186,6 +220,13 @@ def input_bound(facts: RunFacts) -> dict | None:
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence, est,
                    text, code, [DOCS_TFDATA, DOCS_TF_PROFILER], bound=share, options=options)
+
+
+def _fit_input(facts: RunFacts) -> tuple[str | None, str | None]:
+    """What the last ``fit`` took as ``x`` (``keras_call`` ``input``: ``tf.data``, ``generator``,
+    ``PyDataset``, ``numpy`` …) and where a Python source is defined (``source``), or Nones."""
+    fits = [c for c in facts.keras_calls or [] if c.get("fn") == "fit"]
+    return (fits[-1].get("input"), fits[-1].get("source")) if fits else (None, None)
 
 
 def _parallel_condition(cause: str, cores: int, est: float, removed: float) -> str | None:

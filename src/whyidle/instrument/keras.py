@@ -128,7 +128,8 @@ class KerasInstrument:
         if method != "fit":
             return
         x = bound.get("x")
-        self.fit_info = {"t0": monotonic_ns(), "input": _input_kind(x), "epochs": bound.get("epochs"),
+        self.fit_info = {"t0": monotonic_ns(), "input": _input_kind(x), "source": _input_source(x),
+                         "epochs": bound.get("epochs"),
                          "batch_size": bound.get("batch_size"), "steps_per_epoch": bound.get("steps_per_epoch"),
                          "validation": bound.get("validation_data") is not None or bool(bound.get("validation_split"))}
         try:
@@ -334,6 +335,22 @@ def _input_kind(x) -> str:
     if isinstance(x, (dict, list, tuple)):
         return "numpy"
     return type(x).__name__
+
+
+def _input_source(x) -> str | None:
+    """Where a Python input source passed to fit is defined (``"train.py:12 batches"``: a
+    generator's function, or a ``PyDataset`` class's ``__getitem__``), else None."""
+    try:
+        code = getattr(x, "gi_code", None)
+        if code is None and _input_kind(x) == "PyDataset":
+            code = getattr(type(x).__getitem__, "__code__", None)
+        if code is None:
+            return None
+        path = code.co_filename
+        cwd = os.getcwd() + os.sep
+        return f"{path[len(cwd):] if path.startswith(cwd) else path}:{code.co_firstlineno} {code.co_name}"
+    except Exception:
+        return None
 
 
 def _devices_record(model) -> dict:
