@@ -229,11 +229,22 @@ def test_notes_problems_first_then_the_rest():
         "host.jsonl: skipped a truncated last line",
         "The command exited with code 3; this report covers the steps before it.",
         "The first 2 step(s) were treated as warm-up and left out of the shares.",
-        "2 step(s) containing an epoch boundary or evaluation (1.23 s) were left out of the steady-state shares.",
+        "2 step(s) holding an epoch boundary or evaluation (1.23 s) were left out of the steady-state shares; the "
+        "wall-time split counts that time.",
         "Another training process (pid 200) ran 50 steps; the report describes pid 100.",
         "No NVIDIA GPU was observed (NVML Shared Library Not Found): GPU metrics are null.",
         "PyTorch instrumentation disabled after an error in x",
     ]
+
+
+def test_the_boundary_note_names_what_the_left_out_steps_held():
+    facts = facts_with_meta()
+    facts.steps_info.update(boundary_excluded=19, boundary_s=7.25)
+    part = {"s": 7.0, "share": 0.3, "count": 19}
+    facts.time = {"parts": {"checkpoint": part, "evaluation": dict(part, count=0)}}
+    assert "19 step(s) holding checkpoint saving (7.25 s)" in " ".join(notes_of(facts, []))
+    facts.time["parts"]["logging"] = part
+    assert "holding checkpoint saving or tracker logging" in " ".join(notes_of(facts, []))
 
 
 def test_gpu_notices_pass_through_when_a_gpu_was_seen():

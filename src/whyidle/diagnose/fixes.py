@@ -250,7 +250,7 @@ def logging_code(facts: RunFacts, call: str) -> tuple[str, str]:
     if name == "accelerate":
         return ("", "if accelerator.sync_gradients and step % 50 == 0:   # was: every micro-step\n"
                     f"    {call}                       # accelerator.print(...) prints on the main process only")
-    return ("", f"if step % 50 == 0:          # was: every step\n    {call}\n"
+    return ("", f"if step % 50 == 0:          # was: every step (step: your training step counter)\n    {call}\n"
                 "# tqdm(..., mininterval=1.0) / Lightning: log_every_n_steps=50, TQDMProgressBar(refresh_rate=50)")
 
 

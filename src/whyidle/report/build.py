@@ -76,8 +76,14 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     if info.get("warmup"):
         notes.append(f"The first {info['warmup']} step(s) were treated as warm-up and left out of the shares.")
     if info.get("boundary_excluded"):
-        notes.append(f"{info['boundary_excluded']} step(s) containing an epoch boundary or evaluation "
-                     f"({info['boundary_s']:.2f} s) were left out of the steady-state shares.")
+        parts = (facts.time or {}).get("parts") or {}
+        held = [label for part, label in (("epoch_boundary", "epoch boundaries"), ("evaluation", "evaluation"),
+                                          ("checkpoint", "checkpoint saving"), ("logging", "tracker logging"))
+                if (parts.get(part) or {}).get("count")]
+        held_text = (", ".join(held[:-1]) + " or " + held[-1]) if len(held) > 1 else (held[0] if held else
+                                                                                   "an epoch boundary or evaluation")
+        notes.append(f"{info['boundary_excluded']} step(s) holding {held_text} ({info['boundary_s']:.2f} s) were left "
+                     "out of the steady-state shares; the wall-time split counts that time.")
     step = facts.step or {}
     if step.get("lite_steps"):
         n = step["steps"]
