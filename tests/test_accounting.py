@@ -320,3 +320,43 @@ def test_checkpoints_written_to_a_network_mount_or_slowly_name_the_storage():
     assert slow["evidence"]["cause"] == "slow_storage" and "50 MB/s" in slow["fix"]["options"][1]["text"]
     assert checkpoint(saves_to("ext4", 400, 0.5))["evidence"]["cause"] == "too_often"  # 800 MB/s
     assert checkpoint(saves_to("ext4", 1, 0.5))["evidence"]["cause"] == "too_often"  # small: rate not judged
+
+
+def test_background_threads_cpu_is_kept_after_they_end():
+    """thread_cpu.ThreadCPU: a busy background thread's CPU seconds, attributed to the module that
+    runs it, survive the thread's end (a writer thread stops at ``writer.close()``, before exit)."""
+    import time
+
+    from whyidle.instrument.thread_cpu import ThreadCPU
+
+    def spin(stop):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.1:
+            pass
+        stop.wait(5)
+
+    stop = threading.Event()
+    worker = threading.Thread(target=spin, args=(stop,), name="writer")
+    tc = ThreadCPU()
+    worker.start()
+    time.sleep(0.3)
+    tc.poll()
+    stop.set()
+    worker.join()
+    tc.poll()  # the thread is gone: its last reading stays
+    rec = tc.record(1)
+    row = next(r for r in rec["threads"] if r["name"] == "writer")
+    assert row["module"] == __name__ and 0.09 <= row["cpu_s"] < 1.0
+
+
+def test_a_trackers_writer_thread_counts_in_the_logging_estimate():
+    from whyidle.diagnose import rules_job
+
+    facts = job_facts({"logging": (20.0, 200)}, steps=100)
+    plain = rules_job.logging_bound(facts)
+    facts.threads = [{"name": "Thread-1", "module": "tensorboard.summary.writer.event_file_writer", "cpu_s": 10.0},
+                     {"name": "prefetch", "module": "mylib.prefetch", "cpu_s": 30.0}]
+    f = rules_job.logging_bound(facts)
+    assert plain["est_speedup"] == pytest.approx(100 / (100 - 20 * 49 / 50), rel=1e-3)
+    assert f["est_speedup"] == pytest.approx(100 / (100 - 30 * 49 / 50), rel=1e-3)  # the program's own thread: not
+    assert f["evidence"]["writer_threads_cpu_s"] == 10.0 and "another 10.0 s of CPU" in f["summary"]

@@ -267,6 +267,8 @@ class RunFacts:
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
       ``tf_devices``, ``keras_calls``.
+    - ``threads``: the primary trainer's background Python threads and their CPU seconds
+      (:mod:`whyidle.instrument.thread_cpu`: ``{name, module, cpu_s}``).
     """
 
     framework: str | None = None
@@ -302,6 +304,7 @@ class RunFacts:
     host_mem_total_bytes: int | None = None
     tf_devices: dict | None = None
     keras_calls: list[dict] | None = None
+    threads: list[dict] | None = None
     logged: dict | None = None
     step_rows: list[Any] | None = None
     analyzed_steps: list[Any] | None = None

@@ -94,6 +94,7 @@ def analyze(run: RunData) -> RunFacts:
     TensorFlow: ``input_wait`` (how the input wait inside the compiled step was measured,
     :func:`whyidle.analysis.keras.input_wait`, or None), ``tfdata`` (the tf.data pipeline given to
     ``fit``), ``tf_devices`` (GPUs TensorFlow sees, its build, the dtype policy), ``keras_calls``;
+    ``threads`` (the primary's background Python threads: ``{name, module, cpu_s}``, busiest first);
     ``logged`` (metrics the program reported, :func:`whyidle.analysis.logged.logged_metrics`);
     ``step_rows`` (all steps of the primary trainer, warm-up and boundaries included) and
     ``analyzed_steps`` (those the metrics are over) — step records or ``StepView`` rows.
@@ -204,6 +205,7 @@ def analyze(run: RunData) -> RunFacts:
         host_mem_total_bytes=(_first(run.host, "host_static") or {}).get("mem_total_bytes"),
         tf_devices=_last(recs, "tf_devices"),
         keras_calls=[r for r in recs if r.get("k") == "keras_call"],
+        threads=(_last(recs, "threads") or {}).get("threads") or [],
         logged=logged_analysis.logged_metrics(procs),
         step_rows=rows,
         analyzed_steps=analyzed,

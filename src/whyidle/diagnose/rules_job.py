@@ -16,6 +16,7 @@ from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import finding, fix_option
 from whyidle.diagnose.types import Finding
+from whyidle.instrument.hooks import TRACKERS
 
 
 def _part(facts: RunFacts, name: str) -> dict | None:
@@ -242,21 +243,30 @@ def _round_storage(storage: dict) -> dict:
 
 def logging_bound(facts: RunFacts) -> Finding | None:
     """Experiment-tracker logging (wandb, TensorBoard, MLflow) holds ``T.LOGGING_WARN_SHARE`` or
-    more of the wall time: log every N steps."""
+    more of the wall time: log every N steps. ``est_speedup`` counts the calls' seconds and the CPU
+    seconds of the tracker's own background threads (``facts.threads`` of a package in
+    :data:`whyidle.instrument.hooks.TRACKERS`: TensorBoard's event-file writer), which took cores and
+    the GIL from the training; both shrink k× with the calls."""
     part, sev = _warned(facts, "logging", T.LOGGING_WARN_SHARE, T.LOGGING_CRITICAL_SHARE)
     if part is None:
         return None
     steps = max(1, len(facts.step_rows or []))
     per_step = part["count"] / steps
     k = T.LOG_EVERY
-    gain = _wall_gain(facts, part["s"] * (1 - 1 / k)) if per_step > 0.5 else None
+    writers = [t for t in facts.threads or [] if (t.get("module") or "").split(".")[0] in TRACKERS]
+    writer_s = sum(t["cpu_s"] for t in writers)
+    # the writer threads' CPU came out of the cores and the GIL the training thread needed; logging
+    # k× less often cuts it as much as the calls themselves
+    gain = _wall_gain(facts, (part["s"] + writer_s) * (1 - 1 / k)) if per_step > 0.5 else None
     caller = part["callers"][0] if part["callers"] else {}
     top = caller.get("site") or "the logging call"
     sentence, code = fixes.logging_code(facts, caller.get("code") or "writer.add_scalar(...)   # the tracker call")
     summary = (f"Logging to an experiment tracker took {part['s']:.1f} s, {part['share']:.0%} of the wall time "
-               f"({part['count']} calls, {per_step:.1f} per step).")
+               f"({part['count']} calls, {per_step:.1f} per step)"
+               + (f"; its writer thread{'s' if len(writers) > 1 else ''} ({', '.join(t['module'] for t in writers[:2])}) "
+                  f"used another {writer_s:.1f} s of CPU beside the training" if writer_s >= 0.1 else "") + ".")
     return finding("logging_bound", sev, "Tracker logging holds the job", summary,
-                   _evidence(part, calls_per_step=round(per_step, 2)), gain,
+                   _evidence(part, calls_per_step=round(per_step, 2), writer_threads_cpu_s=round(writer_s, 3)), gain,
                    f"Log every {k} steps instead of every step ({top}). " + sentence, code, bound=part["share"])
 
 

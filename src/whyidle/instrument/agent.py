@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from whyidle.instrument.thread_cpu import ThreadCPU
 from whyidle.record.writer import JsonlWriter
 
 #: Seconds between flushes of the trainer's records: a ``kill -9`` loses at most this much
@@ -54,6 +55,7 @@ class Agent:
         self.on_exit: list = []  # callables run once at exit, before the final flush
         self._notices: set[str] = set()
         self._flusher: threading.Thread | None = None
+        self._threads: ThreadCPU | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if hasattr(os, "register_at_fork"):
@@ -82,6 +84,8 @@ class Agent:
         with self._lock:
             if self._flusher is not None or self.disabled:
                 return
+            self._threads = ThreadCPU()  # the program's background threads' CPU (thread_cpu.py)
+            self.collectors.append(self._threads.poll)
             self._flusher = threading.Thread(target=self._flush_loop, name="whyidle-flush", daemon=True)
             self._flusher.start()
 
@@ -125,7 +129,15 @@ class Agent:
             self._flusher.join(timeout=2 * FLUSH_PERIOD_S)
         if self.disabled or self._flusher is None:
             return  # nothing was instrumented in this process: leave no file behind
-        self.record({"k": "exit", "t": time.monotonic_ns()})
+        now = time.monotonic_ns()
+        try:
+            self._threads.poll()
+            threads = self._threads.record(now)
+            if threads:
+                self.record(threads)
+        except Exception:
+            pass
+        self.record({"k": "exit", "t": now})
         self.flush()
         try:
             self.writer.close()
