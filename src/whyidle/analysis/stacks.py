@@ -218,9 +218,9 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     candidate: its time is the framework's.
 
     Returns ``{"function", "site", "code", "seconds", "share_of_phase", "samples", "callers"}``
-    (seconds scaled to ``phase_seconds`` when given; ``samples``: the stack samples behind it; ``callers``: the names of the user functions it was most often
-    called from, innermost first), or None without samples or when no function reaches
-    ``min_share``.
+    (seconds scaled to ``phase_seconds`` when given; ``samples``: the stack samples behind it;
+    ``callers``: the names of the user functions it was most often called from, innermost first),
+    or None without samples or when no function reaches ``min_share``.
     """
     inclusive: dict[tuple, float] = {}
     counts: dict[tuple, int] = {}
