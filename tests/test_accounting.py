@@ -360,3 +360,22 @@ def test_a_trackers_writer_thread_counts_in_the_logging_estimate():
     assert plain["est_speedup"] == pytest.approx(100 / (100 - 20 * 49 / 50), rel=1e-3)
     assert f["est_speedup"] == pytest.approx(100 / (100 - 30 * 49 / 50), rel=1e-3)  # the program's own thread: not
     assert f["evidence"]["writer_threads_cpu_s"] == 10.0 and "another 10.0 s of CPU" in f["summary"]
+
+
+def test_a_long_teardown_names_the_lines_after_the_last_step():
+    """Stack samples flushed after the last step (any phase) name where a long teardown went; the
+    flush right after the step, which mixes in samples from before it, is left out."""
+    steps = [{"t0": i * S, "t1": (i + 1) * S} for i in range(10)]
+    stacks = [{"k": "stacks", "t": int(10.2 * S), "sites": [["other", "train.py:20 main", "torch/x.py:1 f", 20, 200.0, []]]},
+              {"k": "stacks", "t": int(14 * S), "sites": [["setup", "train.py:51 <module>", "keras/u.py:117 error_handler",
+                                                           300, 3000.0, []]]},
+              {"k": "stacks", "t": int(18 * S), "sites": [["setup", "train.py:51 <module>", "keras/u.py:117 error_handler",
+                                                           300, 3000.0, []],
+                                                          ["setup", "train.py:60 save_results", "json/x.py:3 dump", 100, 1000.0, []]]}]
+    t = time_accounting((0, 20 * S), steps, [], [], [], records=stacks)
+    down = t["parts"]["teardown"]
+    assert down["s"] == pytest.approx(10.0)
+    assert [x["site"] for x in down["sites"]] == ["train.py:51 <module>", "train.py:60 save_results"]
+    assert down["sites"][0]["seconds"] == pytest.approx(10.0 * 6 / 7)
+    short = time_accounting((0, 11 * S), steps, [], [], [], records=stacks)  # 1 s: interpreter shutdown
+    assert short["parts"]["teardown"]["sites"] == []

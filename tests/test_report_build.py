@@ -247,6 +247,17 @@ def test_the_boundary_note_names_what_the_left_out_steps_held():
     assert "holding checkpoint saving or tracker logging" in " ".join(notes_of(facts, []))
 
 
+def test_a_long_teardown_gets_a_note_naming_where_it_went():
+    facts = facts_with_meta()
+    site = {"site": "train.py:51 <module>", "function": "train.py <module>",
+            "leaf": "keras/src/utils/traceback_utils.py:117 error_handler", "seconds": 8.8}
+    facts.time = {"parts": {"teardown": {"s": 8.8, "share": 0.36, "count": 1, "sites": [site]}}}
+    note = next(n for n in notes_of(facts, []) if n.startswith("After the last training step"))
+    assert "8.8 s (36% of the wall time)" in note and "train.py:51 <module> inside keras/src" in note
+    facts.time["parts"]["teardown"].update(s=0.6, share=0.05)  # interpreter shutdown: no note
+    assert not any(n.startswith("After the last") for n in notes_of(facts, []))
+
+
 def test_gpu_notices_pass_through_when_a_gpu_was_seen():
     facts = facts_with_meta()
     facts.gpu = {"util_mean": 50.0}

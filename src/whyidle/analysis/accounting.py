@@ -124,6 +124,28 @@ def _by_site(sites: list[dict]) -> list[dict]:
     return sorted(out.values(), key=lambda s: -s["seconds"])
 
 
+#: Teardowns shorter than this (seconds) get no sites: interpreter shutdown and the report's own
+#: flush take ~0.5 s in every run.
+TEARDOWN_SITES_MIN_S = 2.0
+#: The stack records flushed within this long after the last step also hold samples from before it
+#: (the agent flushes every 0.5 s, ``whyidle.instrument.agent.FLUSH_PERIOD_S``): left out.
+TEARDOWN_SKIP_NS = 500_000_000
+
+
+def _teardown_sites(records: list[dict], window: tuple[int, int], s: float, source_root, entry_sites) -> list[dict]:
+    """The busiest lines of the training thread after the last step (any phase, from the stack
+    records flushed in ``window``), their seconds scaled to the part's ``s``."""
+    phases = {site[0] for r in records if r.get("k") == "stacks" and window[0] <= r["t"] <= window[1]
+              for site in r.get("sites") or ()}
+    if not phases:
+        return []
+    spots = stack_analysis.hotspots(records, phases, window, None, limit=len(phases) * 1000, source_root=source_root,
+                                    entry_sites=entry_sites)
+    total = sum(h["seconds"] for h in spots) or 1.0
+    return [{"site": h["site"], "function": h["function"], "leaf": h["leaf"], "seconds": h["seconds"] * s / total}
+            for h in spots[:SITES_PER_PART]]
+
+
 def save_storage(regions: list[dict], w0: int, w1: int) -> dict | None:
     """Where the checkpoints of ``regions`` (``checkpoint`` records that name their target:
     ``path``, ``bytes``, ``fs``; :mod:`whyidle.instrument.saves`) inside ``[w0, w1]`` (ns) went:
@@ -175,7 +197,9 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         ``code`` the line's text when readable; for epoch boundaries the line that created the
         DataLoader, from its ``loader`` record, else ``"DataLoader <id>"``);
         ``storage`` (checkpoint part only, else None): where the saves went, :func:`save_storage`;
-        ``training_span_s`` the first step's end to the last step's end.
+        ``training_span_s`` the first step's end to the last step's end. A ``teardown`` of at least
+        ``TEARDOWN_SITES_MIN_S`` gets ``sites`` too: the training thread's busiest lines after
+        the last step, whatever their phase.
     Errors: ``ValueError`` when the window is empty.
     """
     w0, w1 = int(window[0]), int(window[1])
@@ -286,6 +310,8 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
                     out.append({"site": h["site"], "function": h["function"], "leaf": h["leaf"],
                                 "seconds": h["seconds"] * scale})
                 del out[SITES_PER_PART:]
+        elif part == "teardown" and records and steps and s >= TEARDOWN_SITES_MIN_S:
+            sites = _teardown_sites(records, (last + TEARDOWN_SKIP_NS, w1), s, source_root, entry_sites)
         top_callers = sorted(callers.get(part, {}).items(), key=lambda kv: -kv[1][1])[:SITES_PER_PART]
         parts[part] = {"s": s, "share": s / wall, "count": count, "every_steps": every, "sites": _by_site(sites),
                        "host_sites": _by_site(host_sites), "mix": mix,

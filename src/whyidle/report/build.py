@@ -59,6 +59,12 @@ def gpu_metrics_of(facts: RunFacts) -> dict | None:
     return gpu
 
 
+#: A teardown (after the last step) at least this long and this large a share of the wall time
+#: gets a note: interpreter shutdown alone takes ~0.5 s.
+TEARDOWN_NOTE_S = 2.0
+TEARDOWN_NOTE_SHARE = 0.2
+
+
 def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     """Plain-language notes about what was (not) observed, for the end of the report."""
     meta = facts.meta or {}
@@ -84,6 +90,14 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
                                                                                    "an epoch boundary or evaluation")
         notes.append(f"{info['boundary_excluded']} step(s) holding {held_text} ({info['boundary_s']:.2f} s) were left "
                      "out of the steady-state shares; the wall-time split counts that time.")
+    teardown = ((facts.time or {}).get("parts") or {}).get("teardown") or {}
+    if teardown.get("s", 0) >= TEARDOWN_NOTE_S and teardown.get("share", 0) >= TEARDOWN_NOTE_SHARE:
+        top = (teardown.get("sites") or [{}])[0]
+        where = (f", most of it at {top['site']}" + (f" inside {top['leaf']}" if top.get("leaf") and top["leaf"] != top["site"]
+                                                    else "")) if top.get("site") else ""
+        notes.append(f"After the last training step {teardown['s']:.1f} s ({teardown['share']:.0%} of the wall time) "
+                     f"passed before the command exited{where}: a final evaluation or save, or the framework's "
+                     "shutdown; no finding covers that time.")
     step = facts.step or {}
     if step.get("lite_steps"):
         n = step["steps"]
