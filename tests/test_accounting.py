@@ -265,7 +265,12 @@ def test_job_rules_thresholds_and_fixes():
     assert f["est_speedup"] == pytest.approx(100 / (100 - 45), rel=1e-3)  # 3/4 of the evaluations removed
     f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)}, api="lightning",
                                        config={"val_check_interval": 10}))
-    assert "val_check_interval=40" in f["fix"]["code"]
+    assert "val_check_interval=40" in f["fix"]["code"] and "limit_val_batches=0.25)" in f["fix"]["code"]
+    assert f["est_speedup"] == pytest.approx(100 / (100 - 60 * (1 - 0.25 / 4)), rel=1e-3)  # the code's two changes
+    f = rules_job.eval_bound(job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)}, api="lightning",
+                                       config={"val_check_interval": 10, "limit_val_batches": 0.5}))
+    assert f["fix"]["code"] == "trainer = Trainer(..., val_check_interval=40)   # was 10"  # already a subset
+    assert f["est_speedup"] == pytest.approx(100 / (100 - 45), rel=1e-3)
     # a non-training job (no optimizer steps) is never eval-bound: inference is all evaluation
     facts = job_facts({"evaluation": (90.0, 5)}).replace(step_rows=[{"by": "loader"}] * 10)
     assert rules_job.eval_bound(facts) is None

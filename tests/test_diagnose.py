@@ -566,6 +566,17 @@ def test_config_num_workers_smell_needs_some_data_wait():
     assert rules.input_pipeline_config(facts, set()) is None
 
 
+def test_config_no_worker_advice_where_a_worker_gains_nothing():
+    """An in-memory TensorDataset: 0.46 ms of fetching in a 5.8 ms step (8 % data wait) costs less
+    than a worker's hand-off (``WORKER_MIN_FETCH_S``): no num_workers smell (a fresh user measured
+    the advised num_workers=1 at 0.79x)."""
+    facts = make_facts(make_step(data=0.079, mean=0.0058), make_host(cores=2), make_loader(nw=0))
+    assert rules.input_pipeline_config(facts, set()) is None
+    slow = make_facts(make_step(data=0.079, mean=0.1, data_cpu_share=0.9), make_host(), make_loader(nw=0))
+    f = rules.input_pipeline_config(slow, set())  # 8 ms of loading per batch on 8 cores: a worker gains
+    assert f["evidence"]["smells"][0].startswith("num_workers=0") and "would give" in f["evidence"]["smells"][0]
+
+
 def test_config_persistent_workers_smell():
     facts = make_facts(make_step(), make_host(), make_loader(nw=4, persistent=False),
                        iters={"count": 3, "seconds": [0.2, 0.4, 0.3]})

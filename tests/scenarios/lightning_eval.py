@@ -6,7 +6,8 @@ Lightning runs the whole validation loop (``model.eval()``, ``validation_step``,
 with ``self.log``) every 10 training steps. Progress bar, logger and checkpointing off.
 
 - faulty: ``val_check_interval=10``.
-- fixed:  ``val_check_interval=40`` (whyidle's fix: validate 4x less often).
+- fixed:  ``val_check_interval=40, limit_val_batches=0.25`` (whyidle's printed fix: validate 4x
+  less often, on a fixed quarter of the validation batches).
 
 Timing: ``fw_meter.SteadyMeter`` from ``on_train_batch_start`` / ``on_train_batch_end``; a step's
 time runs from one ``on_train_batch_end`` to the next, so the validation loops inside the training
@@ -70,7 +71,8 @@ def main():
                                    torch.randint(0, 10, (1920,), generator=g)), batch_size=32)
     meter = SteadyMeter(warmup=5)
     every = 40 if args.variant == "fixed" else 10
-    trainer = L.Trainer(max_steps=args.steps, val_check_interval=every, check_val_every_n_epoch=None,
+    subset = {"limit_val_batches": 0.25} if args.variant == "fixed" else {}
+    trainer = L.Trainer(max_steps=args.steps, val_check_interval=every, check_val_every_n_epoch=None, **subset,
                         accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[StepTimer(meter)])
     meter.start()

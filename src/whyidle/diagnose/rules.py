@@ -861,8 +861,13 @@ def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
     nw = loader.get("num_workers") or 0
     params = (facts.devices or {}).get("params") or {}
     share = ((facts.step or {}).get("shares") or {}).get("data_wait") or 0.0
-    if nw == 0 and "loader_in_main_process" not in already and share >= T.SMELL_MIN_DATA_WAIT:
-        smells.append("num_workers=0: batches are prepared in the training process, serially with the step")
+    if nw == 0 and "loader_in_main_process" not in already and share >= T.SMELL_MIN_DATA_WAIT and facts.step:
+        # only where the loader model gives a worker a gain here: an in-memory TensorDataset's
+        # batches cost less than a worker's hand-off, and on busy cores a worker slows the model
+        model = loader_model(facts)
+        if not model["tiny_fetch"] and model["est_speedup"] >= T.SMELL_MIN_WORKER_GAIN:
+            smells.append("num_workers=0: batches are prepared in the training process, serially with the step "
+                          f"(workers would give ≈{model['est_speedup']:.2f}× here)")
     if "cuda" in params and not loader.get("pin_memory"):
         smells.append("pin_memory=False while the model is on CUDA: host→device copies come from pageable memory")
     placement = facts.placement or {}

@@ -62,12 +62,15 @@ def _less_often_code(facts: RunFacts, k: int, interval: float | None) -> str:
     if name == "lightning":
         vci = cfg.get("val_check_interval")
         if isinstance(vci, int) and not isinstance(vci, bool):  # every vci training batches
-            first = f"trainer = Trainer(..., val_check_interval={k * vci},   # was {vci}\n"
+            arg, was = f"val_check_interval={k * vci}", f"   # was {vci}"
         elif isinstance(vci, float) and vci < 1.0:  # a fraction of the epoch
-            first = f"trainer = Trainer(..., val_check_interval={min(1.0, k * vci):g},   # was {vci:g}\n"
+            arg, was = f"val_check_interval={min(1.0, k * vci):g}", f"   # was {vci:g}"
         else:
-            first = f"trainer = Trainer(..., check_val_every_n_epoch={k * (cfg.get('check_val_every_n_epoch') or 1)},\n"
-        return first + "                  limit_val_batches=0.25)   # or validate on a fixed subset"
+            arg, was = f"check_val_every_n_epoch={k * (cfg.get('check_val_every_n_epoch') or 1)}", ""
+        if _val_subset(facts) < 1.0:
+            return (f"trainer = Trainer(..., {arg},{was}\n"
+                    f"                  limit_val_batches={LIGHTNING_VAL_SUBSET})   # a fixed quarter of the batches")
+        return f"trainer = Trainer(..., {arg}){was}"
     if name == "hf_trainer":
         steps = cfg.get("eval_steps")
         if isinstance(steps, (int, float)) and steps:
@@ -106,6 +109,21 @@ def _vectorize_code(facts: RunFacts) -> str:
             "keep = torchvision.ops.batched_nms(boxes, scores, labels, iou_threshold=0.5)   # detection: NMS per batch")
 
 
+#: Fraction of the validation batches the Lightning fix keeps (``limit_val_batches``) when the
+#: program validates on all of them.
+LIGHTNING_VAL_SUBSET = 0.25
+
+
+def _val_subset(facts: RunFacts) -> float:
+    """The fraction of each evaluation the printed fix keeps: ``LIGHTNING_VAL_SUBSET`` for a
+    Lightning ``Trainer`` validating on every batch (``limit_val_batches`` 1.0, Lightning's
+    default: a float is a fraction, an int a batch count), else 1."""
+    if fixes.api_name(facts) != "lightning":
+        return 1.0
+    lvb = ((facts.api or {}).get("config") or {}).get("limit_val_batches", 1.0)
+    return LIGHTNING_VAL_SUBSET if lvb is None or (isinstance(lvb, float) and lvb >= 1.0) else 1.0
+
+
 def eval_bound(facts: RunFacts) -> Finding | None:
     """Evaluation holds a large share of the wall time (``T.EVAL_WARN_SHARE`` / ``T.EVAL_CRITICAL_SHARE``).
 
@@ -122,7 +140,8 @@ def eval_bound(facts: RunFacts) -> Finding | None:
     n = max(1, part["count"])
     interval = part.get("every_steps")
     k = T.EVAL_LESS_OFTEN if n >= T.EVAL_LESS_OFTEN else 1
-    less_often = _wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
+    kept = _val_subset(facts) / k  # the share of the evaluation time the printed code keeps
+    less_often = _wall_gain(facts, part["s"] * (1 - kept)) if kept < 1 else None
     host_fix = _wall_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
     top = (part.get("host_sites") or [None])[0]
     where = f" ({top['site']})" if top else ""

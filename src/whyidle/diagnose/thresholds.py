@@ -12,6 +12,9 @@ DATA_WAIT_CRITICAL = 0.25
 #: (a TensorDataset) the main process fetches a batch in microseconds and workers would only add
 #: IPC. 5 % is the PyTorch TensorBoard plugin's data-loading flag.
 SMELL_MIN_DATA_WAIT = 0.05
+#: ... and only when the loader model (``rules.loader_model``) gives workers at least this gain on
+#: this machine: a fresh user's in-memory TensorDataset was told num_workers=1 and ran 0.79x.
+SMELL_MIN_WORKER_GAIN = 1.05
 
 #: ``other_host`` share (Python, logging, loss code outside modules, copies) that makes
 #: ``host_bound`` a warning: a lean loop spends 5–10 % there (zero_grad, ``.to()``), and a loss

@@ -33,7 +33,7 @@ from whyidle.instrument import regions
 #: Settings read from a Lightning ``Trainer`` (attribute names of its public API).
 LIGHTNING_TRAINER_ATTRS = ("accumulate_grad_batches", "log_every_n_steps", "precision", "val_check_interval",
                            "check_val_every_n_epoch", "num_sanity_val_steps", "max_epochs", "max_steps",
-                           "num_devices")
+                           "num_devices", "limit_val_batches")
 #: ``TrainingArguments`` fields a fix may name (transformers ≥ 4.40 spellings).
 HF_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_num_workers",
            "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
