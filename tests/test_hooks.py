@@ -166,3 +166,17 @@ def test_tensorflow_imported_by_tensorboard_does_not_take_a_torch_run():
     assert _proc_record([torch_proc, tf_proc], [{"by": "loader"}]) is torch_proc  # the step table's rows
     assert _proc_record([torch_proc, tf_proc, {"k": "step", "t": 3, "by": "keras"}]) is tf_proc  # Keras trains
     assert _proc_record([torch_proc, tf_proc]) is tf_proc  # no steps: the order decides, as before
+
+
+def test_debug_switches_left_on_are_a_warning():
+    """Anomaly detection, or CUDA_LAUNCH_BLOCKING on a CUDA run, read at the device audit."""
+    facts = make_facts(make_step(), make_host())
+    assert rules_work.debug_mode(facts) is None
+    facts.devices = dict(facts.devices or {}, anomaly_detection=True, launch_blocking=True, params={"cpu": 10})
+    f = rules_work.debug_mode(facts)
+    assert f["severity"] == "warning" and f["est_speedup"] is None and f["bound"] is None
+    assert f["evidence"]["switches"] == ["anomaly detection"]  # launch blocking matters on CUDA only
+    assert "set_detect_anomaly(False)" in f["fix"]["code"]
+    facts.devices["params"] = {"cuda": 10}
+    assert rules_work.debug_mode(facts)["evidence"]["switches"] == ["anomaly detection", "CUDA_LAUNCH_BLOCKING=1"]
+    assert diagnose(facts)[0] != "debug_mode"  # no measured share: never the verdict

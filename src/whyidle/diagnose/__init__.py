@@ -116,6 +116,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     if short is None:
         for rule in (rules_keras.input_bound if tf else rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
                      rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload,
+                     rules_work.debug_mode,
                      rules_device.throttling):
             f = rule(facts)
             if f:

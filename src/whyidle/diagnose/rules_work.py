@@ -201,6 +201,37 @@ def no_mixed_precision(facts: RunFacts) -> dict | None:
                    summary, evidence, est, text, code, docs, bound=bound_of(est))
 
 
+def debug_mode(facts: RunFacts) -> dict | None:
+    """A debugging switch left on in training (``debug_mode``, warning): autograd anomaly detection
+    (``torch.autograd.set_detect_anomaly(True)`` or inside ``detect_anomaly()``: it records a Python
+    traceback for every forward operation and checks every backward output for NaN; PyTorch's
+    documentation: "should be enabled only for debugging as the different tests will slow down your
+    program execution"), or ``CUDA_LAUNCH_BLOCKING=1`` on a CUDA run (every kernel launch waits for
+    the kernel: the host never runs ahead of the GPU). Read at the device audit of the first
+    steps. ``bound`` and ``est_speedup`` null: the run has no step without the switch to compare.
+    """
+    devices = facts.devices or {}
+    on = []
+    if devices.get("anomaly_detection"):
+        on.append(("anomaly detection", "torch.autograd.set_detect_anomaly(False)   # or remove detect_anomaly() "
+                   "around the training step"))
+    if devices.get("launch_blocking") and "cuda" in (devices.get("params") or {}):
+        on.append(("CUDA_LAUNCH_BLOCKING=1", "unset CUDA_LAUNCH_BLOCKING   # in the job's environment"))
+    if not on:
+        return None
+    names = " and ".join(n for n, _ in on)
+    summary = (f"{names[0].upper() + names[1:]} {'is' if len(on) == 1 else 'are'} on while training: "
+               + ("autograd records a Python traceback for every forward operation and checks every backward output "
+                  "for NaN; " if devices.get("anomaly_detection") else "")
+               + ("every CUDA kernel launch waits for the kernel to finish; " if len(on) > 1 or
+                  not devices.get("anomaly_detection") else "")
+               + "the forward and backward shares above include that cost.")
+    text = f"Turn {names} off for training runs: {'they are' if len(on) > 1 else 'it is'} for debugging."
+    return finding("debug_mode", "warning", "Debug mode left on", summary, {"switches": [n for n, _ in on]}, None,
+                   text, "\n".join(c for _, c in on),
+                   ["https://pytorch.org/docs/stable/autograd.html#anomaly-detection"])
+
+
 def small_workload(facts: RunFacts) -> dict | None:
     """The model is simply small for this GPU: it always has queued work but stays under-used.
 

@@ -640,6 +640,8 @@ class TorchInstrument:
             "threads": self.torch.get_num_threads(), "param_dtypes": dtypes,
             "autocast": self.audit["autocast"], "matmul_tf32": tf32, "compiled": self.compiled,
             "batch_tensors": self.audit["batch_tensors"], "batch_bytes": self.audit["batch_bytes"],
+            "anomaly_detection": bool(self.torch.is_anomaly_enabled()),
+            "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") not in (None, "", "0"),
         })
         self.audit = _new_audit()
         if cuda_ready and "cuda" in params and self.timeline is None:
