@@ -100,6 +100,21 @@ def test_pageable_and_ranks(tmp_path):
     assert proc.returncode == 2 and "no trace of rank 5" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_folder_written_by_two_runs_is_not_two_ranks(tmp_path):
+    """A tensorboard_trace_handler folder a script wrote to twice holds two traces without
+    distinct ranks: the report is the newest run's, with a note, not a two-rank job."""
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    write(folder / "host_1.111.pt.trace.json", synthetic_trace(loader_us=9000))
+    write(folder / "host_2.222.pt.trace.json", synthetic_trace(loader_us=100))
+    os.utime(folder / "host_1.111.pt.trace.json", (1_700_000_000, 1_700_000_000))
+    proc, rep = trace_json(folder)
+    assert proc.returncode == 0, proc.stderr
+    assert "ranks" not in rep
+    assert rep["notes"][0].startswith("2 trace files of separate runs here") and "host_2.222" in rep["notes"][0]
+    assert not any("ranks; the metrics are" in n for n in rep["notes"])
+
+
 @pytest.mark.parametrize("kind", ["truncated_gzip", "invalid_json", "not_a_trace", "empty_folder", "missing",
                                   "truncated_json", "empty_file"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):

@@ -133,19 +133,27 @@ def _write_view(report: dict, name: str, write) -> bool:
 
 def trace_report(path: str, rank: int | None = None) -> dict:
     """The ``whyidle.report/1`` dict of a profiler trace (a Kineto ``.json``/``.json.gz`` file or
-    a folder of rank traces); ``rank`` keeps only that rank's trace.
+    a folder of rank traces); ``rank`` keeps only that rank's trace. A folder of traces that are not
+    one job's ranks (:func:`whyidle.record.kineto.separate_runs`) is reported by its newest file,
+    with a note.
 
     Errors: :class:`whyidle.record.kineto.TraceError` for an unreadable or non-Kineto trace.
     """
     from whyidle.analysis.trace import job_metrics
     from whyidle.diagnose.trace_rules import diagnose_trace
-    from whyidle.record.kineto import loader_kind, read_job
+    from whyidle.record.kineto import loader_kind, read_job, separate_runs
     from whyidle.report.trace_report import build_trace_report
 
     traces = read_job(path, rank)
+    notes = []
+    if separate_runs(traces):  # not one job's ranks: the newest run's trace
+        newest = max(traces, key=lambda t: (os.path.getmtime(t.path), t.path))
+        notes.append(f"{len(traces)} trace files of separate runs here (no distinct distributedInfo ranks): this report "
+                     f"is the newest, {os.path.basename(newest.path)}; pass a file to read another.")
+        traces = [newest]
     job = job_metrics(traces)
     verdict, findings = diagnose_trace(job, loader_kind(traces))
-    return build_trace_report(path, traces, job, verdict, findings)
+    return build_trace_report(path, traces, job, verdict, findings, notes)
 
 
 def summarize_run(path: str) -> dict:

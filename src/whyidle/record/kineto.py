@@ -494,6 +494,14 @@ def read_job(path: str, rank: int | None = None) -> list[TraceData]:
     return traces
 
 
+def separate_runs(traces: list[TraceData]) -> bool:
+    """Whether the traces of a folder come from separate runs, not from one job's ranks: more than
+    one, and one without a ``distributedInfo`` rank or two with the same rank (a profiler's
+    ``tensorboard_trace_handler`` folder that a script wrote to twice)."""
+    ranks = [t.rank for t in traces]
+    return len(traces) > 1 and (None in ranks or len(set(ranks)) < len(ranks))
+
+
 def loader_kind(traces: list[TraceData]) -> str | None:
     """Which DataLoader iterator the traces show: ``"single"`` (``_SingleProcessDataLoaderIter``,
     num_workers=0), ``"multi"`` (``_MultiProcessingDataLoaderIter``), or None."""

@@ -61,14 +61,15 @@ def _metrics(m: dict) -> dict:
     }
 
 
-def build_trace_report(path: str, traces: list, job: dict, verdict: str, findings: list[dict]) -> dict:
+def build_trace_report(path: str, traces: list, job: dict, verdict: str, findings: list[dict],
+                       notes: list[str] | None = None) -> dict:
     """The report of a trace file or folder. ``traces``: the :class:`TraceData` read (for
-    metadata), ``job``: :func:`whyidle.analysis.trace.job_metrics`."""
+    metadata), ``job``: :func:`whyidle.analysis.trace.job_metrics`; ``notes``: notes to put first."""
     ranks = job.get("ranks") or []
     primary = next((r for r in ranks if r["metrics"].get("has_gpu")), ranks[0] if ranks else None)
     m = primary["metrics"] if primary else {}
     t0 = next((t for t in traces if t.rank == (primary or {}).get("rank")), traces[0] if traces else None)
-    notes = []
+    notes = list(notes or [])
     if len(ranks) > 1:
         notes.append(f"{len(ranks)} ranks; the metrics are rank {primary['rank']}'s, every rank's are under `ranks`.")
     if job.get("steps_differ"):
