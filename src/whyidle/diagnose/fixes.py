@@ -173,23 +173,36 @@ def loader_where(facts: RunFacts) -> str:
 
 
 def batch_code(facts: RunFacts, target: int, batch: float) -> str:
-    """The batch-size change in the program's API."""
+    """The batch-size change in the program's API. Under gradient accumulation (``k`` micro-batches
+    per optimizer step, from the API's setting or the measured backward calls per step) the
+    accumulation drops to ``max(1, round(k × batch / target))``, so an optimizer step sees the same
+    samples where it can (the training is the same; only the per-micro-batch cost goes); the code
+    says when it cannot."""
     name = api_name(facts)
     cfg = _config(facts)
+    setting = {"hf_trainer": "gradient_accumulation_steps", "accelerate": "gradient_accumulation_steps",
+               "lightning": "accumulate_grad_batches"}.get(name)
+    accum = cfg.get(setting) if setting else None
+    if not isinstance(accum, int) or accum < 1:
+        accum = round((facts.step or {}).get("micro_batches_per_step") or 1) or 1
+    fewer = max(1, round(accum * batch / target))
+    before, after = accum * batch, fewer * target
+    same = ("" if accum <= 1 else f"   # was {accum}: still {before:g} samples per optimizer step" if after == before
+            else f"   # was {accum}: {after:g} samples per optimizer step (were {before:g}): scale the learning rate")
     if name == "hf_trainer":
-        code = f"args = TrainingArguments(..., per_device_train_batch_size={target})   # was {batch:g}"
-        accum = cfg.get("gradient_accumulation_steps") or 1
         if accum > 1:
-            code += (f"\n# gradient_accumulation_steps={accum} keeps the effective batch but not the per-step cost: "
-                     f"lower it as the batch grows")
-        return code
+            return (f"args = TrainingArguments(..., per_device_train_batch_size={target},   # was {batch:g}\n"
+                    f"                         gradient_accumulation_steps={fewer})" + same)
+        return f"args = TrainingArguments(..., per_device_train_batch_size={target})   # was {batch:g}"
     if name == "lightning":
         code = (f"def train_dataloader(self):\n    return DataLoader(self.train_set, batch_size={target}, ...)"
                 f"   # was {batch:g}")
-        if (cfg.get("accumulate_grad_batches") or 1) > 1:
-            code += "\n# Trainer(accumulate_grad_batches=...) keeps the effective batch but not the per-step cost"
-        return code
-    return f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
+        return code + (f"\ntrainer = Trainer(..., accumulate_grad_batches={fewer})" + same if accum > 1 else "")
+    code = f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
+    if accum > 1:
+        code += (f"\naccelerator = Accelerator(..., gradient_accumulation_steps={fewer})" if name == "accelerate"
+                 else f"\nACCUM_STEPS = {fewer}") + same
+    return code
 
 
 #: A logging or progress call inside a source line (what the guard in :func:`logging_code` wraps).
