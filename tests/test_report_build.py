@@ -313,7 +313,7 @@ def test_render_unknown_and_signal():
     procs = {TRAINER: [r for r in proc_records() if r["k"] != "step"]}
     rep = report_of(run_data(meta=dict(META, signal=9, exit_code=None), procs=procs))
     out = rendered(rep)
-    assert "Verdict: UNKNOWN: not enough data to judge" in out
+    assert "Verdict: UNKNOWN: no training steps seen" in out  # the reason, from the no_steps finding
     assert "ended by signal 9" in out
     assert "Verdict: UNKNOWN" in rendered(rep, brief=True)
 

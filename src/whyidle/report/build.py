@@ -261,12 +261,19 @@ VERDICT_TEXT = {
 }
 
 
+#: Findings that say why a report has no verdict (``unknown``).
+UNKNOWN_REASONS = ("no_steps", "too_few_steps")
+
+
 def verdict_line(report: dict) -> tuple[str, float | None, bool]:
     """The verdict as the terminal and HTML reports word it: ``(text, est_speedup of the verdict's
     finding or None, ok)`` where ``ok`` means nothing upstream of the device is to blame."""
     verdict = report.get("verdict")
     lead = next((f for f in report.get("findings") or [] if f.get("id") == verdict), None)
-    if verdict in VERDICT_TEXT:
+    why = next((f for f in report.get("findings") or [] if f.get("id") in UNKNOWN_REASONS), None)
+    if verdict == "unknown" and why:  # say why: no steps, too few, or a trace without GPU activity
+        text = f"UNKNOWN: {why['title'][0].lower()}{why['title'][1:]}"
+    elif verdict in VERDICT_TEXT:
         text = VERDICT_TEXT[verdict]
     elif lead:
         text = f"{str(verdict).upper().replace('_', '-')}: {lead['title'].split(': ', 1)[-1]}"
