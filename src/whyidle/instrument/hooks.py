@@ -38,6 +38,14 @@ _TIMED_OWNERS = TRACKERS | {"program"}
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # whyidle's package
 
 
+def defined_at(code) -> str:
+    """``"file:line"`` where a code object starts, the file relative to the working directory when
+    it is under it (as the program's other sites are shown)."""
+    cwd = os.getcwd() + os.sep
+    path = code.co_filename
+    return f"{path[len(cwd):] if path.startswith(cwd) else path}:{code.co_firstlineno}"
+
+
 def owner(path: str | None) -> str:
     """The package a hook's code comes from (``wandb``, ``tensorboard`` …) for code installed in
     site-packages, else ``"program"`` (the user's own files)."""
@@ -84,9 +92,7 @@ class HookTimer:
         if path.startswith(self.skip) or owner(path) not in _TIMED_OWNERS:
             return hook
         name = getattr(fn, "__qualname__", None) or fn.__name__
-        cwd = os.getcwd() + os.sep
-        shown = path[len(cwd):] if path.startswith(cwd) else path  # as the program's other sites are shown
-        where = f"{shown}:{code.co_firstlineno}"
+        where = defined_at(code)
         try:
             registered = self.site_of(frame)[0] if frame is not None else None
         except Exception:

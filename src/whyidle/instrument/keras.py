@@ -41,6 +41,7 @@ import threading
 from time import monotonic_ns, thread_time_ns
 
 from whyidle.instrument import regions as region_mod
+from whyidle.instrument.hooks import defined_at
 from whyidle.instrument.user_metrics import record_epoch_logs
 from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
 
@@ -346,9 +347,7 @@ def _input_source(x) -> str | None:
             code = getattr(type(x).__getitem__, "__code__", None)
         if code is None:
             return None
-        path = code.co_filename
-        cwd = os.getcwd() + os.sep
-        return f"{path[len(cwd):] if path.startswith(cwd) else path}:{code.co_firstlineno} {code.co_name}"
+        return f"{defined_at(code)} {code.co_name}"
     except Exception:
         return None
 
