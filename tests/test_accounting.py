@@ -95,10 +95,19 @@ class _Agent:
         self.recs.append({"k": "notice", "msg": msg})
 
 
+class _Param:
+    def __init__(self, device):
+        self.device = type("Device", (), {"type": device})()
+
+
 class _Module:
-    def __init__(self):
+    def __init__(self, device=None):
         self.training = True
+        self.params = [_Param(device)] if device else []
         self.children = []
+
+    def parameters(self):
+        return iter(self.params)
 
     def train(self, mode=True):
         self.training = mode
@@ -138,6 +147,11 @@ def test_wrapped_calls_and_eval_mode_become_region_records(agent):
     got = [(r["kind"], r["entry"]) for r in agent.recs if r["k"] == "region"]
     assert got == [("checkpoint", "torch.save"), ("evaluation", "Module.eval")]
     assert all(r["t1"] >= r["t0"] for r in agent.recs if r["k"] == "region")
+    # an evaluated model's region says where its weights are (an EMA copy kept on the CPU: C19)
+    ema = _Module("cpu")
+    ema.eval()
+    ema.train()
+    assert [r.get("device") for r in agent.recs if r["k"] == "region"] == [None, None, "cpu"]
 
 
 def test_a_saves_record_names_its_file_its_size_and_its_file_system(agent, tmp_path, monkeypatch):
@@ -384,3 +398,31 @@ def test_a_long_teardown_names_the_lines_after_the_last_step():
     assert down["sites"][0]["seconds"] == pytest.approx(10.0 * 6 / 7)
     short = time_accounting((0, 11 * S), steps, [], [], [], records=stacks)  # 1 s: interpreter shutdown
     assert short["parts"]["teardown"]["sites"] == []
+
+
+def test_evaluation_on_the_cpu_while_training_on_the_gpu_is_the_cause_and_moving_it_the_fix():
+    from whyidle.diagnose import rules_job
+
+    facts = job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)})
+    ev = facts.time["parts"]["evaluation"]
+    ev["mix"] = {"model": 50.0, "data": 5.0, "host": 5.0}
+    facts.devices = {"params": {"cuda": 1_000_000}}
+    ev["devices"] = {"cpu": 10}   # the model put in eval mode: its weights on the CPU
+    f = rules_job.eval_bound(facts)
+    assert f["evidence"]["cause"] == "on_cpu" and "eval_model.to(device)" in f["fix"]["code"]
+    assert f["est_speedup"] == pytest.approx(100 / (100 - 0.9 * 50), rel=1e-3)
+    assert [o["text"].split(":")[0] for o in f["fix"]["options"]][1] == "Evaluate 4x less often."
+    ev["devices"] = {"cuda": 10}
+    assert rules_job.eval_bound(facts)["evidence"]["cause"] == "too_often"
+    # Keras (no weights seen): the GPU idle during the evaluation, busy during training
+    keras = job_facts({"evaluation": (60.0, 10, 10), "training": (40.0, 1)}, api="keras")
+    keras.time["parts"]["evaluation"].update(mix={"model": 50.0, "data": 5.0, "host": 5.0}, gpu_util_pct=1.0)
+    keras.time["parts"]["training"]["gpu_util_pct"] = 85.0
+    f = rules_job.eval_bound(keras)
+    assert f["evidence"]["cause"] == "on_cpu" and "tf.device" in f["fix"]["code"]
+    assert f["evidence"]["gpu_util_pct"] == 1.0 and f["evidence"]["training_gpu_util_pct"] == 85.0
+    keras.time["parts"]["training"]["gpu_util_pct"] = 12.0  # the training barely uses the GPU either
+    assert rules_job.eval_bound(keras)["evidence"]["cause"] == "too_often"
+    keras.time["parts"]["training"]["gpu_util_pct"] = 85.0
+    keras.time["parts"]["evaluation"]["mix"] = {"model": 5.0, "data": 5.0, "host": 50.0}  # Python NMS idles it
+    assert rules_job.eval_bound(keras)["evidence"]["cause"] == "host_work"

@@ -217,3 +217,14 @@ def test_util_series_two_devices_and_snapshots():
     assert len(series) == 10 and all(v == pytest.approx(50.0) for _, v in series)
     snaps = util_series([static(), state(S, util_pct=10), state(2 * S, util_pct=30)])
     assert snaps == [(1.0, 10.0), (2.0, 30.0)]
+
+
+def test_util_over_windows_weights_each_sample_by_its_time_inside_them():
+    from whyidle.analysis.gpu import util_over
+
+    # 100 % busy for 5 s, then idle for 5 s (samples every 100 ms)
+    recs = [static(), util(step_pattern(0, 10 * S, 5 * S))]
+    assert util_over(recs, [(1 * S, 4 * S)]) == pytest.approx(100.0)
+    assert util_over(recs, [(6 * S, 9 * S)]) == pytest.approx(0.0)
+    assert util_over(recs, [(4 * S, 5 * S), (5 * S, 6 * S)]) == pytest.approx(50.0)
+    assert util_over(recs, []) is None and util_over([static()], [(0, S)]) is None

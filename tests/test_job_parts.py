@@ -1,4 +1,4 @@
-"""Time outside the training step (issue 14): evaluation, checkpoints and epoch boundaries.
+"""Time outside the training step (issue 14): evaluation, checkpoints, epoch boundaries, start-up.
 
 Scenario runs of tests/scenarios/job_parts.py under ``whyidle run``: the faulty variant's verdict
 names the kind, the fix is the one the fixed variant applies, the fixed variant no longer reports
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -25,7 +26,8 @@ from conftest import SCENARIOS, finding, needs, observe
 pytestmark = [pytest.mark.slow]
 
 SCRIPT = os.path.join(SCENARIOS, "job_parts.py")
-JOB_FINDINGS = ("eval_bound", "checkpoint_bound", "logging_bound", "epoch_boundary")
+JOB_FINDINGS = ("eval_bound", "checkpoint_bound", "logging_bound", "epoch_boundary", "startup_bound")
+STARTUP = os.path.join(SCENARIOS, "startup_prep.py")
 
 
 def run(tmp_path, kind, variant="faulty", steps=60, script=SCRIPT, args=()):
@@ -205,3 +207,24 @@ def test_hundreds_of_tiny_tensors_per_batch_are_the_worker_hand_off_and_packing_
     fixed = run(tmp_path, "c34", "fixed", steps=20, script=script)
     assert all(g["evidence"].get("cause") != "many_tensors" for g in fixed["findings"] if g["id"] == "input_bound")
     assert fixed["metrics"]["steady_samples_per_s"] > 1.5 * faulty["metrics"]["steady_samples_per_s"]  # 4.1x here
+
+
+def test_tokenizing_the_corpus_at_every_launch_is_startup_bound_and_a_saved_corpus_fixes_it(tmp_path):
+    faulty = run(tmp_path, "startup", script=STARTUP, steps=30, args=["--docs", "700"])
+    assert faulty["verdict"] == "startup_bound"
+    f = finding(faulty, "startup_bound")
+    ev = f["evidence"]
+    split = faulty["metrics"]["time"]["parts"]["startup"]["split"]
+    assert ev["cause"] == "data_preparation" and ev["part_s"] == pytest.approx(split["program_s"], abs=1e-3)
+    assert ev["part_s"] >= 2.0 and ev["imports_s"] > 0.5  # torch's import is not the program's set-up
+    assert ev["entry"]["code"] == "ids, labels = tokenize_corpus(args.docs, args.seed)"
+    assert any("c07_tokenize_on_the_fly.py" in s["site"] for s in ev["sites"])  # the tokenizer's own lines
+    assert "ids, labels = torch.load(CACHE)" in f["fix"]["code"] and f["est_speedup"] > 1.1
+    cache = str(tmp_path / "corpus.pt")
+    made = subprocess.run([sys.executable, STARTUP, "--fixed", "--docs", "700", "--cache", cache, "--steps", "1"],
+                          capture_output=True, text=True, timeout=240)
+    assert made.returncode == 0, made.stderr[-2000:]
+    fixed = run(tmp_path, "startup", variant="fixed", script=STARTUP, steps=30, args=["--docs", "700", "--cache", cache])
+    assert "startup_bound" not in warned(fixed)
+    assert fixed["metrics"]["time"]["parts"]["startup"]["split"]["program_s"] < 0.25 * split["program_s"]
+    assert fixed["metrics"]["time"]["wall_s"] < faulty["metrics"]["time"]["wall_s"]

@@ -74,7 +74,8 @@ def _stacks(run_dir):
     out = []
     for name in glob.glob(os.path.join(run_dir, "proc-*.jsonl")):
         with open(name) as f:
-            out += [r for r in map(json.loads, f) if r.get("k") == "stacks"]
+            # the training thread's sampler (the start-up's samples come from a thread, by design)
+            out += [r for r in map(json.loads, f) if r.get("k") == "stacks" and not r.get("startup")]
     return sorted(out, key=lambda r: r["t"])
 
 

@@ -29,6 +29,7 @@ import os
 from collections import Counter
 
 from whyidle.analysis import stacks as stack_analysis
+from whyidle.analysis.startup import startup_split
 from whyidle.analysis.facts import TimeAccounting
 from whyidle.env import fs
 from whyidle.instrument import regions
@@ -197,6 +198,10 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         ``code`` the line's text when readable; for epoch boundaries the line that created the
         DataLoader, from its ``loader`` record, else ``"DataLoader <id>"``);
         ``storage`` (checkpoint part only, else None): where the saves went, :func:`save_storage`;
+        ``split`` (start-up part only): :func:`whyidle.analysis.startup.startup_split`, or None;
+        ``devices`` (evaluation part only, else None): ``model.eval()`` regions by the device type
+        of the evaluated model's weights (``{"cpu": 3}``); ``gpu_util_pct``: None here (filled
+        from the GPU samples by :func:`whyidle.analysis.run.analyze` for evaluation and training);
         ``training_span_s`` the first step's end to the last step's end. A ``teardown`` of at least
         ``TEARDOWN_SITES_MIN_S`` gets ``sites`` too: the training thread's busiest lines after
         the last step, whatever their phase.
@@ -221,6 +226,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
             c = callers[kind].setdefault(r.get("site") or "(unknown)", [0, 0.0])
             c[0] += 1
             c[1] += (b - a) / 1e9
+    eval_devices = Counter(r["device"] for r in regions if r.get("kind") == "evaluation" and r.get("device"))
     evals = merged(by_kind["evaluation"])
     first_by_loader: dict = {}
     for f in sorted(firsts, key=lambda r: r["t0"]):
@@ -297,7 +303,9 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         if phase and records and s > 0:
             phases, sampled = _part_phases(records, phase)
             total = sum(sampled.values())
-            scale = s / total if total > 0 else 0.0
+            # a region's samples are scaled to its measured seconds; start-up samples cover only
+            # the framework's import to the first step (startup_split), in wall seconds already
+            scale = (min(1.0, s / total) if part == "startup" else s / total) if total > 0 else 0.0
             mix = {k: v * scale for k, v in sampled.items()}
             for which, out in ((phases, sites), ({p for p in phases if MIX_OF_PHASE.get(p.partition(":")[2])
                                                   is None}, host_sites)):  # host sites: see the filter below
@@ -316,6 +324,9 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         parts[part] = {"s": s, "share": s / wall, "count": count, "every_steps": every, "sites": _by_site(sites),
                        "host_sites": _by_site(host_sites), "mix": mix,
                        "callers": [{"site": k, "count": n, "seconds": v, "code": stack_analysis.source_line(k, source_root)} for k, (n, v) in top_callers],
-                       "storage": save_storage(regions, w0, w1) if part == "checkpoint" else None}
+                       "storage": save_storage(regions, w0, w1) if part == "checkpoint" else None, "split": None,
+                       "devices": dict(eval_devices) if part == "evaluation" and eval_devices else None,
+                       "gpu_util_pct": None}
+    parts["startup"]["split"] = startup_split(records or [], (w0, w1), steps, parts["startup"]["s"], source_root)
     return {"wall_s": wall, "window": [w0, w1], "parts": parts,
             "training_span_s": (last - first) / 1e9 if steps else 0.0}

@@ -201,7 +201,11 @@ class TimePart(TypedDict):
     the data loader), ``mix`` (seconds by what ran: ``model``, ``data``, ``host``; None without
     stack samples), ``callers`` (the program's lines that opened it: ``{site, count, seconds}``),
     ``storage`` (checkpoint part: where the saves went and how fast,
-    :func:`whyidle.analysis.accounting.save_storage`; None otherwise)."""
+    :func:`whyidle.analysis.accounting.save_storage`; None otherwise), ``split`` (start-up part:
+    :func:`whyidle.analysis.startup.startup_split`; None otherwise), ``devices`` (evaluation part:
+    ``model.eval()`` regions by the device type of the evaluated weights; None otherwise),
+    ``gpu_util_pct`` (evaluation and training parts of a GPU run: the GPU's mean kernel-activity
+    percent over the part's time; None otherwise)."""
 
     s: float
     share: float
@@ -212,6 +216,9 @@ class TimePart(TypedDict):
     mix: dict[str, float] | None
     callers: list[dict]
     storage: dict | None
+    split: dict | None
+    devices: dict[str, int] | None
+    gpu_util_pct: float | None
 
 
 class TimeAccounting(TypedDict):

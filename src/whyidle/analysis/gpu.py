@@ -148,6 +148,26 @@ def _time_weighted(t: np.ndarray, v: np.ndarray, window: Window) -> tuple[float 
     return float(np.dot(w, v) / w.sum()), int(np.count_nonzero(w))
 
 
+def util_over(records: list[dict], windows: list[tuple[int, int]]) -> float | None:
+    """The selected devices' mean kernel-activity percent (driver ``gpu`` samples, 0–100) over the
+    union of ``windows`` (monotonic ns, disjoint), each sample weighted by the time it covers inside
+    them; None without samples there (e.g. evaluation vs training time of one run)."""
+    static = _static(records)
+    if static is None or not windows:
+        return None
+    acc = covered = 0.0
+    for device in selected_devices(static):
+        t, v = _samples(records, device.get("index"), "gpu")
+        if not len(t):
+            continue
+        start, end = _coverage(t).astype(float), t.astype(float)
+        for a, b in windows:
+            w = np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None)
+            acc += float(np.dot(w, v))
+            covered += float(w.sum())
+    return acc / covered if covered > 0 else None
+
+
 def _mean(values: list) -> float | None:
     vals = [x for x in values if x is not None]
     return float(np.mean(vals)) if vals else None

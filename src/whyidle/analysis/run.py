@@ -171,6 +171,8 @@ def analyze(run: RunData) -> RunFacts:
     audit = devices[-1] if devices else None
     rows = step_lists[primary] if primary is not None else []
     time_parts = _accounting(run, recs, rows, step, entry_sites)
+    if time_parts and run.gpu:
+        _part_gpu_util(time_parts, run.gpu, recs, rows)
     return RunFacts(
         framework=framework,
         api=api,
@@ -307,6 +309,26 @@ def _accounting(run: RunData, recs: list[dict], rows: list, step, entry_sites) -
     return accounting.time_accounting(
         window, rows, [r for r in recs if r.get("k") == "region"], [r for r in recs if r.get("k") == "iter"],
         [r for r in recs if r.get("k") == "iter_first"], steady, recs, run.meta.get("cwd"), entry_sites)
+
+
+def _part_gpu_util(time_parts: dict, gpu: list[dict], recs: list[dict], rows: list) -> None:
+    """Sets ``gpu_util_pct`` of the evaluation part (its regions' time) and of the training part
+    (the first step's end to the last one's, evaluations left out): whether the evaluation used
+    the GPU the training used."""
+    evals = accounting.merged([(int(r["t0"]), int(r["t1"])) for r in recs
+                               if r.get("k") == "region" and r.get("kind") == "evaluation"])
+    parts = time_parts["parts"]
+    if evals and parts["evaluation"]["s"] > 0:
+        parts["evaluation"]["gpu_util_pct"] = gpu_analysis.util_over(gpu, evals)
+    if len(rows) >= 2:
+        span, cur = [], int(rows[0]["t1"])
+        for a, b in evals:  # the training span with the evaluations cut out
+            if a > cur:
+                span.append((cur, min(a, int(rows[-1]["t1"]))))
+            cur = max(cur, b)
+        if cur < int(rows[-1]["t1"]):
+            span.append((cur, int(rows[-1]["t1"])))
+        parts["training"]["gpu_util_pct"] = gpu_analysis.util_over(gpu, [w for w in span if w[1] > w[0]])
 
 
 def _job_samples_per_s(rows: list, time_parts: dict | None) -> float | None:

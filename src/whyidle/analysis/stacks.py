@@ -60,7 +60,7 @@ def source_line(site: str, root: str | None) -> str | None:
     return text[:200] or None
 
 
-def _sites(records: list[dict], phases: set[str], window: tuple[int, int] | None,
+def sampled_sites(records: list[dict], phases: set[str], window: tuple[int, int] | None,
            entry_sites: frozenset = frozenset()):
     """Yields ``(phase, user_site, leaf_site, count, seconds, callers)`` of the sampled sites in
     ``phases`` whose record was flushed inside ``window`` (plus :data:`FLUSH_SLACK_NS`). Entry sites
@@ -94,7 +94,7 @@ def leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...], window:
     ``leaves`` (e.g. :data:`IPC_LEAVES` in ``"data"``: the data wait spent receiving batches from
     the workers rather than waiting for them), or None without samples in ``phase``."""
     total = hit = 0.0
-    for _phase, _user, leaf, _count, seconds, _callers in _sites(records, {phase}, window):
+    for _phase, _user, leaf, _count, seconds, _callers in sampled_sites(records, {phase}, window):
         total += seconds
         if leaf and any(p in leaf for p in leaves):
             hit += seconds
@@ -143,7 +143,7 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     """
     groups: dict[tuple, dict] = {}
     sampled: dict[str, float] = {}
-    entries = list(_sites(records, phases, window, entry_sites))
+    entries = list(sampled_sites(records, phases, window, entry_sites))
     for phase, *_rest, seconds, _callers in entries:
         sampled[phase] = sampled.get(phase, 0.0) + seconds
     scale = {p: (phase_seconds[p] / v if phase_seconds and phase_seconds.get(p) is not None and v > 0 else 1.0)
@@ -229,7 +229,7 @@ def focus(records: list[dict], phase: str, window: tuple[int, int] | None = None
     outer: dict[tuple, dict] = {}  # key -> {enclosing function names: seconds}
     nestings: dict[tuple, float] = {}  # the functions of a sample, innermost first -> seconds
     total = 0.0
-    for _phase, user, _leaf, count, seconds, callers in _sites(records, {phase}, window, entry_sites):
+    for _phase, user, _leaf, count, seconds, callers in sampled_sites(records, {phase}, window, entry_sites):
         total += seconds
         seen: dict[tuple, None] = {}
         chain = ([user] if user and user not in entry_sites else []) + list(callers)

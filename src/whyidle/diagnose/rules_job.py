@@ -124,12 +124,41 @@ def _val_subset(facts: RunFacts) -> float:
     return LIGHTNING_VAL_SUBSET if lvb is None or (isinstance(lvb, float) and lvb >= 1.0) else 1.0
 
 
+def _on_cpu(facts: RunFacts, part: dict, host_share: float) -> str | None:
+    """Why the evaluation is judged to run on the CPU while training uses the GPU, or None:
+    ``"weights"`` (PyTorch: the model put in eval mode has its weights on the CPU, the trained one
+    on CUDA) or ``"gpu_idle"`` (the GPU at most ``T.EVAL_GPU_IDLE_PCT`` busy during an evaluation
+    that runs a model, at least ``T.EVAL_TRAIN_GPU_PCT`` during training)."""
+    devices = part.get("devices") or {}
+    trained_on_gpu = "cuda" in ((facts.devices or {}).get("params") or {})
+    if trained_on_gpu and devices.get("cpu", 0) * 2 >= sum(devices.values()) > 0:
+        return "weights"
+    ev_util, train_util = part.get("gpu_util_pct"), (_part(facts, "training") or {}).get("gpu_util_pct")
+    if (ev_util is not None and train_util is not None and ev_util <= T.EVAL_GPU_IDLE_PCT
+            and train_util >= T.EVAL_TRAIN_GPU_PCT and host_share < T.EVAL_HOST_SHARE):
+        return "gpu_idle"
+    return None
+
+
+def _to_device_code(facts: RunFacts) -> str:
+    if fixes.api_name(facts) in ("keras", "tensorflow"):
+        return ("# build (or load) the evaluation model outside any tf.device(\"/cpu:0\") scope,\n"
+                "# or evaluate the training model itself:\n"
+                "model.evaluate(val_ds, verbose=0)")
+    return ("eval_model.to(device)   # the model you evaluate, on the GPU the training uses\n"
+            "with torch.inference_mode():\n"
+            "    for x, y in val_loader:\n"
+            "        logits = eval_model(x.to(device, non_blocking=True))")
+
+
 def eval_bound(facts: RunFacts) -> Finding | None:
     """Evaluation holds a large share of the wall time (``T.EVAL_WARN_SHARE`` / ``T.EVAL_CRITICAL_SHARE``).
 
-    Cause (``evidence.cause``): ``host_work`` when most of the evaluation's sampled time is the
-    program's own Python (a metric, NMS or decoding loop: vectorize it), else ``too_often`` (the
-    model and the validation data: evaluate less often or on fewer batches).
+    Cause (``evidence.cause``): ``on_cpu`` when training uses the GPU but the evaluation does not
+    (:func:`_on_cpu`; cases.md C19: run it on the GPU, ``est_speedup`` removes 0.9 of its model
+    time), ``host_work`` when most of the evaluation's sampled time is the program's own Python (a
+    metric, NMS or decoding loop: vectorize it), else ``too_often`` (the model and the validation
+    data: evaluate less often or on fewer batches).
     """
     part, sev = _warned(facts, "evaluation", T.EVAL_WARN_SHARE, T.EVAL_CRITICAL_SHARE)
     if part is None or (part["count"] <= 1 and sev != "critical"):
@@ -146,7 +175,23 @@ def eval_bound(facts: RunFacts) -> Finding | None:
     top = (part.get("host_sites") or [None])[0]
     where = f" ({top['site']})" if top else ""
     options = []
-    if host_share >= T.EVAL_HOST_SHARE:
+    on_cpu = _on_cpu(facts, part, host_share)
+    if on_cpu:
+        cause = "on_cpu"
+        model_s = mix.get("model", 0.0) if sampled > 0 else part["s"] * (1 - host_share)
+        why = (f"the model evaluated has its weights on the CPU ({(part.get('devices') or {}).get('cpu', 0)} of "
+               f"{sum((part.get('devices') or {}).values())} evaluations) while training runs on CUDA"
+               if on_cpu == "weights" else
+               f"the GPU was {part['gpu_util_pct']:.0f} % busy during the evaluation and "
+               f"{(_part(facts, 'training') or {}).get('gpu_util_pct', 0):.0f} % during training")
+        text = (f"Run the evaluation on the GPU: {why}. Move the evaluated model to the training's device (an EMA or "
+                "copied model too), or build it outside a CPU device scope.")
+        options.append(fix_option(text, _wall_gain(facts, model_s * T.EVAL_ON_DEVICE_SAVING) if model_s > 0 else None,
+                                  None, _to_device_code(facts)))
+        if less_often:
+            options.append(fix_option(f"Evaluate {k}x less often.", less_often, None,
+                                      _less_often_code(facts, k, interval)))
+    elif host_share >= T.EVAL_HOST_SHARE:
         cause = "host_work"
         text = (f"Vectorize the evaluation's own Python work{where}: {host_share:.0%} of the evaluation runs "
                 "outside the model and the data loader (a per-sample metric, NMS or decoding loop). Compute the "
@@ -172,7 +217,9 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                f"{'s' if n != 1 else ''}); training steps {(_part(facts, 'training') or {}).get('s', 0):.1f} s.")
     return finding("eval_bound", sev, "Evaluation holds the job", summary,
                    _evidence(part, cause=cause, host_share=round(host_share, 3),
-                             mix_s={k2: round(v, 3) for k2, v in mix.items()}, interval_steps=interval),
+                             mix_s={k2: round(v, 3) for k2, v in mix.items()}, interval_steps=interval,
+                             devices=part.get("devices"), gpu_util_pct=part.get("gpu_util_pct"),
+                             training_gpu_util_pct=(_part(facts, "training") or {}).get("gpu_util_pct")),
                    first["est_speedup"], first["text"], first["code"], bound=part["share"], options=options,
                    docs=["https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"])
 
@@ -318,4 +365,85 @@ def epoch_boundary(facts: RunFacts) -> Finding | None:
                    docs=["https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"])
 
 
-RULES = (eval_bound, checkpoint_bound, logging_bound, epoch_boundary)
+def _cache_code(facts: RunFacts, entry: dict | None, hf_datasets: bool) -> str:
+    """The set-up's result saved once and loaded on later runs, in the program's API, around the
+    program's own line (``entry``: ``{"site", "code"}``) when it is an assignment."""
+    if hf_datasets or fixes.api_name(facts) == "hf_trainer":
+        return ("ds = ds.map(tokenize, batched=True, num_proc=4)   # batched: the tokenizer runs on whole lists\n"
+                "ds.save_to_disk(\"prepared\")   # later runs: ds = datasets.load_from_disk(\"prepared\")")
+    code = (entry or {}).get("code") or ""
+    lhs, eq, rhs = code.partition(" = ")
+    if not eq or "(" in lhs or not rhs:
+        lhs, rhs = "data", (code or "prepare_data()") + "   # the set-up's result"
+    where = f": {entry['site']}" if entry else ""
+    if fixes.api_name(facts) in ("keras", "tensorflow"):
+        names = [n.strip() for n in lhs.split(",")]
+        keys = ", ".join(f"{n}={n}" for n in names)
+        load = ", ".join(f'saved["{n}"]' for n in names)
+        return (f'if os.path.exists("prepared.npz"):   # made once{where}\n'
+                f'    saved = np.load("prepared.npz")\n    {lhs} = {load}\nelse:\n'
+                f'    {lhs} = {rhs}\n    np.savez("prepared.npz", {keys})')
+    return (f'CACHE = "prepared.pt"   # made once{where}\n'
+            f"if os.path.exists(CACHE):\n    {lhs} = torch.load(CACHE)\nelse:\n"
+            f"    {lhs} = {rhs}\n    torch.save(({lhs}), CACHE)")
+
+
+def startup_bound(facts: RunFacts) -> Finding | None:
+    """The program's own set-up before the first training step (reading, decoding or tokenizing a
+    data set, building the model: :func:`whyidle.analysis.startup.startup_split`'s ``program_s``,
+    imports and the first step left out) holds ``T.STARTUP_WARN_SHARE`` or more of the wall time
+    and at least ``T.STARTUP_MIN_S`` seconds.
+
+    Cause (``evidence.cause``): ``model_init`` when most of it builds the model (``est_speedup``
+    null: what initializing on the device or on ``meta`` saves depends on the device and on what
+    the program loads afterwards), else ``data_preparation``: save its result once and load it
+    (``est_speedup`` = wall ÷ (wall − ``T.STARTUP_CACHE_SAVING`` × set-up)).
+    """
+    part = _part(facts, "startup")
+    split = (part or {}).get("split")
+    if not split or not _trains(facts):
+        return None
+    wall = facts.time["wall_s"]
+    prog = split["program_s"]
+    share = prog / wall if wall > 0 else 0.0
+    if prog < T.STARTUP_MIN_S or share < T.STARTUP_WARN_SHARE:
+        return None
+    sev = "critical" if share >= T.STARTUP_CRITICAL_SHARE else "warning"
+    entry = split.get("entry")
+    top = (split.get("program_sites") or [None])[0]
+    where = f" ({entry['site']}: {entry['code']})" if entry and entry.get("code") else (
+        f" ({entry['site']})" if entry else "")
+    imports = split["framework_import_s"] + split["imports_s"]
+    summary = (f"The program's own set-up before the first training step took {prog:.1f} s, {share:.0%} of the "
+               f"wall time{where}; the start-up in all took {part['s']:.1f} s (imports {imports:.1f} s, "
+               f"first step {split['first_step_s']:.1f} s).")
+    ev = {"part_s": round(prog, 3), "share_of_wall": round(share, 4), "startup_s": round(part["s"], 3),
+          "imports_s": round(imports, 3), "first_step_s": round(split["first_step_s"], 3),
+          "model_share": round(split["program_model_share"], 3), "entry": entry,
+          "sites": split.get("program_sites") or []}
+    if split["program_model_share"] >= 0.5:
+        ev["cause"] = "model_init"
+        at_top = f" ({top['site']})" if top else ""
+        text = (f"Build the model where it runs: {split['program_model_share']:.0%} of the set-up initializes it"
+                f"{at_top}. Create it on the device (with torch.device(\"cuda\"): "
+                "model = Net()), or on the meta device when its weights are loaded afterwards "
+                "(load_state_dict(state, assign=True); Hugging Face: from_pretrained(..., low_cpu_mem_usage=True)).")
+        code = ("with torch.device(\"meta\"):   # no memory, no random init\n    model = Net()\n"
+                "model.load_state_dict(torch.load(path, map_location=\"cuda\"), assign=True)")
+        gain, cond = None, "when the weights are loaded after the model is built, or on a GPU"
+    else:
+        ev["cause"] = "data_preparation"
+        hf = any("datasets/" in (s.get("leaf") or "") for s in ev["sites"])
+        at = f" at {entry['site']}" if entry else ""
+        text = (f"Prepare the data once and load it on later runs: the set-up{at} runs again at every launch ({prog:.1f} s). Save its result (torch.save, numpy .npz, "
+                "datasets' save_to_disk) and load that, or move the per-sample work into the Dataset's "
+                "__getitem__ so the DataLoader's workers do it beside the training.")
+        code = _cache_code(facts, entry, hf)
+        gain, cond = _wall_gain(facts, prog * T.STARTUP_CACHE_SAVING), None
+    return finding("startup_bound", sev, "Start-up set-up holds the job", summary, ev, gain, text, code,
+                   bound=share, options=[fix_option(text, gain, cond, code)] if cond else None,
+                   docs=["https://pytorch.org/docs/stable/notes/serialization.html",
+                         "https://huggingface.co/docs/datasets/process#map"])
+
+
+RULES = (eval_bound, checkpoint_bound, logging_bound, epoch_boundary, startup_bound)

@@ -122,6 +122,17 @@ EVAL_HOST_OPTION_SHARE = 0.3
 #: Share of a Python per-sample loop that vectorizing removes (batched tensor ops run the same math
 #: 10–100× faster; 0.9 is the conservative end).
 VECTORIZED_SAVING = 0.9
+#: ``eval_bound`` cause ``on_cpu`` from the GPU samples (a Keras evaluation model built under
+#: ``tf.device("/cpu:0")``, cases.md C19): the GPU at most ``EVAL_GPU_IDLE_PCT`` busy during the
+#: evaluation while at least ``EVAL_TRAIN_GPU_PCT`` during training. A model running on the GPU
+#: keeps it well above 5 % even at batch 1 (every forward launches kernels); 30 % is a training
+#: that really uses it.
+EVAL_GPU_IDLE_PCT = 5.0
+EVAL_TRAIN_GPU_PCT = 30.0
+#: Share of the evaluation's model time that running it on the GPU removes: a datacenter GPU runs
+#: a forward 10–100× faster than the host's cores (0.9 is the conservative end, as for
+#: ``VECTORIZED_SAVING``).
+EVAL_ON_DEVICE_SAVING = 0.9
 #: Checkpoint share of wall time for ``checkpoint_bound``; the fix saves so often that saving takes
 #: ``CHECKPOINT_TARGET_SHARE`` (a save every epoch of a long job is ~1 %).
 CHECKPOINT_WARN_SHARE = 0.10
@@ -139,6 +150,17 @@ CHECKPOINT_RATE_MIN_BYTES = 16 << 20
 LOGGING_WARN_SHARE = 0.10
 LOGGING_CRITICAL_SHARE = 0.30
 LOG_EVERY = 50
+#: ``startup_bound``: the program's own set-up before the first step (startup_split's ``program_s``:
+#: not imports, not the first step) as a share of wall time, and at least ``STARTUP_MIN_S`` seconds
+#: (a one-second set-up is nothing to fix even in a short run). A long job's start-up is a few
+#: percent of its wall time and never reaches it; a short or often-restarted one does.
+STARTUP_WARN_SHARE = 0.20
+STARTUP_CRITICAL_SHARE = 0.50
+STARTUP_MIN_S = 2.0
+#: Share of a data set-up that loading its saved result removes: reading prepared tensors from the
+#: page cache or a local disk runs at GB/s, where tokenizing or decoding them in Python runs at
+#: MB/s (the startup_prep scenario: 0.97 of it gone).
+STARTUP_CACHE_SAVING = 0.9
 #: Iterator start-up share of wall time for ``epoch_boundary`` (worker start per epoch).
 EPOCH_WARN_SHARE = 0.10
 EPOCH_CRITICAL_SHARE = 0.30

@@ -54,6 +54,7 @@ class Agent:
         self.collectors: list = []  # callables returning records to write at each flush
         self.on_exit: list = []  # callables run once at exit, before the final flush
         self._notices: set[str] = set()
+        self.startup = None  # the start-up sampler (whyidle.instrument.startup), once a framework is imported
         self._flusher: threading.Thread | None = None
         self._threads: ThreadCPU | None = None
         self._lock = threading.Lock()

@@ -41,6 +41,7 @@ import threading
 from time import monotonic_ns, thread_time_ns
 
 from whyidle.instrument import regions as region_mod
+from whyidle.instrument import startup
 from whyidle.instrument.hooks import defined_at
 from whyidle.instrument.user_metrics import record_epoch_logs
 from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
@@ -303,6 +304,8 @@ class KerasInstrument:
 
     # -- stacks ----------------------------------------------------------------------------------
     def _start_stacks(self) -> None:
+        if self.backend != "torch":  # on the PyTorch backend, the PyTorch instrumentation does this
+            startup.hand_over(self.agent)
         if self.stacks is not None or self.agent.stack_hz <= 0 or self.backend == "torch":
             return  # on the PyTorch backend, the PyTorch instrumentation samples the same thread
         from whyidle.instrument.stacks import StackSampler
@@ -551,6 +554,7 @@ def install_tensorflow(agent, tf) -> KerasInstrument:
         "started": agent.t_start,
     })
     agent.start_background()
+    startup.start(agent)
     _watch_profiler(inst)
     _watch_iterators(inst, tf)
     return inst

@@ -15,7 +15,8 @@ step; this module times what jobs also do between steps, by the frameworks' own 
 
 A call from the training thread that is not nested in another region of the same kind writes one
 ``region`` record when it ends: ``{k: "region", t, kind, t0, t1, entry, site}`` (monotonic ns;
-``site``: the user's line that called it, ``"file:line function"``, or null). The innermost open
+``site``: the user's line that called it, ``"file:line function"``, or null; a ``model.eval()``
+region also has ``device``: the device type of the evaluated module's first parameter). The innermost open
 region names the stack samples taken inside it (:meth:`Regions.sample_phase`), so the analysis can say
 which lines hold each part. Wrappers call the original with the same arguments and return what it
 returns; their own errors turn into one notice.
@@ -66,6 +67,7 @@ class Regions:
         self.written = dict.fromkeys(KINDS, 0)
         self.classifier = None  # FrameClassifier, created at the first region's end
         self.eval_module: int | None = None  # id() of the module whose eval() opened a region
+        self.eval_device: str | None = None  # device type of that module's first parameter
         self.touch = None  # callable() marking the current training step as holding a region
         self.outside_ns = 0  # ns in recorded OUTSIDE_STEP regions so far (a hook timer subtracts them)
 
@@ -126,6 +128,8 @@ class Regions:
         t1 = monotonic_ns() if at is None else at
         rec = {"k": "region", "t": t1, "kind": out, "t0": self.t0[kind], "t1": t1, "entry": entry,
                "site": self.site[kind]}
+        if kind == "mode" and self.eval_device is not None:
+            rec["device"] = self.eval_device  # where the evaluated model's weights were
         if saved is not None:
             rec.update(saves.describe(saved, t1 - self.t0[kind]))
         self.agent.record(rec)
@@ -212,6 +216,7 @@ def watch_module_mode(module_cls, agent, on_step=None) -> None:
             was = bool(getattr(self, "training", True))
             if was and not mode and regions.eval_module is None:
                 regions.eval_module = id(self)
+                regions.eval_device = _device_type(self)
                 regions.begin("mode", sys._getframe(1))
             elif mode and not was and regions.eval_module == id(self):
                 regions.eval_module = None
@@ -226,6 +231,15 @@ def watch_module_mode(module_cls, agent, on_step=None) -> None:
 
     train.__whyidle_region__ = True
     module_cls.train = train
+
+
+def _device_type(module) -> str | None:
+    """``"cuda"``, ``"cpu"``, ... of a module's first parameter (None without parameters)."""
+    try:
+        p = next(module.parameters(), None)
+        return p.device.type if p is not None else None
+    except Exception:
+        return None
 
 
 def optimizer_stepped() -> None:

@@ -476,10 +476,16 @@ class StackSampler:
             the process's agent (:func:`whyidle.instrument.agent.current`), if any.
         phases: a :class:`PhaseMap` telling the phase from the stack when ``phase_of`` says
             ``"lite"`` (a step whose phase hooks are out, see ``whyidle.instrument.torch``).
+        until: thread mode only: ``until()`` is checked before each tick and ends the sampling
+            when true (a process found to be a helper, :mod:`whyidle.instrument.startup`).
+        import_phase: when set, a sample whose frames below the innermost user frame include
+            ``importlib`` (a library module being imported) is counted under this phase instead.
+        user_frames: user-code frames kept per sample (:data:`USER_FRAMES`).
     """
 
     def __init__(self, thread_id: int, hz: float, phase_of, max_sites: int = MAX_SITES_PER_FLUSH,
-                 native_id: int | None = None, on_sample=None, notify=None, phases: "PhaseMap | None" = None) -> None:
+                 native_id: int | None = None, on_sample=None, notify=None, phases: "PhaseMap | None" = None,
+                 until=None, import_phase: str | None = None, user_frames: int = USER_FRAMES) -> None:
         self.thread_id = thread_id
         self.native_id = native_id
         self.hz = hz
@@ -488,6 +494,9 @@ class StackSampler:
         self.max_sites = max_sites
         self.on_sample = on_sample
         self.notify = notify
+        self.until = until
+        self.import_phase = import_phase
+        self.user_frames = user_frames
         self.classifier = FrameClassifier()
         self.mode = None
         self._counts: dict[tuple, list] = {}  # key -> [count, weight_s]
@@ -655,6 +664,8 @@ class StackSampler:
             else:  # late (GIL held long): skip missed ticks rather than burst
                 deadline = time.monotonic()
             try:
+                if self.until is not None and self.until():
+                    break
                 frame = sys._current_frames().get(self.thread_id)
                 weight = self._weight()
                 if frame is not None:
@@ -671,9 +682,14 @@ class StackSampler:
             phase = inner if phase == "lite" else phase[:-4] + inner
         leaf = None
         users: list[str] = []
-        while frame is not None and len(users) < USER_FRAMES:
+        importing = self.import_phase is not None
+        depth = self.user_frames
+        while frame is not None and len(users) < depth:
             code = frame.f_code
             kind, label = classify(code.co_filename)
+            if importing and not users and (label.startswith("<frozen importlib") or label.startswith("importlib/_boot")):
+                phase = self.import_phase
+                importing = False
             # only the innermost frame and the user's frames become sites: a framework's stack
             # (Lightning: ~35 library frames above training_step) is walked, not formatted
             if kind == 0 or (kind == 1 and leaf is None):
@@ -705,7 +721,7 @@ class StackSampler:
         """Returns ``[stacks record]`` with the counts since the last drain (or ``[]``); each site
         is ``[phase, user_site, leaf_site, count, ms, callers]``: ``ms`` the wall time the samples
         stand for, ``callers`` the enclosing user frames (innermost first, up to
-        ``USER_FRAMES - 1``). ``lost``/``lost_s``: timer ticks (and seconds) missed because a
+        ``user_frames - 1``). ``lost``/``lost_s``: timer ticks (and seconds) missed because a
         library reset the handler. Runs in the flusher thread, which then checks the handler
         (:meth:`_check`); never raises."""
         out = []

@@ -44,6 +44,7 @@ import weakref
 from time import monotonic_ns, thread_time_ns
 
 from whyidle.instrument import regions as region_mod
+from whyidle.instrument import startup
 from whyidle.instrument.hooks import HookTimer
 from whyidle.instrument.module_calls import ModuleCalls
 from whyidle.instrument.cuda import (
@@ -755,6 +756,7 @@ class TorchInstrument:
 
     # -- installation ----------------------------------------------------------------------------
     def _start_stacks(self) -> None:
+        startup.hand_over(self.agent)
         if self.stacks is not None or self.agent.stack_hz <= 0:
             return
         from whyidle.instrument.stacks import StackSampler
@@ -895,6 +897,9 @@ def install(agent, torch) -> TorchInstrument:
         "started": agent.t_start,
     })
     agent.start_background()
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    # the start-up until the first training activity; a DataLoader worker's loop ends it unrecorded
+    startup.start(agent, until=lambda: getattr(worker, "_worker_info", None) is not None)
     agent.on_exit.append(inst.flush_lite)  # before the agent's last flush
     inst.hooks.install(torch)
 
@@ -1054,8 +1059,9 @@ def install(agent, torch) -> TorchInstrument:
     inst.switches = [switch_backward, switch_next, inst._root_forward_hooks]
     inst.switch_next = switch_next
     inst.phase_map = _phase_map(torch, orig_next, orig_iter, orig_backward)
-    # Stack sampling starts with the first training activity (a batch, a forward, a step), so
-    # processes that only import torch (spawned DataLoader workers, tools) are never sampled.
+    # The training thread's stack sampling (a timer signal) starts with the first training activity
+    # (a batch, a forward, a step): processes that only import torch (spawned DataLoader workers,
+    # tools) get no timer; until then the start-up sampler's thread samples (instrument/startup.py).
     return inst
 
 

@@ -123,11 +123,23 @@ TIME_PARTS = (("startup", "start-up"), ("training", "training"), ("evaluation", 
               ("teardown", "teardown"))
 
 
+def _startup_split(part: dict) -> str:
+    """``": imports 4.2 s, set-up 3.3 s, first step 0.2 s"`` (pieces of at least 0.1 s), or ``""``
+    without a sampled split."""
+    split = part.get("split") or {}
+    if not split.get("sampled"):
+        return ""
+    pieces = [(split["framework_import_s"] + split["imports_s"], "imports"), (split["program_s"], "set-up"),
+              (split["first_step_s"], "first step")]
+    shown = [f"{label} {s:.1f} s" for s, label in pieces if s >= 0.1]
+    return ": " + ", ".join(shown) if shown else ""
+
+
 def time_line(t: dict) -> str:
     """One line: the command's wall time and its parts (seconds and share), parts under 0.5 % left out."""
     parts = t.get("parts") or {}
-    shown = [f"{label} {parts[k]['s']:.1f} s ({parts[k]['share']:.0%})" for k, label in TIME_PARTS
-             if k in parts and parts[k]["share"] >= 0.005]
+    shown = [f"{label} {parts[k]['s']:.1f} s ({parts[k]['share']:.0%}{_startup_split(parts[k]) if k == 'startup' else ''})"
+             for k, label in TIME_PARTS if k in parts and parts[k]["share"] >= 0.005]
     return f"[bold]wall time[/] {t['wall_s']:.1f} s: " + " · ".join(shown)
 
 
