@@ -156,6 +156,19 @@ def test_the_folded_encoder_is_not_a_module_loop(tmp_path):
     assert all(g["evidence"].get("kind") != "module_loop" for g in fixed["findings"] if g["id"] == "host_bound")
 
 
+@pytest.mark.timing
+def test_a_loss_called_per_sample_in_a_loop_is_a_module_loop_and_one_call_fixes_it(tmp_path):
+    faulty = run(tmp_path, "loss", steps=100, script=os.path.join(SCENARIOS, "loss_loop.py"))
+    assert faulty["verdict"] == "host_bound"
+    f = finding(faulty, "host_bound")
+    ev = f["evidence"]
+    assert ev["kind"] == "module_loop" and ev["module"] == "CrossEntropyLoss" and ev["calls_per_step"] == 32
+    assert ev["params"] == 0 and ev["site"].split(":")[0].endswith("loss_loop.py")
+    assert "losses.append(criterion(" in f["fix"]["code"] and f["est_speedup"] > 1.2
+    fixed = run(tmp_path, "loss", "fixed", steps=100, script=os.path.join(SCENARIOS, "loss_loop.py"))
+    assert all(g["evidence"].get("kind") != "module_loop" for g in fixed["findings"] if g["id"] == "host_bound")
+
+
 @needs("lightning")
 def test_lightning_validation_every_few_steps_is_eval_bound_in_trainer_terms(tmp_path):
     faulty = run(tmp_path, "lightning", steps=60, script=os.path.join(SCENARIOS, "lightning_eval.py"))

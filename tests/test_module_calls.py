@@ -115,3 +115,34 @@ def test_count_tensors_walks_nested_targets_and_stays_bounded():
     targets = [{"boxes": torch.zeros(5, 4), "labels": torch.zeros(5, dtype=torch.int64)} for _ in range(8)]
     assert count_tensors((torch.zeros(8, 3, 4, 4, dtype=torch.uint8), targets)) == (17, 8 * 48 + 8 * 80 + 8 * 40)
     assert count_tensors(list(range(1_000_000)), limit=100) == (0, 0)  # a huge list is not walked whole
+
+
+def test_a_loss_called_per_sample_is_recorded_and_folding_it_is_the_fix():
+    model, crit = nn.Linear(8, 3), nn.CrossEntropyLoss()
+    calls = ModuleCalls(lambda frame: (f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", None))
+    pre = nn.modules.module.register_module_forward_pre_hook(lambda m, args: calls.pre(m, args, sys._getframe(1)))
+    post = nn.modules.module.register_module_forward_hook(lambda m, args, out: calls.post())
+    try:
+        x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
+        for _ in range(3):
+            t0 = time.monotonic_ns()
+            out = nn.functional.relu(model(x))
+            torch.stack([crit(out[i:i + 1], y[i:i + 1]) for i in range(6)]).mean().backward()
+            calls.end_step(time.monotonic_ns() - t0)
+    finally:
+        pre.remove()
+        post.remove()
+    (row,) = calls.record()["modules"]
+    assert row[0] == "CrossEntropyLoss" and row[2] == 6 and row[4] == 1 and row[5] == 0  # no parameters
+    # the rule: its calls, as much backward, and the loop's own Python at that line
+    site = row[1]
+    f = rules_work.module_loop(RunFacts(
+        framework="torch", step={"shares": {"forward": 0.3, "backward": 0.4, "other": 0.25}},
+        module_loops=[{"cls": "CrossEntropyLoss", "site": site, "calls_per_step": 32, "forward_s_per_step": 0.003,
+                       "share_of_step": 0.25, "batch": 27, "params": 0}],
+        hotspots={"other": [{"site": site, "share": 0.2, "samples": 40}, {"site": "x.py:1 f", "share": 0.05,
+                                                                         "samples": 40}]}))
+    assert f["id"] == "host_bound" and f["evidence"]["kind"] == "module_loop"
+    assert f["bound"] == pytest.approx(0.25 + 0.25 + 0.2)
+    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.7 * (1 - 1 / 32)), rel=1e-3)
+    assert 'nn.CrossEntropyLoss(reduction="none")' in f["fix"]["code"] and "-100" in f["fix"]["code"]

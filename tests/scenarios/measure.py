@@ -49,6 +49,7 @@ SCENARIOS = {
                            ("epoch", ["--steps", "24"]), ("logging", ["--steps", "60"]))},
     "lightning_eval": ("lightning_eval.py", TWO),
     "module_loop": ("module_loop.py", TWO),
+    "loss_loop": ("loss_loop.py", TWO),
     "c36_preprocess_in_forward": ("c36_preprocess_in_forward.py", TWO),
     "c34_many_tiny_tensors": ("c34_many_tiny_tensors.py", TWO),
     "c26_watch_hooks": ("c26_watch_hooks.py", TWO),

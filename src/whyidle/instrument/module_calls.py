@@ -5,7 +5,8 @@ matrix product; folding the loop dimension into the batch makes one call of k ti
 
 While the global forward hooks are in (:data:`whyidle.instrument.torch.ROOT_LEARNING_STEPS`
 optimizer steps), every module call passes through :meth:`ModuleCalls.pre` / :meth:`post`: per
-module that has parameters, its calls and forward seconds in each step, the user's line that
+module that has parameters (or that the program calls itself, outside any module: a loss module
+called per sample), its calls and forward seconds in each step, the user's line that
 first called it, its first input's batch size and the nearest parameterized module it was called
 from. :meth:`record` then keeps the modules called at least :data:`LOOP_MIN_CALLS` times per step
 (median over the observed steps) whose caller module is not itself repeated (a looped encoder's
@@ -62,8 +63,10 @@ class ModuleCalls:
         info = self.info.get(key)
         if info is None:
             numel = sum(p.numel() for p in module.parameters())
-            if not numel:
+            if not numel and not opened:  # a model's activation or pooling layer
                 info = False
+            elif not numel:  # called by the program itself: a loss module (per sample in a loop?)
+                info = [type(module).__name__, self.site_of(frame)[0], _batch_of(args), None, 0]
             else:
                 parent = next((k for k, _ in (e for e in reversed(self.stack) if e is not None)), None)
                 info = [type(module).__name__, self.site_of(frame)[0], _batch_of(args), parent, numel]
