@@ -233,6 +233,10 @@ def test_tokenizing_the_corpus_at_every_launch_is_startup_bound_and_a_saved_corp
     assert ev["entry"]["code"] == "ids, labels = tokenize_corpus(args.docs, args.seed)"
     assert any("c07_tokenize_on_the_fly.py" in s["site"] for s in ev["sites"])  # the tokenizer's own lines
     assert "ids, labels = torch.load(CACHE)" in f["fix"]["code"] and f["est_speedup"] > 1.1
+    with open(os.path.join(faulty["run_dir"], "timeline.json")) as fh:  # the split on the timeline
+        slices = {e["name"]: e for e in json.load(fh)["traceEvents"] if e.get("cat") == "startup"}
+    assert slices["start-up"]["args"]["program_s"] == pytest.approx(split["program_s"], abs=1e-3)
+    assert "start-up: set-up (the program's, and later imports)" in slices
     cache = str(tmp_path / "corpus.pt")
     made = subprocess.run([sys.executable, STARTUP, "--fixed", "--docs", "700", "--cache", cache, "--steps", "1"],
                           capture_output=True, text=True, timeout=240)

@@ -421,7 +421,7 @@ def startup_bound(facts: RunFacts) -> Finding | None:
           "imports_s": round(imports, 3), "first_step_s": round(split["first_step_s"], 3),
           "model_share": round(split["program_model_share"], 3), "entry": entry,
           "sites": split.get("program_sites") or []}
-    if split["program_model_share"] >= 0.5:
+    if split["program_model_share"] >= T.STARTUP_MODEL_SHARE:
         ev["cause"] = "model_init"
         at_top = f" ({top['site']})" if top else ""
         text = (f"Build the model where it runs: {split['program_model_share']:.0%} of the set-up initializes it"

@@ -161,6 +161,9 @@ STARTUP_MIN_S = 2.0
 #: page cache or a local disk runs at GB/s, where tokenizing or decoding them in Python runs at
 #: MB/s (the startup_prep scenario: 0.97 of it gone).
 STARTUP_CACHE_SAVING = 0.9
+#: Share of the set-up whose innermost frames build the model (layers' ``__init__``, weight init)
+#: from which the cause is ``model_init`` rather than the data's preparation.
+STARTUP_MODEL_SHARE = 0.5
 #: Iterator start-up share of wall time for ``epoch_boundary`` (worker start per epoch).
 EPOCH_WARN_SHARE = 0.10
 EPOCH_CRITICAL_SHARE = 0.30

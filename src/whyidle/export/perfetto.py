@@ -231,6 +231,8 @@ class _Timeline:
             c = yield from self._steps(pid, steps, analyzed, warmup)
             c["starved_slices"] = yield from self._starved(pid, recs)
             self._host_regions(pid, recs)
+            if pid == self.primary:
+                self._startup(pid, recs, steps)
             self.counts["trainers"][str(pid)] = c
         for pid in run.procs:
             if pid not in self.trainers:
@@ -382,6 +384,27 @@ class _Timeline:
                 self.track(pid, _vtid(pid, TF)).add(_slice(
                     pid, _vtid(pid, TF), clock.us(r["t0"]), clock.us(r["t1"]), "TensorFlow profiler window",
                     "tf_profiler", args))
+
+    def _startup(self, pid: int, records: list, steps: list) -> None:
+        """The start-up on the ``outside the step`` track: one ``start-up`` slice (the command's
+        start to the first step's end, args: ``metrics.time.parts.startup.split``) holding
+        ``start-up: to the framework's import``, ``start-up: set-up`` (the framework's import to the
+        first step: the program's own set-up and later imports) and ``start-up: first step``."""
+        split = (((self.facts.time or {}).get("parts") or {}).get("startup") or {}).get("split")
+        window = (self.facts.time or {}).get("window")
+        installed = min((r["t"] for r in records if r.get("k") == "proc" and isinstance(r.get("t"), int)), default=None)
+        if not split or not window or not steps or installed is None:
+            return
+        clock, tid = self.clock, _vtid(pid, REGIONS)
+        w0, s0, s1 = int(window[0]), int(steps[0]["t0"]), int(steps[0]["t1"])
+        args = {k: round(v, 3) for k, v in split.items() if isinstance(v, float)}
+        track = self.track(pid, tid)
+        track.add(_slice(pid, tid, clock.us(w0), clock.us(s1), "start-up", "startup", args))
+        for a, b, name in ((w0, installed, "start-up: to the framework's import"),
+                           (installed, s0, "start-up: set-up (the program's, and later imports)"),
+                           (s0, s1, "start-up: first step")):
+            if b > a:
+                track.add(_slice(pid, tid, clock.us(a), clock.us(b), name, "startup", {"ms": _ms(b - a)}))
 
     # -- counters and instants ---------------------------------------------------------------------
 
