@@ -137,7 +137,7 @@ def test_a_loss_called_per_sample_is_recorded_and_folding_it_is_the_fix():
     # the rule: its calls, as much backward, and the loop's own Python at that line
     site = row[1]
     f = rules_work.module_loop(RunFacts(
-        framework="torch", step={"shares": {"forward": 0.3, "backward": 0.4, "other": 0.25}},
+        framework="torch", step={"shares": {"forward": 0.3, "backward": 0.4, "other_host": 0.25}},
         module_loops=[{"cls": "CrossEntropyLoss", "site": site, "calls_per_step": 32, "forward_s_per_step": 0.003,
                        "share_of_step": 0.25, "batch": 27, "params": 0}],
         hotspots={"other": [{"site": site, "share": 0.2, "samples": 40}, {"site": "x.py:1 f", "share": 0.05,
@@ -146,3 +146,20 @@ def test_a_loss_called_per_sample_is_recorded_and_folding_it_is_the_fix():
     assert f["bound"] == pytest.approx(0.25 + 0.25 + 0.2)
     assert f["est_speedup"] == pytest.approx(1 / (1 - 0.7 * (1 - 1 / 32)), rel=1e-3)
     assert 'nn.CrossEntropyLoss(reduction="none")' in f["fix"]["code"] and "-100" in f["fix"]["code"]
+
+
+def test_two_loss_loops_add_up_and_each_loss_keeps_its_own_arguments():
+    site_ce, site_pair = "pairs.py:35 compute_loss", "pairs.py:41 compute_loss"
+    f = rules_work.module_loop(RunFacts(
+        framework="torch", step={"shares": {"forward": 0.3, "backward": 0.3, "other_host": 0.35}},
+        module_loops=[{"cls": "MarginRankingLoss", "site": site_pair, "calls_per_step": 63,
+                       "forward_s_per_step": 0.004, "share_of_step": 0.2, "batch": 1, "params": 0},
+                      {"cls": "CrossEntropyLoss", "site": site_ce, "calls_per_step": 64,
+                       "forward_s_per_step": 0.002, "share_of_step": 0.1, "batch": 1, "params": 0}],
+        hotspots={"other": [{"site": site_pair, "share": 0.3, "samples": 50}]}))
+    ev = f["evidence"]
+    assert [lp["module"] for lp in ev["loops"]] == ["MarginRankingLoss", "CrossEntropyLoss"]
+    assert f["bound"] == pytest.approx((0.2 + 0.2 + 0.3) + (0.1 + 0.1))
+    assert "CrossEntropyLoss` 64 times at pairs.py:35" in f["summary"]
+    code = f["fix"]["code"]
+    assert "criterion(x1, x2, y)" in code and "-100" not in code  # its own signature; no ignore_index

@@ -13,7 +13,7 @@ import pytest
 
 from test_accounting import job_facts
 from whyidle.analysis.startup import startup_split
-from whyidle.diagnose import rules_job
+from whyidle.diagnose import rules_startup
 from whyidle.instrument import startup
 from whyidle.instrument.stacks import StackSampler
 
@@ -100,7 +100,7 @@ def test_split_puts_imports_set_up_and_the_first_step_apart(tmp_path):
     (tmp_path / "train.py").write_text("import torch\n"
                                        "def main():\n"
                                        "    ids, labels = tokenize_corpus(docs)\n"
-                                       "    for x in loader: pass\n"
+                                       "    for x in loader: use(ids, labels)\n"
                                        "main()\n")
     recs = [{"k": "proc", "t": 3 * S},
             _stacks(("import", "train.py:3 main", "<frozen importlib._bootstrap>:241 f", 10, 1000.0, []),
@@ -108,20 +108,24 @@ def test_split_puts_imports_set_up_and_the_first_step_apart(tmp_path):
                     ("setup", "tok.py:9 encode", "tok.py:9 encode", 30, 3000.0,
                      ["train.py:3 main", "train.py:5 <module>"]),
                     ("setup", "tok.py:4 split", "re.py:1 findall", 10, 1000.0, ["tok.py:9 encode", "train.py:3 main"]),
+                    ("framework", "train.py:4 main", "lightning/x.py:1 f", 10, 1000.0, []),  # inside Trainer.fit
                     ("forward", "train.py:4 main", "torch/nn/x.py:1 f", 99, 9900.0, []))]  # a training sample
     steps = [{"t0": 10 * S, "t1": 12 * S}, {"t0": 12 * S, "t1": 12.5 * S}]
     split = startup_split(recs, (0, 20 * S), steps, 12.0, str(tmp_path))
-    # the framework imported at 3 s; 7 s sampled to the first step (5.5 s of samples, scaled)
+    # the framework imported at 3 s; 7 s sampled to the first step (6.5 s of samples, scaled)
     assert split["framework_import_s"] == pytest.approx(3.0)
-    assert split["imports_s"] == pytest.approx(7 * 1.5 / 5.5)
-    assert split["program_s"] == pytest.approx(7 * 4.0 / 5.5)
+    assert split["imports_s"] == pytest.approx(7 * 1.5 / 6.5)
+    assert split["program_s"] == pytest.approx(7 * 4.0 / 6.5)
+    assert split["framework_s"] == pytest.approx(7 * 1.0 / 6.5)
     assert split["first_step_s"] == pytest.approx(2.0)
-    assert sum(split[k] for k in ("framework_import_s", "imports_s", "program_s", "first_step_s")) == pytest.approx(12.0)
+    parts = ("framework_import_s", "imports_s", "program_s", "framework_s", "first_step_s")
+    assert sum(split[k] for k in parts) == pytest.approx(12.0)
     assert [s["site"] for s in split["program_sites"]] == ["tok.py:9 encode", "tok.py:4 split"]
-    # the line to put a cache around: the outermost that assigns the set-up's result
-    assert split["entry"]["site"] == "train.py:3 main"
-    assert split["entry"]["code"] == "ids, labels = tokenize_corpus(docs)"
-    assert split["entry"]["seconds"] == pytest.approx(split["program_s"])
+    # what a cache goes around: main()'s statement (the body's bare main() call is stepped into)
+    block = split["block"]
+    assert block["site"] == "train.py:3 main" and block["names"] == ["ids", "labels"]
+    assert block["source"] == "    ids, labels = tokenize_corpus(docs)"
+    assert block["seconds"] == pytest.approx(split["program_s"])
     assert split["sampled"] and split["program_model_share"] == 0.0
     # an evaluation before the first step took part of the start-up: the last pieces shrink first
     short = startup_split(recs, (0, 20 * S), steps, 6.0, str(tmp_path))
@@ -129,40 +133,51 @@ def test_split_puts_imports_set_up_and_the_first_step_apart(tmp_path):
     assert short["imports_s"] + short["program_s"] == pytest.approx(3.0)
     # no samples: nothing is made up
     bare = startup_split([{"k": "proc", "t": 3 * S}], (0, 20 * S), steps, 12.0)
-    assert not bare["sampled"] and bare["program_s"] == 0 and bare["entry"] is None
+    assert not bare["sampled"] and bare["program_s"] == 0 and bare["block"] is None
     assert startup_split(recs, (0, 20 * S), [], 12.0) is None
 
 
 def job(program_s: float, wall: float = 20.0, model_share: float = 0.0, api: str = "torch", leaf: str = "tok.py:9 f",
-        code: str | None = "ids, labels = tokenize_corpus(docs)"):
+        source: str | None = "ids, labels = tokenize_corpus(docs)", names=("ids", "labels")):
     facts = job_facts({"startup": (program_s + 4.0, 1), "training": (wall - program_s - 4.0, 1)}, wall=wall, api=api)
     facts.time["parts"]["startup"]["split"] = {
         "framework_import_s": 3.0, "imports_s": 0.5, "program_s": program_s, "first_step_s": 0.5, "sampled": True,
         "program_model_share": model_share, "program_sites": [{"site": "tok.py:9 f", "leaf": leaf, "seconds": program_s}],
-        "entry": {"site": "train.py:3 main", "seconds": program_s, "code": code}}
+        "block": {"site": "train.py:3 main", "seconds": program_s, "source": source, "names": list(names),
+                  "definitions": None}}
     return facts
 
 
 def test_startup_bound_thresholds_cause_and_fix_in_the_programs_api():
-    assert rules_job.startup_bound(job(3.0, wall=20.0)) is None    # 15 % of the wall time
-    assert rules_job.startup_bound(job(1.5, wall=5.0)) is None     # 30 %, but 1.5 s: nothing to fix
-    f = rules_job.startup_bound(job(6.0, wall=20.0))
+    assert rules_startup.startup_bound(job(3.0, wall=20.0)) is None    # 15 % of the wall time
+    assert rules_startup.startup_bound(job(1.5, wall=5.0)) is None     # 30 %, but 1.5 s: nothing to fix
+    f = rules_startup.startup_bound(job(6.0, wall=20.0))
     assert f["severity"] == "warning" and f["bound"] == pytest.approx(0.3)
     assert f["evidence"]["part_s"] == 6.0 and f["evidence"]["cause"] == "data_preparation"
     assert f["est_speedup"] == pytest.approx(20 / (20 - 0.9 * 6), rel=1e-3)
     code = f["fix"]["code"]
-    assert "ids, labels = torch.load(CACHE)" in code and "torch.save((ids, labels), CACHE)" in code
-    assert "ids, labels = tokenize_corpus(docs)" in code and "train.py:3 main" in code
-    assert rules_job.startup_bound(job(12.0, wall=20.0))["severity"] == "critical"
-    keras = rules_job.startup_bound(job(6.0, api="keras"))["fix"]["code"]
-    assert 'np.savez("prepared.npz", ids=ids, labels=labels)' in keras and 'saved["labels"]' in keras
-    hf = rules_job.startup_bound(job(6.0, leaf="datasets/arrow_dataset.py:3 map"))["fix"]["code"]
-    assert "batched=True" in hf and "save_to_disk" in hf
-    bare = rules_job.startup_bound(job(6.0, code="tokenize_everything()"))["fix"]["code"]
-    assert "data = tokenize_everything()" in bare
-    model = rules_job.startup_bound(job(6.0, model_share=0.8, leaf="torch/nn/init.py:1 kaiming_uniform_"))
+    assert "ids, labels = torch.load(CACHE, weights_only=False)" in code and "torch.save((ids, labels), CACHE)" in code
+    assert "    ids, labels = tokenize_corpus(docs)" in code and "train.py:3 main" in code
+    compile(code, "fix", "exec")  # the printed code parses
+    assert rules_startup.startup_bound(job(12.0, wall=20.0))["severity"] == "critical"
+    keras = rules_startup.startup_bound(job(6.0, api="keras"))
+    assert "pickle.dump((ids, labels), f" in keras["fix"]["code"] and "tf.data" in keras["fix"]["text"]
+    assert "Dataset's __getitem__" not in keras["fix"]["text"]
+    hf = rules_startup.startup_bound(job(6.0, leaf="datasets/arrow_dataset.py:3 map", names=("ds",),
+                                         source="ds = ds.map(tokenize)"))["fix"]["code"]
+    assert "ds = datasets.load_from_disk(CACHE)" in hf and "ds.save_to_disk(CACHE)" in hf and "batched=True" in hf
+    compile(hf, "fix", "exec")
+    one = rules_startup.startup_bound(job(6.0, names=("X",), source="X = featurize(rows)"))["fix"]["code"]
+    assert "X = torch.load(" in one and "torch.save(X, CACHE)" in one
+    bare = rules_startup.startup_bound(job(6.0, source=None, names=()))["fix"]["code"]
+    assert "data = prepare_data()" in bare
+    # the estimate is what the block holds, when it names what to keep
+    half = job(6.0)
+    half.time["parts"]["startup"]["split"]["block"]["seconds"] = 3.0
+    assert rules_startup.startup_bound(half)["est_speedup"] == pytest.approx(20 / (20 - 0.9 * 3), rel=1e-3)
+    model = rules_startup.startup_bound(job(6.0, model_share=0.8, leaf="torch/nn/init.py:1 kaiming_uniform_"))
     assert model["evidence"]["cause"] == "model_init" and model["est_speedup"] is None
     assert "meta" in model["fix"]["code"] and "assign=True" in model["fix"]["code"]
     inference = job(6.0)
     inference.step_rows = []
-    assert rules_job.startup_bound(inference) is None  # an inference script's set-up is its job
+    assert rules_startup.startup_bound(inference) is None  # an inference script's set-up is its job

@@ -11,6 +11,9 @@ start to the end of the first step. It is split into, in order:
   statement;
 - ``program_s``: the rest of the sampled start-up: the program's own set-up (reading, decoding or
   tokenizing a dataset, building the model), with ``program_sites``, the lines that held it;
+- ``framework_s``: sampled start-up time after the program called a training framework's entry
+  point (Lightning ``Trainer.fit``, HF ``Trainer.train``, Keras ``fit``: phase ``"framework"``):
+  the framework's own start before its first step (a sanity check is evaluation, not this);
 - ``first_step_s``: the first training step (its one-time costs: compilation or tracing, the
   DataLoader workers' first start).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import re
 
 from whyidle.analysis import stacks as stack_analysis
+from whyidle.analysis.setup_block import anchor, setup_block
 
 IMPORT_STATEMENT = re.compile(r"^\s*(import\s|from\s+\S+\s+import\s)")
 #: Innermost frames that build the model during start-up (layers' ``__init__``, weight init).
@@ -55,11 +59,11 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
             before the first step takes its time, :data:`whyidle.analysis.accounting.PRIORITY`).
         source_root: the run's working directory (to read the program's lines).
     Returns:
-        ``{"framework_import_s", "imports_s", "program_s", "first_step_s", "sampled": bool,
+        ``{"framework_import_s", "imports_s", "program_s", "framework_s", "first_step_s", "sampled": bool,
         "program_model_share", "program_sites": [{"site", "function", "leaf", "seconds", "code"}],
-        "entry": {"site", "seconds", "code"} | None}``: ``program_sites`` the innermost program lines,
-        ``entry`` the program line the set-up is called from (the outermost assignment in the
-        samples' program frames, the call to cache or move) holding the most
+        "block": ...}``: ``program_sites`` the innermost program lines, ``block`` the statements
+        that ran the set-up (:func:`whyidle.analysis.setup_block.setup_block`: what a cache goes
+        around, its seconds scaled like ``program_s``; None without program samples)
         (seconds; ``sampled`` false when no start-up samples were recorded: ``imports_s`` and
         ``program_s`` are then 0 and their span is left in no part), or None without steps or a
         ``proc`` record.
@@ -73,12 +77,15 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
     before = (installed - w0) / 1e9
     span = max(0.0, (s0 - installed) / 1e9)
     first = max(0.0, (s1 - max(s0, installed)) / 1e9)
-    imports = program = model = 0.0
+    imports = program = model = framework = 0.0
     by_site: dict[str, dict] = {}
-    by_entry: dict[str, float] = {}
-    for phase, user, leaf, _count, seconds, callers in stack_analysis.sampled_sites(records, {"setup", "import"}, None):
+    by_anchor: dict[str, float] = {}
+    for phase, user, leaf, _count, seconds, callers in stack_analysis.sampled_sites(records, {"setup", "import", "framework"}, None):
         if is_import(phase, user, source_root):
             imports += seconds
+            continue
+        if phase == "framework":
+            framework += seconds
             continue
         program += seconds
         if any(p in (leaf or "") for p in MODEL_BUILD_LEAVES):
@@ -86,44 +93,27 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
         key = user or leaf or "(unknown)"
         entry = by_site.setdefault(key, {"site": key, "function": _function(key), "leaf": leaf, "seconds": 0.0})
         entry["seconds"] += seconds
-        outer = _entry([user, *callers], source_root) or key
-        by_entry[outer] = by_entry.get(outer, 0.0) + seconds
-    sampled = imports + program
+        outer = anchor([user, *callers], source_root) or key
+        by_anchor[outer] = by_anchor.get(outer, 0.0) + seconds
+    sampled = imports + program + framework
     scale = span / sampled if sampled > 0 else 0.0
-    imports_s, program_s = imports * scale, program * scale
+    imports_s, program_s, framework_s = imports * scale, program * scale, framework * scale
     # trim to the part's seconds: what came first stays (the import, then the set-up, then the step)
     room = max(0.0, startup_s)
     out = {}
     for name, s in (("framework_import_s", before), ("imports_s", imports_s), ("program_s", program_s),
-                    ("first_step_s", first)):
+                    ("framework_s", framework_s), ("first_step_s", first)):
         out[name] = min(s, room)
         room -= out[name]
     keep = out["program_s"] / program if program > 0 else 0.0
     sites = sorted(by_site.values(), key=lambda e: -e["seconds"])[:PROGRAM_SITES]
     out["program_sites"] = [dict(e, seconds=e["seconds"] * keep,
                                  code=stack_analysis.source_line(e["site"], source_root)) for e in sites]
-    top = max(by_entry.items(), key=lambda kv: kv[1], default=None)
-    out["entry"] = ({"site": top[0], "seconds": top[1] * keep, "code": stack_analysis.source_line(top[0], source_root)}
-                    if top else None)
+    block = setup_block(by_anchor, source_root)
+    out["block"] = dict(block, seconds=block["seconds"] * keep) if block else None
     out["program_model_share"] = model / program if program > 0 else 0.0
     out["sampled"] = sampled > 0
     return out
-
-
-ASSIGNMENT = re.compile(r"^[\w\s,.\[\]()*]+?\s=\s(?!=)")
-
-
-def _entry(chain: list, source_root: str | None) -> str | None:
-    """The line a cache goes around, from a sample's program frames (innermost first): the
-    outermost one that assigns a result (``ids, labels = tokenize_corpus(...)``), else the
-    outermost below the module's body (``main()`` calls everything)."""
-    chain = [c for c in chain if c]
-    for site in reversed(chain):
-        text = stack_analysis.source_line(site, source_root)
-        if text and ASSIGNMENT.match(text):
-            return site
-    inner = [c for c in chain if not c.endswith(" <module>")]
-    return (inner or chain or [None])[-1]
 
 
 def _function(site: str) -> str:

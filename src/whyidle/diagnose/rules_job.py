@@ -19,18 +19,18 @@ from whyidle.diagnose.types import Finding
 from whyidle.instrument.hooks import TRACKERS
 
 
-def _part(facts: RunFacts, name: str) -> dict | None:
+def part_of(facts: RunFacts, name: str) -> dict | None:
     parts = (facts.time or {}).get("parts") or {}
     return parts.get(name)
 
 
-def _trains(facts: RunFacts) -> bool:
+def trains(facts: RunFacts) -> bool:
     """Steps were analyzed and an optimizer (or Keras ``fit``) marked them: a training job, whose
     evaluation competes with training (an inference-only script is all evaluation by design)."""
     return bool(facts.step) and any(r.get("by") in ("optimizer", "keras", "iterator") for r in (facts.step_rows or []))
 
 
-def _wall_gain(facts: RunFacts, saved_s: float) -> float:
+def wall_gain(facts: RunFacts, saved_s: float) -> float:
     """Wall-time ratio when ``saved_s`` seconds of the command disappear."""
     wall = facts.time["wall_s"]
     return wall / max(wall - saved_s, wall * 0.05)
@@ -46,8 +46,8 @@ def _evidence(part: dict, **more) -> dict:
 def _warned(facts: RunFacts, name: str, warn: float, critical: float) -> tuple[dict | None, str | None]:
     """``(part, severity)`` of a training run's part whose wall-time share reaches ``warn``
     (``critical`` from that share), else ``(None, None)``."""
-    part = _part(facts, name)
-    if part is None or not _trains(facts):
+    part = part_of(facts, name)
+    if part is None or not trains(facts):
         return None, None
     share = part["share"]
     sev = "critical" if share >= critical else ("warning" if share >= warn else None)
@@ -133,7 +133,7 @@ def _on_cpu(facts: RunFacts, part: dict, host_share: float) -> str | None:
     trained_on_gpu = "cuda" in ((facts.devices or {}).get("params") or {})
     if trained_on_gpu and devices.get("cpu", 0) * 2 >= sum(devices.values()) > 0:
         return "weights"
-    ev_util, train_util = part.get("gpu_util_pct"), (_part(facts, "training") or {}).get("gpu_util_pct")
+    ev_util, train_util = part.get("gpu_util_pct"), (part_of(facts, "training") or {}).get("gpu_util_pct")
     if (ev_util is not None and train_util is not None and ev_util <= T.EVAL_GPU_IDLE_PCT
             and train_util >= T.EVAL_TRAIN_GPU_PCT and host_share < T.EVAL_HOST_SHARE):
         return "gpu_idle"
@@ -170,8 +170,8 @@ def eval_bound(facts: RunFacts) -> Finding | None:
     interval = part.get("every_steps")
     k = T.EVAL_LESS_OFTEN if n >= T.EVAL_LESS_OFTEN else 1
     kept = _val_subset(facts) / k  # the share of the evaluation time the printed code keeps
-    less_often = _wall_gain(facts, part["s"] * (1 - kept)) if kept < 1 else None
-    host_fix = _wall_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
+    less_often = wall_gain(facts, part["s"] * (1 - kept)) if kept < 1 else None
+    host_fix = wall_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
     top = (part.get("host_sites") or [None])[0]
     where = f" ({top['site']})" if top else ""
     options = []
@@ -183,10 +183,10 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                f"{sum((part.get('devices') or {}).values())} evaluations) while training runs on CUDA"
                if on_cpu == "weights" else
                f"the GPU was {part['gpu_util_pct']:.0f} % busy during the evaluation and "
-               f"{(_part(facts, 'training') or {}).get('gpu_util_pct', 0):.0f} % during training")
+               f"{(part_of(facts, 'training') or {}).get('gpu_util_pct', 0):.0f} % during training")
         text = (f"Run the evaluation on the GPU: {why}. Move the evaluated model to the training's device (an EMA or "
                 "copied model too), or build it outside a CPU device scope.")
-        options.append(fix_option(text, _wall_gain(facts, model_s * T.EVAL_ON_DEVICE_SAVING) if model_s > 0 else None,
+        options.append(fix_option(text, wall_gain(facts, model_s * T.EVAL_ON_DEVICE_SAVING) if model_s > 0 else None,
                                   None, _to_device_code(facts)))
         if less_often:
             options.append(fix_option(f"Evaluate {k}x less often.", less_often, None,
@@ -203,7 +203,7 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                                       _less_often_code(facts, k, interval)))
     else:
         cause = "too_often"
-        train_s = (_part(facts, "training") or {}).get("s") or 1e-9
+        train_s = (part_of(facts, "training") or {}).get("s") or 1e-9
         text = (f"Evaluate less often: {n} evaluations took {part['s']:.1f} s, {part['s'] / train_s:.1f}x the "
                 "training time. Validate every few epochs, or on a fixed subset of the validation set"
                 + (", under torch.inference_mode()." if fixes.api_name(facts) in ("torch", "accelerate") else "."))
@@ -214,12 +214,12 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                                       host_fix))
     first = options[0]
     summary = (f"Evaluation took {part['s']:.1f} s, {part['share']:.0%} of the wall time ({n} evaluation"
-               f"{'s' if n != 1 else ''}); training steps {(_part(facts, 'training') or {}).get('s', 0):.1f} s.")
+               f"{'s' if n != 1 else ''}); training steps {(part_of(facts, 'training') or {}).get('s', 0):.1f} s.")
     return finding("eval_bound", sev, "Evaluation holds the job", summary,
                    _evidence(part, cause=cause, host_share=round(host_share, 3),
                              mix_s={k2: round(v, 3) for k2, v in mix.items()}, interval_steps=interval,
                              devices=part.get("devices"), gpu_util_pct=part.get("gpu_util_pct"),
-                             training_gpu_util_pct=(_part(facts, "training") or {}).get("gpu_util_pct")),
+                             training_gpu_util_pct=(part_of(facts, "training") or {}).get("gpu_util_pct")),
                    first["est_speedup"], first["text"], first["code"], bound=part["share"], options=options,
                    docs=["https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"])
 
@@ -234,7 +234,7 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
     n = max(1, part["count"])
     interval = part.get("every_steps")
     k = max(2, math.ceil(part["share"] / T.CHECKPOINT_TARGET_SHARE)) if n > 1 else 1
-    gain = _wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
+    gain = wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
     name = fixes.api_name(facts)
     every = f"{k * interval:g}" if interval else "N"
     if name == "lightning":
@@ -323,7 +323,7 @@ def logging_bound(facts: RunFacts) -> Finding | None:
     writer_s = sum(t["cpu_s"] for t in writers)
     # the writer threads' CPU came out of the cores and the GIL the training thread needed; logging
     # k× less often cuts it as much as the calls themselves
-    gain = _wall_gain(facts, (part["s"] + writer_s) * (1 - 1 / k)) if per_step > 0.5 else None
+    gain = wall_gain(facts, (part["s"] + writer_s) * (1 - 1 / k)) if per_step > 0.5 else None
     caller = part["callers"][0] if part["callers"] else {}
     top = caller.get("site") or "the logging call"
     sentence, code = fixes.logging_code(facts, caller.get("code") or "writer.add_scalar(...)   # the tracker call")
@@ -361,89 +361,8 @@ def epoch_boundary(facts: RunFacts) -> Finding | None:
     return finding("epoch_boundary", sev, "Epoch boundaries hold the job", summary,
                    _evidence(part, num_workers=nw, persistent_workers=loader.get("persistent_workers"),
                              mp_context=loader.get("mp_context")),
-                   _wall_gain(facts, saved), text, code, bound=part["share"],
+                   wall_gain(facts, saved), text, code, bound=part["share"],
                    docs=["https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"])
 
 
-def _cache_code(facts: RunFacts, entry: dict | None, hf_datasets: bool) -> str:
-    """The set-up's result saved once and loaded on later runs, in the program's API, around the
-    program's own line (``entry``: ``{"site", "code"}``) when it is an assignment."""
-    if hf_datasets or fixes.api_name(facts) == "hf_trainer":
-        return ("ds = ds.map(tokenize, batched=True, num_proc=4)   # batched: the tokenizer runs on whole lists\n"
-                "ds.save_to_disk(\"prepared\")   # later runs: ds = datasets.load_from_disk(\"prepared\")")
-    code = (entry or {}).get("code") or ""
-    lhs, eq, rhs = code.partition(" = ")
-    if not eq or "(" in lhs or not rhs:
-        lhs, rhs = "data", (code or "prepare_data()") + "   # the set-up's result"
-    where = f": {entry['site']}" if entry else ""
-    if fixes.api_name(facts) in ("keras", "tensorflow"):
-        names = [n.strip() for n in lhs.split(",")]
-        keys = ", ".join(f"{n}={n}" for n in names)
-        load = ", ".join(f'saved["{n}"]' for n in names)
-        return (f'if os.path.exists("prepared.npz"):   # made once{where}\n'
-                f'    saved = np.load("prepared.npz")\n    {lhs} = {load}\nelse:\n'
-                f'    {lhs} = {rhs}\n    np.savez("prepared.npz", {keys})')
-    return (f'CACHE = "prepared.pt"   # made once{where}\n'
-            f"if os.path.exists(CACHE):\n    {lhs} = torch.load(CACHE)\nelse:\n"
-            f"    {lhs} = {rhs}\n    torch.save(({lhs}), CACHE)")
-
-
-def startup_bound(facts: RunFacts) -> Finding | None:
-    """The program's own set-up before the first training step (reading, decoding or tokenizing a
-    data set, building the model: :func:`whyidle.analysis.startup.startup_split`'s ``program_s``,
-    imports and the first step left out) holds ``T.STARTUP_WARN_SHARE`` or more of the wall time
-    and at least ``T.STARTUP_MIN_S`` seconds.
-
-    Cause (``evidence.cause``): ``model_init`` when most of it builds the model (``est_speedup``
-    null: what initializing on the device or on ``meta`` saves depends on the device and on what
-    the program loads afterwards), else ``data_preparation``: save its result once and load it
-    (``est_speedup`` = wall ÷ (wall − ``T.STARTUP_CACHE_SAVING`` × set-up)).
-    """
-    part = _part(facts, "startup")
-    split = (part or {}).get("split")
-    if not split or not _trains(facts):
-        return None
-    wall = facts.time["wall_s"]
-    prog = split["program_s"]
-    share = prog / wall if wall > 0 else 0.0
-    if prog < T.STARTUP_MIN_S or share < T.STARTUP_WARN_SHARE:
-        return None
-    sev = "critical" if share >= T.STARTUP_CRITICAL_SHARE else "warning"
-    entry = split.get("entry")
-    top = (split.get("program_sites") or [None])[0]
-    where = f" ({entry['site']}: {entry['code']})" if entry and entry.get("code") else (
-        f" ({entry['site']})" if entry else "")
-    imports = split["framework_import_s"] + split["imports_s"]
-    summary = (f"The program's own set-up before the first training step took {prog:.1f} s, {share:.0%} of the "
-               f"wall time{where}; the start-up in all took {part['s']:.1f} s (imports {imports:.1f} s, "
-               f"first step {split['first_step_s']:.1f} s).")
-    ev = {"part_s": round(prog, 3), "share_of_wall": round(share, 4), "startup_s": round(part["s"], 3),
-          "imports_s": round(imports, 3), "first_step_s": round(split["first_step_s"], 3),
-          "model_share": round(split["program_model_share"], 3), "entry": entry,
-          "sites": split.get("program_sites") or []}
-    if split["program_model_share"] >= T.STARTUP_MODEL_SHARE:
-        ev["cause"] = "model_init"
-        at_top = f" ({top['site']})" if top else ""
-        text = (f"Build the model where it runs: {split['program_model_share']:.0%} of the set-up initializes it"
-                f"{at_top}. Create it on the device (with torch.device(\"cuda\"): "
-                "model = Net()), or on the meta device when its weights are loaded afterwards "
-                "(load_state_dict(state, assign=True); Hugging Face: from_pretrained(..., low_cpu_mem_usage=True)).")
-        code = ("with torch.device(\"meta\"):   # no memory, no random init\n    model = Net()\n"
-                "model.load_state_dict(torch.load(path, map_location=\"cuda\"), assign=True)")
-        gain, cond = None, "when the weights are loaded after the model is built, or on a GPU"
-    else:
-        ev["cause"] = "data_preparation"
-        hf = any("datasets/" in (s.get("leaf") or "") for s in ev["sites"])
-        at = f" at {entry['site']}" if entry else ""
-        text = (f"Prepare the data once and load it on later runs: the set-up{at} runs again at every launch ({prog:.1f} s). Save its result (torch.save, numpy .npz, "
-                "datasets' save_to_disk) and load that, or move the per-sample work into the Dataset's "
-                "__getitem__ so the DataLoader's workers do it beside the training.")
-        code = _cache_code(facts, entry, hf)
-        gain, cond = _wall_gain(facts, prog * T.STARTUP_CACHE_SAVING), None
-    return finding("startup_bound", sev, "Start-up set-up holds the job", summary, ev, gain, text, code,
-                   bound=share, options=[fix_option(text, gain, cond, code)] if cond else None,
-                   docs=["https://pytorch.org/docs/stable/notes/serialization.html",
-                         "https://huggingface.co/docs/datasets/process#map"])
-
-
-RULES = (eval_bound, checkpoint_bound, logging_bound, epoch_boundary, startup_bound)
+RULES = (eval_bound, checkpoint_bound, logging_bound, epoch_boundary)

@@ -318,12 +318,13 @@ def module_loop(facts: RunFacts) -> dict | None:
         return None
     sh = step["shares"]
     fwd, bwd = sh.get("forward") or 0.0, sh.get("backward") or 0.0
-    top = next((m for m in loops if m["calls_per_step"] >= T.MODULE_LOOP_MIN_CALLS
-                and m["forward_s_per_step"] / m["calls_per_step"] <= T.MODULE_LOOP_MAX_CALL_S), None)
+    small = [m for m in loops if m["calls_per_step"] >= T.MODULE_LOOP_MIN_CALLS
+             and m["forward_s_per_step"] / m["calls_per_step"] <= T.MODULE_LOOP_MAX_CALL_S]
+    top = small[0] if small else None
     if top is None or fwd <= 0:
         return None
     if not top.get("params"):
-        return _loss_loop(facts, top, min(fwd, top["share_of_step"]), bwd)
+        return _loss_loop(facts, [m for m in small if not m.get("params")], fwd, bwd)
     share = min(fwd + bwd, top["share_of_step"] * (fwd + bwd) / fwd)
     if share < T.HOST_SHARE_WARN:
         return None
@@ -353,45 +354,99 @@ def module_loop(facts: RunFacts) -> dict | None:
                    None, text, code, ["https://pytorch.org/docs/stable/generated/torch.vmap.html"], bound=share)
 
 
-def _loss_loop(facts: RunFacts, top: dict, calls_fwd: float, bwd: float) -> dict | None:
-    """:func:`module_loop` for a module without parameters that the program calls itself (a loss
-    called per sample or per pair in a Python loop, cases.md C13). ``bound``: its calls' forward
-    share of the step (``calls_fwd``), as much again of the backward (``bwd``: each small call's
-    backward runs about as many tiny operations as its forward, all per-call overhead), and the
-    step's other host time sampled at the same line (the loop's own Python: slicing, appending,
-    stacking). ``est_speedup``: one call instead of k, 1 / (1 − bound × (1 − 1/k)) (64 per-sample
-    cross-entropy calls on the 2-core CPU: bound 0.81, est 4.9x, measured 5.6x)."""
-    site = top.get("site")
-    loop_py = sum(h.get("share") or 0.0 for h in (facts.hotspots or {}).get("other", [])
-                  if site and h.get("site") == site and (h.get("samples") or 0) >= T.MIN_SITE_SAMPLES)
-    share = min(1.0, calls_fwd + min(bwd, calls_fwd) + loop_py)
+#: Arguments of the losses whose call is not ``criterion(input, target)`` (torch.nn's signatures).
+LOSS_ARGS = {"MarginRankingLoss": "x1, x2, y", "CosineEmbeddingLoss": "x1, x2, y",
+             "TripletMarginLoss": "anchor, positive, negative", "TripletMarginWithDistanceLoss": "anchor, positive, negative",
+             "CTCLoss": "log_probs, targets, input_lengths, target_lengths", "GaussianNLLLoss": "input, target, var"}
+#: Losses that take ``ignore_index`` (padding targets instead of slicing each sample).
+IGNORE_INDEX = ("CrossEntropyLoss", "NLLLoss")
+
+
+def _loss_code(cls: str, was: str | None) -> str:
+    """One call of loss module ``cls`` on the whole batch, with its own arguments."""
+    args = LOSS_ARGS.get(cls, "input, target")
+    rows = [f"# was: {was}" if was else f"# was: one {cls} call per sample",
+            "# one call on the whole batch: each argument built for all samples at once, [N, ...] tensors",
+            "# (index with tensors of positions instead of looping: i = torch.arange(N - 1); a, b = emb[i], emb[i + 1])",
+            f"loss = criterion({args})"]
+    if cls.endswith("Loss"):
+        rows += [f"per_sample = nn.{cls}(reduction=\"none\")({args})   # a value per sample, [N]: weights, masks",
+                 "loss = (per_sample * weights).mean()"]
+    if cls in IGNORE_INDEX:
+        rows += ["# variable lengths: pad the targets with -100 (ignore_index) instead of slicing each sample",
+                 "loss = criterion(logits.flatten(0, 1), targets.masked_fill(pad_mask, -100).flatten())"]
+    return "\n".join(rows)
+
+
+def _function_of(site: str | None) -> str | None:
+    """``"path function"`` of a ``"path:line function"`` site (the hotspots' ``function``)."""
+    if not site:
+        return None
+    path, _line, func = stack_analysis.split_site(site)
+    return f"{path} {func}"
+
+
+def _in_loop(hotspot: dict, site: str | None, training: str | None) -> bool:
+    """The other host time of ``hotspot`` belongs to the loss loop called at ``site``: the hotspot
+    is the line itself, or the whole function holding the loop when that function is a helper (a
+    ``compute_loss``), not the script's body nor the function that calls the model."""
+    if not site:
+        return False
+    if hotspot.get("site") == site:
+        return True
+    fn = _function_of(site)
+    return hotspot.get("function") == fn and fn != training and not fn.endswith(" <module>")
+
+
+def _loss_loop(facts: RunFacts, loops: list[dict], fwd: float, bwd: float) -> dict | None:
+    """:func:`module_loop` for modules without parameters that the program calls itself (a loss
+    called per sample or per pair in a Python loop, cases.md C13), busiest first. Per loop: its
+    calls' forward share of the step, as much again of the backward (each small call's backward
+    runs about as many tiny operations as its forward, all per-call overhead) and the step's other
+    host time sampled at its line, or in its whole function when that is a helper that does not
+    call the model (:func:`_in_loop`: the loop's own Python and tensor ops); ``bound``
+    their sum (at most the forward, the backward and the other host time). ``est_speedup``: each
+    loop one call instead of k, 1 / (1 − Σ share × (1 − 1/k)) (64 per-sample cross-entropy calls on
+    the 2-core CPU: bound 0.81, est 4.9x, measured 5.6x). Conservative where the loop also builds
+    tensors per sample (their backward is counted only as far as the calls' own): a pair loss over
+    per-pair dot products measured 12.3x per step against an estimate of ~5x."""
+    other = (facts.step or {}).get("shares", {}).get("other_host") or 0.0
+    training = _function_of((facts.preamble or {}).get("site"))
+    fwd_left, bwd_left, rows, used = fwd, bwd, [], set()
+    for m in loops:
+        site = m.get("site")
+        calls = min(fwd_left, m["share_of_step"])
+        back = min(bwd_left, calls)
+        fwd_left, bwd_left = fwd_left - calls, bwd_left - back
+        mine = [h for h in (facts.hotspots or {}).get("other", []) if id(h) not in used
+                and _in_loop(h, site, training) and (h.get("samples") or 0) >= T.MIN_SITE_SAMPLES]
+        used.update(id(h) for h in mine)  # two loops in one helper function: its time counts once
+        py = sum(h.get("share") or 0.0 for h in mine)
+        rows.append((m, calls + back + min(py, other)))
+    share = min(fwd + bwd + other, sum(r for _, r in rows))
     if share < T.HOST_SHARE_WARN:
         return None
-    k = top["calls_per_step"]
-    batch = top.get("batch")
-    cls = top["cls"]
+    top, top_share = rows[0]
+    site, k, batch, cls = top.get("site"), top["calls_per_step"], top.get("batch"), top["cls"]
+    removed = min(0.95, sum(r * (1 - 1 / m["calls_per_step"]) for m, r in rows))
     was = stack_analysis.source_line(site, (facts.meta or {}).get("cwd")) if site else None
+    more = [f"`{m['cls']}` {m['calls_per_step']:g} times at {m.get('site') or '?'}" for m, _ in rows[1:]]
     summary = (f"`{cls}` is called {k:g} times per step" + (f" on {batch} row{'s' if batch != 1 else ''} each" if batch else "")
-               + f" from {site or 'the program'}: a Python loop over the batch; its calls and the loop's own Python "
-               f"hold {_pct(share)} of the step.")
-    reduction = "reduction=\"none\"" if cls.endswith("Loss") else None
-    code = "\n".join([f"# was: {was}" if was else f"# was: one {cls} call per sample",
-                      "loss = criterion(logits, targets)   # one call on the whole batch"]
-                     + ([f"# per-sample values (weights, masks, hard examples): nn.{cls}({reduction})",
-                         f"per_sample = nn.{cls}({reduction})(logits, targets)   # shape [batch]",
-                         "loss = (per_sample * weights).mean()",
-                         "# variable lengths: pad the targets with -100 (ignore_index) instead of slicing each sample",
-                         "loss = criterion(logits.flatten(0, 1), targets.masked_fill(pad_mask, -100).flatten())"]
-                        if reduction else []))
+               + f" from {site or 'the program'}: a Python loop over the batch"
+               + (f"; also {', '.join(more)}" if more else "")
+               + f". The calls and the loops' own Python hold {_pct(share)} of the step.")
     text = (f"Call `{cls}` once on the whole batch instead of {k:g} times on slices"
-            + (f" (nn.{cls}({reduction}) keeps a value per sample)" if reduction else "") + ".")
-    est = 1.0 / (1.0 - share * (1.0 - 1.0 / k)) if k > 1 else None
+            + (f" (nn.{cls}(reduction=\"none\") keeps a value per sample)" if cls.endswith("Loss") else "")
+            + (f"; the same for {', '.join(m['cls'] for m, _ in rows[1:])}" if more else "") + ".")
     evidence = _round({"calls_per_step": k, "forward_s_per_call": top["forward_s_per_step"] / k, "loop_share": share,
-                       "forward_share_of_step": top["share_of_step"], "loop_python_share": loop_py})
-    evidence.update(kind="module_loop", module=cls, site=site, batch=batch, params=0, hotspots=[])
+                       "forward_share_of_step": top["share_of_step"], "top_loop_share": top_share})
+    evidence.update(kind="module_loop", module=cls, site=site, batch=batch, params=0, hotspots=[],
+                    loops=[{"module": m["cls"], "site": m.get("site"), "calls_per_step": m["calls_per_step"],
+                            "share": round(r, 4)} for m, r in rows])
     severity = "critical" if share >= T.HOST_SHARE_CRITICAL else "warning"
     return finding("host_bound", severity, f"Host-bound: {cls} called in a Python loop", summary, evidence,
-                   est, text, code, ["https://pytorch.org/docs/stable/nn.html#loss-functions"], bound=share)
+                   1.0 / (1.0 - removed), text, _loss_code(cls, was),
+                   ["https://pytorch.org/docs/stable/nn.html#loss-functions"], bound=share)
 
 
 def preprocess_in_forward(facts: RunFacts) -> dict | None:

@@ -28,7 +28,7 @@ import functools
 import sys
 from time import monotonic_ns
 
-from whyidle.instrument import regions
+from whyidle.instrument import regions, startup
 
 #: Settings read from a Lightning ``Trainer`` (attribute names of its public API).
 LIGHTNING_TRAINER_ATTRS = ("accumulate_grad_batches", "log_every_n_steps", "precision", "val_check_interval",
@@ -108,6 +108,7 @@ def _wrap(cls, method: str, agent, make_record, after: bool = False) -> None:
         site = _caller_site()
         if not after:
             note(self, args, kwargs, site)
+            startup.entered(agent)  # until its first step, the framework's own start
             return orig(self, *args, **kwargs)
         out = orig(self, *args, **kwargs)
         note(self, args, kwargs, site)

@@ -119,6 +119,7 @@ class KerasInstrument:
     def on_fit_start(self, method: str, model, bound: dict) -> None:
         """``Model.fit``/``evaluate``/``predict`` was called (main thread); ``bound`` holds its
         arguments by name."""
+        startup.entered(self.agent)  # until its first step, Keras's own start
         if self.tid is None:
             self.tid = threading.get_ident()
             self._start_stacks()

@@ -4,7 +4,8 @@ The training thread's own sampler (:class:`whyidle.instrument.stacks.StackSample
 mode) starts with the first batch, forward or optimizer step. What a program does before that —
 importing its packages, reading and tokenizing a corpus, decoding images into memory, building the
 model — is sampled here: a thread reads the main thread's frame ``STARTUP_HZ`` times per second
-and counts it under the phase ``"setup"`` (``"import"`` while a library is being imported). Its counts stay in memory until the process starts
+and counts it under the phase ``"setup"`` (``"import"`` while a library is being imported,
+``"framework"`` once the program called a training framework's entry point: :func:`entered`). Its counts stay in memory until the process starts
 training; then the sampler stops and its counts become one ``stacks`` record (the analysis splits
 the start-up with it: :func:`whyidle.analysis.accounting.startup_split`). A process that never
 trains (a spawned DataLoader worker, a launcher, a compile worker) writes nothing of it.
@@ -24,6 +25,9 @@ STARTUP_HZ = 20.0
 PHASE = "setup"
 #: The phase of a start-up sample taken while a library is being imported.
 IMPORT_PHASE = "import"
+#: The phase once the program called a training framework's entry point (``Trainer.fit``,
+#: ``Trainer.train``, Keras ``fit``): the framework's own start before its first step.
+FRAMEWORK_PHASE = "framework"
 #: The program's frames kept per sample: deep enough to reach the set-up's call in ``main()`` from
 #: a tokenizer's inner helper (the line a cache goes around, ``startup_split``'s ``entry``).
 USER_FRAMES = 10
@@ -44,7 +48,8 @@ class StartupSampler:
         self.agent = agent
         self._lock = threading.Lock()
         self._done = False
-        self.sampler = StackSampler(threading.main_thread().ident, STARTUP_HZ, lambda: PHASE, native_id=None,
+        self.phase = PHASE
+        self.sampler = StackSampler(threading.main_thread().ident, STARTUP_HZ, lambda: self.phase, native_id=None,
                                     notify=agent.notice, until=until,
                                     import_phase=IMPORT_PHASE, user_frames=USER_FRAMES)
         self.sampler.start()
@@ -80,6 +85,14 @@ def start(agent, until=None) -> StartupSampler | None:
         agent.startup = StartupSampler(agent, until)
         agent.on_exit.append(agent.startup.stop)
     return agent.startup
+
+
+def entered(agent) -> None:
+    """The program called a training framework's entry point: later start-up samples are the
+    framework's own start (phase :data:`FRAMEWORK_PHASE`)."""
+    sampler = getattr(agent, "startup", None)
+    if sampler is not None:
+        sampler.phase = FRAMEWORK_PHASE
 
 
 def hand_over(agent) -> None:

@@ -474,7 +474,7 @@ def _split_hover(part: dict) -> str:
     if not split.get("sampled"):
         return ""
     pieces = ((split["framework_import_s"] + split["imports_s"], "imports"), (split["program_s"], "the program's set-up"),
-              (split["first_step_s"], "first step"))
+              (split.get("framework_s", 0.0), "the framework's start"), (split["first_step_s"], "first step"))
     return "<br>" + " · ".join(f"{label} {s:.1f} s" for s, label in pieces)
 
 

@@ -124,13 +124,14 @@ TIME_PARTS = (("startup", "start-up"), ("training", "training"), ("evaluation", 
 
 
 def _startup_split(part: dict) -> str:
-    """``": imports 4.2 s, set-up 3.3 s, first step 0.2 s"`` (pieces of at least 0.1 s), or ``""``
+    """``": imports 4.2 s, set-up 3.3 s, framework start 0.8 s, first step 0.2 s"`` (pieces of at
+    least 0.1 s), or ``""``
     without a sampled split."""
     split = part.get("split") or {}
     if not split.get("sampled"):
         return ""
     pieces = [(split["framework_import_s"] + split["imports_s"], "imports"), (split["program_s"], "set-up"),
-              (split["first_step_s"], "first step")]
+              (split.get("framework_s", 0.0), "framework start"), (split["first_step_s"], "first step")]
     shown = [f"{label} {s:.1f} s" for s, label in pieces if s >= 0.1]
     return ": " + ", ".join(shown) if shown else ""
 
