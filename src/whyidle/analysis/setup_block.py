@@ -60,21 +60,39 @@ def _body(tree: ast.Module, function: str, line: int) -> list[ast.stmt] | None:
     return None
 
 
-def _assigned(stmt: ast.stmt) -> list[str]:
-    """Names a statement of the block binds at its own level, in order."""
-    targets: list = []
-    if isinstance(stmt, ast.Assign):
-        targets = stmt.targets
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-        targets = [stmt.target]
-    elif isinstance(stmt, (ast.For, ast.With)):
-        targets = [stmt.target] if isinstance(stmt, ast.For) else [i.optional_vars for i in stmt.items if i.optional_vars]
-    names = []
-    for t in targets:
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name) and n.id not in names:
-                names.append(n.id)
-    return names
+#: Nodes with their own scope: names bound inside them are not the block's.
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+          ast.GeneratorExp)
+
+
+def _names(node: ast.AST, ctx: type, after: int = 0) -> list[str]:
+    """Names used with ``ctx`` (``ast.Store`` / ``ast.Load``) in ``node`` on lines after ``after``,
+    in order, outside nested scopes (a def's or a comprehension's own names)."""
+    out: list[str] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ctx) and n.lineno > after and n.id not in out:
+            out.append(n.id)
+        todo.extend(c for c in reversed(list(ast.iter_child_nodes(n))) if not isinstance(c, SCOPES) or c is node)
+    return out
+
+
+def _narrow(body: list[ast.stmt], first: int, last: int) -> list[ast.stmt]:
+    """The innermost statement list holding lines ``first``..``last``: into an ``if``, ``with`` or
+    ``try`` whose one branch holds them all (never into a loop: a cache inside it would run per
+    iteration)."""
+    while True:
+        inside = [s for s in body if s.lineno <= last and (s.end_lineno or s.lineno) >= first]
+        if len(inside) != 1 or not isinstance(inside[0], (ast.If, ast.With, ast.Try)):
+            return inside
+        stmt = inside[0]
+        branches = [stmt.body, getattr(stmt, "orelse", []), getattr(stmt, "finalbody", [])]
+        branches += [h.body for h in getattr(stmt, "handlers", [])]
+        branch = next((b for b in branches if b and b[0].lineno <= first and (b[-1].end_lineno or 0) >= last), None)
+        if branch is None:
+            return inside
+        body = branch
 
 
 def setup_block(anchors: dict[str, float], source_root: str | None) -> dict | None:
@@ -111,12 +129,11 @@ def setup_block(anchors: dict[str, float], source_root: str | None) -> dict | No
     except (OSError, SyntaxError, ValueError):
         body = None
     if body:
-        inside = [s for s in body if s.lineno <= last and (s.end_lineno or s.lineno) >= first]
+        inside = _narrow(body, first, last)
         if inside:
             first, last = inside[0].lineno, inside[-1].end_lineno or inside[-1].lineno
-            after = [s for s in body if s.lineno > last]
-            read = {n.id for s in after for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            bound = [n for s in inside for n in _assigned(s)]
+            read = {n for stmt in body if (stmt.end_lineno or stmt.lineno) > last for n in _names(stmt, ast.Load, last)}
+            bound = [n for stmt in inside if not isinstance(stmt, DEFINITIONS) for n in _names(stmt, ast.Store)]
             out["names"] = list(dict.fromkeys(n for n in bound if n in read))
             src_lines = text.splitlines()
 

@@ -35,6 +35,9 @@ IMPORT_STATEMENT = re.compile(r"^\s*(import\s|from\s+\S+\s+import\s)")
 #: Innermost frames that build the model during start-up (layers' ``__init__``, weight init).
 MODEL_BUILD_LEAVES = ("torch/nn/", "keras/src/layers", "keras/src/models", "transformers/modeling_utils.py",
                       "transformers/models/")
+#: Innermost frames that leave a sample out of the cache's block (:mod:`whyidle.analysis.setup_block`):
+#: building the model, and the TensorFlow / Keras graph work a Keras model's construction runs.
+NOT_DATA_LEAVES = MODEL_BUILD_LEAVES + ("keras/src/", "tensorflow/python/", "tf_keras/")
 PROGRAM_SITES = 3
 
 
@@ -88,11 +91,13 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
             framework += seconds
             continue
         program += seconds
-        if any(p in (leaf or "") for p in MODEL_BUILD_LEAVES):
-            model += seconds
         key = user or leaf or "(unknown)"
         entry = by_site.setdefault(key, {"site": key, "function": _function(key), "leaf": leaf, "seconds": 0.0})
         entry["seconds"] += seconds
+        if any(p in (leaf or "") for p in MODEL_BUILD_LEAVES):
+            model += seconds
+        if any(p in (leaf or "") for p in NOT_DATA_LEAVES):
+            continue  # building the model is not what a data cache goes around
         outer = anchor([user, *callers], source_root) or key
         by_anchor[outer] = by_anchor.get(outer, 0.0) + seconds
     sampled = imports + program + framework

@@ -33,6 +33,16 @@ def _insufficient(facts: RunFacts) -> dict | None:
         else:
             why = ("PyTorch was imported but no optimizer step or DataLoader batch was seen (the program ended "
                    "before training, or it trains without torch.optim and DataLoader)")
+        meta = facts.meta or {}
+        code, signal = meta.get("exit_code"), meta.get("signal")
+        if facts.instrumented and (signal or (code is not None and code != 0)):
+            ended = f"signal {signal}" if signal else f"exit code {code}"
+            return rules.finding("no_steps", "info", "No training steps seen",
+                                 f"No step data was seen: the program ended with {ended} before its first training "
+                                 "step (see its error output).",
+                                 {"instrumented_processes": len(facts.instrumented), "exit_code": code,
+                                  "signal": signal}, None,
+                                 "Fix the error that stopped the program, then run it under whyidle again.")
         return rules.finding("no_steps", "info", "No training steps seen", f"No step data was seen: {why}.",
                              {"instrumented_processes": len(facts.instrumented or [])}, None,
                              "Run the training script itself under whyidle (whyidle run -- python train.py).")

@@ -257,6 +257,30 @@ PACKED_COLLATE = """def collate(samples):                       # runs in the Da
 loader = DataLoader(dataset, ..., collate_fn=collate)"""
 
 
+#: Innermost frames of image decoding and augmentation in the data phase.
+IMAGE_LEAVES = ("PIL/", "cv2", "torchvision/io", "torchvision/transforms", "imageio/", "skimage/", "albumentations/")
+
+
+def _cheaper_sample(facts: RunFacts) -> str:
+    """How to make each sample cheaper, by what the data phase's samples ran: image decoding, or
+    PyTorch's own per-sample indexing and collation of in-memory tensors, else either."""
+    leaves = [h.get("leaf") or "" for h in (facts.hotspots or {}).get("data", [])]
+    images = any(p in leaf for leaf in leaves for p in IMAGE_LEAVES)
+    gpu = (facts.device or {}).get("kind") == "cuda"
+    if images:
+        return ("Decode at reduced size (PIL Image.draft / reduce, torchvision decode_jpeg at lower resolution), resize "
+                "before colour conversion and normalisation, or cache decoded samples once (a uint8 array or memmap)"
+                + (", or decode and augment on the GPU on whole batches (torchvision.io.decode_jpeg(device=\"cuda\"), "
+                   "DALI)." if gpu else "."))
+    if (facts.loader or {}).get("dataset") == "TensorDataset":
+        return ("The samples are in-memory tensors: the time is indexing them one sample at a time and collating the "
+                "batch. Index whole batches instead: DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size, "
+                "drop_last=False), batch_size=None) calls the TensorDataset once per batch with a list of indices, or "
+                "x[idx] with a shuffled index tensor.")
+    return ("Cache the prepared samples once (tokenized ids or decoded arrays as one int/uint8 array or memmap), do "
+            "per-batch work on whole batches in collate_fn, and keep Python out of the per-sample path.")
+
+
 def input_bound(facts: RunFacts) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
@@ -380,13 +404,9 @@ def input_bound(facts: RunFacts) -> dict | None:
         name = f"`{focus['function'].split()[-1]}`" if focus else "each sample's preparation"
         lead = ("All cores are already busy preparing samples, so more workers will not help: make each sample "
                 "cheaper. " if cause == "cpu_preprocessing" else "Make each sample cheaper: ")
-        options.append(fix_option(
-            lead + f"the work in {name} runs on a CPU every epoch. Decode at reduced size (PIL Image.draft / "
-            "reduce, torchvision decode_jpeg at lower resolution), resize before colour conversion and "
-            "normalisation, or cache decoded or tokenized samples once (an int8/uint8 array or memmap)"
-            + (", or decode and augment on the GPU on whole batches (torchvision.io.decode_jpeg(device=\"cuda\"), "
-               "DALI)." if (facts.device or {}).get("kind") == "cuda" else "."), None,
-            f"up to {removed:.1f}× if loading cost nothing; a 2× cheaper sample roughly halves the data wait"))
+        options.append(fix_option(lead + f"the work in {name} runs on a CPU every epoch. " + _cheaper_sample(facts),
+                                  None, f"up to {removed:.1f}× if loading cost nothing; a 2× cheaper sample roughly "
+                                  "halves the data wait"))
     if not options:
         options.append(fix_option(worker_text["unknown"], gain, None, code))
     options = rank_options(options)

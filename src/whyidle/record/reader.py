@@ -87,6 +87,8 @@ def load_run(path: str) -> RunData:
     Errors:
         RunDirError: not a directory, no whyidle records in it, or corrupt files.
     """
+    if os.path.isfile(path):
+        raise RunDirError(f"{path}: a file, not a run directory (a profiler trace: whyidle trace {path})")
     if not os.path.isdir(path):
         raise RunDirError(f"{path}: no such run directory")
     meta: dict = {}

@@ -185,8 +185,9 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
         console.print(time_line(m["time"]))
     host = m.get("host")
     if host:
-        parts = [f"{host['cores']} cores {host['cpu_busy_share']:.0%} busy",
-                 f"trainer {host['trainer_cores']:.2f} cores"]
+        parts = [f"{host['cores']} cores {host['cpu_busy_share']:.0%} busy"]
+        if m.get("steps"):  # without a training process there is no trainer to show
+            parts.append(f"trainer {host['trainer_cores']:.2f} cores")
         if host.get("workers"):
             parts.append(f"{host['workers']} workers {host['workers_cores']:.2f} cores")
         parts.append(f"other processes {host['other_procs_cores']:.2f} cores")
