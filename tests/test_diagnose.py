@@ -872,3 +872,17 @@ def test_loader_cpu_share_is_counted_against_the_cpu_the_hypervisor_gave():
     without = copy.deepcopy(stolen)
     without.host["steal_share"] = 0.0
     assert rules.loader_model(without)["cpu_bound"] is False  # what the advice read before steal was counted
+
+
+def test_cheaper_samples_advice_follows_what_the_data_phase_ran():
+    from whyidle.analysis.facts import RunFacts
+    from whyidle.diagnose.rules import _cheaper_sample
+
+    images = RunFacts(framework="torch", hotspots={"data": [{"leaf": "PIL/Image.py:900 convert"}]})
+    assert "Image.draft" in _cheaper_sample(images)
+    tensors = RunFacts(framework="torch", loader={"dataset": "TensorDataset"},
+                       hotspots={"data": [{"leaf": "torch/utils/data/dataset.py:206 <genexpr>"}]})
+    text = _cheaper_sample(tensors)
+    assert "BatchSampler" in text and "Image.draft" not in text
+    text = _cheaper_sample(RunFacts(framework="torch", hotspots={"data": [{"leaf": "tok.py:3 encode"}]}))
+    assert "tokenized ids" in text and "Image.draft" not in text
