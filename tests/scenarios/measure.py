@@ -50,6 +50,7 @@ SCENARIOS = {
     "lightning_eval": ("lightning_eval.py", TWO),
     "module_loop": ("module_loop.py", TWO),
     "loss_loop": ("loss_loop.py", TWO),
+    "emulated_bf16": ("emulated_bf16.py", TWO),
     "c36_preprocess_in_forward": ("c36_preprocess_in_forward.py", TWO),
     "c34_many_tiny_tensors": ("c34_many_tiny_tensors.py", TWO),
     "c26_watch_hooks": ("c26_watch_hooks.py", TWO),

@@ -11,7 +11,8 @@ and answers the question before any other bottleneck does.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import rules, rules_device, rules_gpu, rules_job, rules_keras, rules_startup, rules_work
+from whyidle.diagnose import (rules, rules_device, rules_gpu, rules_job, rules_keras, rules_precision, rules_startup,
+                              rules_work)
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.types import Finding
 from whyidle.diagnose.verdict import choose_verdict, order
@@ -126,7 +127,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     if short is None:
         for rule in (rules_keras.input_bound if tf else rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
                      rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload,
-                     rules_work.debug_mode,
+                     rules_work.debug_mode, rules_precision.emulated_precision,
                      rules_device.throttling):
             f = rule(facts)
             if f:

@@ -43,9 +43,9 @@ def _config(facts: RunFacts) -> dict:
 
 
 def mixed_precision_on(facts: RunFacts) -> bool:
-    """Autocast was seen in a forward, or the framework was told to train in mixed precision
+    """Autocast (CUDA or CPU) was seen in a forward, or the framework was told to train in mixed precision
     (Lightning ``precision="bf16-mixed"``, ``TrainingArguments(bf16=True)``, ``Accelerator(mixed_precision=...)``)."""
-    if (facts.devices or {}).get("autocast"):
+    if (facts.devices or {}).get("autocast") or (facts.devices or {}).get("autocast_dtypes"):
         return True
     cfg = _config(facts)
     name = api_name(facts)

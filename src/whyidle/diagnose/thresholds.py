@@ -189,6 +189,11 @@ MP_MIN_FP32_PARAM_SHARE = 0.9
 #: factor (1.5×, analysis/capability.py) gives 1/(0.5 + 0.5/1.5) = 1.2×, above
 #: ``VERDICT_MIN_SPEEDUP``; below half, the data or host findings are the ones to fix first.
 MP_MIN_COMPUTE_SHARE = 0.5
+#: Slowdown of a small CPU matmul in the autocast dtype against float32 from which
+#: ``emulated_precision`` fires: CPUs with native bfloat16 (AMX) run a 64×64 bfloat16 matmul within
+#: about float32's time (call overhead and the conversion dominate at that size), the AVX2 fallback
+#: measured 12–13× here; 2× leaves room for noise on both sides.
+EMULATED_MIN_SLOWDOWN = 2.0
 
 #: ``small_workload`` needs a GPU that nearly always has queued work: starved for less than 10 %
 #: of the step time, which is less than removing it could gain (1.11×, as ``DATA_WAIT_WARN``).

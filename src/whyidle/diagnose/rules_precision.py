@@ -1,0 +1,139 @@
+"""``emulated_precision``: autocast to a 16-bit type the device has no native matmul units for.
+
+Mixed precision speeds training only where the hardware runs the 16-bit type natively. Elsewhere
+autocast makes every matmul and convolution slower than float32:
+
+* **CPU**: bfloat16 needs AVX512-BF16 or AMX (Intel Cooper Lake / Sapphire Rapids and later, AMD
+  Zen 4 and later), float16 AVX512-FP16 or AMX-FP16; without them oneDNN is not used and PyTorch
+  falls back to a slow path (measured on an AVX2 EPYC, PyTorch 2.13: a bfloat16 matmul took
+  5.3–5.8× float32's time at 32×32, 17× at 64×64, 113× at 512×512; a batch-2 transformer trained
+  4.9× faster in float32, a small CNN 11.8×).
+  The agent times one small matmul in both types at the first device audit
+  (:func:`whyidle.instrument.torch.lowp_matmul_slowdown`), so the slowdown is this CPU's own.
+* **CUDA**: bfloat16 before compute capability 8.0 (V100, T4, RTX 20xx): no bfloat16 tensor
+  cores (CUDA C++ Programming Guide, "Warp Matrix Functions"; :mod:`whyidle.analysis.capability`),
+  so bfloat16 math runs at best at float32 speed while float16 takes the tensor cores from 7.0.
+
+``bound`` is the share of the step the slower type costs and ``est_speedup`` = 1 / (1 − bound).
+"""
+
+from __future__ import annotations
+
+from whyidle.analysis.capability import capability_of, supports_bf16
+from whyidle.analysis.facts import RunFacts
+from whyidle.diagnose import fixes
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding
+from whyidle.diagnose.rules_work import DOCS_AMP, _CODE_FP16, _gpu_compute_share
+from whyidle.diagnose.types import Finding
+
+DOCS_CPU_AMP = "https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior"
+
+
+def _float32_code(facts: RunFacts, dtype: str) -> str:
+    """The program's mixed-precision switch turned off, in its API."""
+    name = fixes.api_name(facts)
+    cfg = (facts.api or {}).get("config") or {}
+    if name == "lightning":
+        return f"trainer = Trainer(..., precision=\"32-true\")   # was {cfg.get('precision')!r}"
+    if name == "hf_trainer":
+        flag = "bf16" if dtype == "bfloat16" else "fp16"
+        return f"args = TrainingArguments(..., {flag}=False)   # float32 on this CPU"
+    if name == "accelerate":
+        return f"accelerator = Accelerator(mixed_precision=\"no\")   # was {cfg.get('mixed_precision')!r}"
+    return (f"# this CPU has no native {dtype} matmul: forward and loss in float32\n"
+            f"with torch.autocast(\"cpu\", dtype=torch.{dtype}, enabled=False):   # or drop the with-block\n"
+            "    loss = loss_fn(model(x), y)")
+
+
+def _cpu(facts: RunFacts, devices: dict, shares: dict, step_s: float | None) -> Finding | None:
+    params = devices.get("params")
+    if isinstance(params, dict) and params and set(params) != {"cpu"}:
+        return None  # the model trains elsewhere (CUDA, MPS): CPU autocast is not its math
+    dtype = (devices.get("autocast_dtypes") or {}).get("cpu")
+    bench = devices.get("cpu_matmul") or {}
+    slowdown = bench.get("slowdown")
+    if dtype not in ("bfloat16", "float16") or bench.get("dtype") != dtype or not slowdown:
+        return None
+    if slowdown < T.EMULATED_MIN_SLOWDOWN:
+        return None
+    compute = shares["forward"] + shares["backward"]
+    bound = compute * (1.0 - 1.0 / slowdown)
+    if bound < T.HOST_SHARE_WARN:
+        return None
+    est = 1.0 / (1.0 - min(bound, 0.95))
+    cpu = (facts.device or {}).get("name") or "this CPU"
+    units = "AVX512-BF16 or AMX" if dtype == "bfloat16" else "AVX512-FP16 or AMX-FP16"
+    summary = (f"Forward and backward run under CPU autocast to {dtype} and take {_pct(compute)} of each "
+               f"{_ms(step_s)} step, but {cpu} has no native {dtype} matmul ({units}): a {bench['n']}×{bench['n']} "
+               f"matmul took {slowdown:.1f}× its float32 time here, so float32 would give about {est:.1f}× "
+               "per step (a conservative estimate: larger matmuls slow down more).")
+    text = (f"Train in float32 on this CPU: autocast to {dtype} only pays on CPUs with {units} "
+            "(Intel Sapphire Rapids and later, AMD Zen 4 and later) and on GPUs; keep the switch for those "
+            "machines.")
+    evidence = _round({"dtype": dtype, "matmul_slowdown": slowdown, "matmul_n": bench.get("n"),
+                       "native": bench.get("native"), "compute_share": compute, "device": "cpu"})
+    severity = "critical" if bound >= T.HOST_SHARE_CRITICAL else "warning"
+    return finding("emulated_precision", severity, f"Emulated precision: {dtype} without native support",
+                   summary, evidence, est, text, _float32_code(facts, dtype), [DOCS_CPU_AMP], bound=bound)
+
+
+def _cuda(facts: RunFacts, devices: dict, step_s: float | None) -> Finding | None:
+    device = facts.device or {}
+    if (devices.get("autocast_dtypes") or {}).get("cuda") != "bfloat16":
+        return None
+    cap = capability_of(device.get("compute_capability"), device.get("name"))
+    if cap is None or supports_bf16(device.get("compute_capability"), device.get("name")):
+        return None
+    split = _gpu_compute_share(facts)
+    if split is None:
+        return None
+    compute, usable, _ = split
+    name = f"the {device.get('name') or 'GPU'} ({cap['arch']}, compute capability {cap['cc']})"
+    evidence = _round({"dtype": "bfloat16", "compute_capability": cap["cc"], "compute_share": compute,
+                       "speedable_share": usable, "device": "cuda"})
+    evidence["tensor_core_dtypes"] = list(cap["tensor_core_dtypes"])
+    summary = (f"Forward and backward run under autocast to bfloat16 and take {_pct(compute)} of each "
+               f"{_ms(step_s)} step on {name}, which has no bfloat16 tensor cores: bfloat16 math runs at "
+               "float32 speed at best")
+    if not cap["tensor_cores"]:
+        summary += "."
+        text = f"Train in float32 on this GPU: {cap['fp16_note']}."
+        return finding("emulated_precision", "info", "Emulated precision: bfloat16 without native support",
+                       summary, evidence, None, text, None, [DOCS_AMP])
+    est = 1.0 / ((1.0 - usable) + usable / cap["amp_speedup"])
+    summary += (f"; float16 on its tensor cores would give about {est:.2f}× per step (a conservative "
+                "estimate).")
+    api = fixes.mixed_precision_code(facts, bf16=False)
+    text = (api[0] if api else "Autocast to float16 instead and scale the loss with torch.amp.GradScaler(\"cuda\")"
+            " so small gradients do not underflow.") + " Keep bfloat16 for compute capability 8.0 and newer."
+    severity = "warning" if est >= T.VERDICT_MIN_SPEEDUP else "info"
+    return finding("emulated_precision", severity, "Emulated precision: bfloat16 without native support",
+                   summary, evidence, est, text, api[1] if api else _CODE_FP16, [DOCS_AMP], bound=bound_of(est))
+
+
+def emulated_precision(facts: RunFacts) -> Finding | None:
+    """Autocast to bfloat16/float16 on a device without native units for it (see the module).
+
+    Reads ``facts.devices`` (the last device audit: ``autocast_dtypes`` device type → dtype name,
+    ``cpu_matmul`` the measured matmul slowdown, ``params`` device → count), ``facts.device``
+    (``kind``, ``name``, ``compute_capability``), ``facts.step`` shares and step time.
+
+    CPU: fires when the measured slowdown is ≥ ``EMULATED_MIN_SLOWDOWN`` and the share it costs,
+    (forward + backward) × (1 − 1/slowdown), is ≥ ``HOST_SHARE_WARN``; critical from
+    ``HOST_SHARE_CRITICAL``. The estimate assumes the whole forward and backward slows by the
+    matmul's factor: a 32×32 matmul's slowdown is a lower bound of larger ones (matmuls and
+    convolutions), while the elementwise work autocast leaves in float32 does not slow at all;
+    measured here: est. 3.9× against 4.9× (scenario ``small_batch_bf16.py``) and 5.2× against 11.8×
+    (``emulated_bf16.py``). CUDA: bfloat16 under compute capability
+    8.0; ``est_speedup`` is Amdahl's law with the capability table's conservative float16
+    ``amp_speedup`` (None and info without tensor cores). Silent when any fact is unknown.
+    """
+    devices = facts.devices or {}
+    step = facts.step
+    if not step or not devices.get("autocast_dtypes"):
+        return None
+    step_s = (step.get("step_time_s") or {}).get("mean")
+    if (facts.device or {}).get("kind") == "cuda":
+        return _cuda(facts, devices, step_s)
+    return _cpu(facts, devices, step["shares"], step_s)
