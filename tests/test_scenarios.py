@@ -237,7 +237,8 @@ def test_bf16_autocast_without_native_bf16_is_emulated_precision(tmp_path):
     f = finding(faulty, "emulated_precision")
     assert f["severity"] == "critical" and f["evidence"]["native"] is False
     assert f["evidence"]["matmul_slowdown"] >= 2.0 and f["est_speedup"] >= 2.0
-    assert "float32" in f["fix"]["text"] and "enabled=False" in f["fix"]["code"]
+    assert "float32" in f["fix"]["text"] and "enabled=native" in f["fix"]["code"]
+    assert f["evidence"]["autocast_share"] > 0.8 and "emulated_bf16.py" in f["evidence"]["site"]
     fixed = scenario(tmp_path, "emulated_bf16.py", "--variant", "fixed", "--steps", "200")
     assert not any(g["id"] == "emulated_precision" for g in fixed["findings"])
     assert sps(fixed) >= 2.0 * sps(faulty)  # measured 11.8x; the estimate is the lower bound

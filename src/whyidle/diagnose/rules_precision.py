@@ -30,19 +30,26 @@ from whyidle.diagnose.types import Finding
 DOCS_CPU_AMP = "https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior"
 
 
-def _float32_code(facts: RunFacts, dtype: str) -> str:
-    """The program's mixed-precision switch turned off, in its API."""
+_NATIVE = {"bfloat16": "torch.ops.mkldnn._is_mkldnn_bf16_supported()",
+           "float16": "torch.ops.mkldnn._is_mkldnn_fp16_supported()"}
+
+
+def _float32_code(facts: RunFacts, dtype: str, site: str | None) -> str:
+    """The program's mixed-precision switch on only where the CPU runs ``dtype`` natively, in its API."""
     name = fixes.api_name(facts)
     cfg = (facts.api or {}).get("config") or {}
+    native = f"native = {_NATIVE[dtype]}   # AVX512/AMX {dtype} units (oneDNN)\n"
     if name == "lightning":
-        return f"trainer = Trainer(..., precision=\"32-true\")   # was {cfg.get('precision')!r}"
+        return native + (f"trainer = Trainer(..., precision=\"{cfg.get('precision') or 'bf16-mixed'}\" if native "
+                         "else \"32-true\")")
     if name == "hf_trainer":
         flag = "bf16" if dtype == "bfloat16" else "fp16"
-        return f"args = TrainingArguments(..., {flag}=False)   # float32 on this CPU"
+        return native + f"args = TrainingArguments(..., {flag}=native)   # float32 on CPUs without it"
     if name == "accelerate":
-        return f"accelerator = Accelerator(mixed_precision=\"no\")   # was {cfg.get('mixed_precision')!r}"
-    return (f"# this CPU has no native {dtype} matmul: forward and loss in float32\n"
-            f"with torch.autocast(\"cpu\", dtype=torch.{dtype}, enabled=False):   # or drop the with-block\n"
+        was = cfg.get("mixed_precision") or ("bf16" if dtype == "bfloat16" else "fp16")
+        return native + f"accelerator = Accelerator(mixed_precision=\"{was}\" if native else \"no\")"
+    where = f"   # {site}" if site else ""
+    return (native + f"with torch.autocast(\"cpu\", dtype=torch.{dtype}, enabled=native):{where}\n"
             "    loss = loss_fn(model(x), y)")
 
 
@@ -58,24 +65,31 @@ def _cpu(facts: RunFacts, devices: dict, shares: dict, step_s: float | None) -> 
     if slowdown < T.EMULATED_MIN_SLOWDOWN:
         return None
     compute = shares["forward"] + shares["backward"]
-    bound = compute * (1.0 - 1.0 / slowdown)
+    covered = devices.get("autocast_share")
+    under = compute * (1.0 if covered is None else covered)  # backward slows as its forward does
+    bound = under * (1.0 - 1.0 / slowdown)
     if bound < T.HOST_SHARE_WARN:
         return None
     est = 1.0 / (1.0 - min(bound, 0.95))
     cpu = (facts.device or {}).get("name") or "this CPU"
     units = "AVX512-BF16 or AMX" if dtype == "bfloat16" else "AVX512-FP16 or AMX-FP16"
-    summary = (f"Forward and backward run under CPU autocast to {dtype} and take {_pct(compute)} of each "
-               f"{_ms(step_s)} step, but {cpu} has no native {dtype} matmul ({units}): a {bench['n']}×{bench['n']} "
-               f"matmul took {slowdown:.1f}× its float32 time here, so float32 would give about {est:.1f}× "
-               "per step (a conservative estimate: larger matmuls slow down more).")
+    site = devices.get("autocast_site")
+    cover = "" if covered is None else f"{_pct(covered)} of the forward runs"
+    summary = (f"{cover or 'Forward and backward run'} under CPU autocast to {dtype}"
+               + (f" (from {site})" if site else "")
+               + f"; with its backward that is {_pct(under)} of each {_ms(step_s)} step, but {cpu} has no native "
+               f"{dtype} matmul ({units}): a {bench['n']}×{bench['n']} matmul took {slowdown:.1f}× its float32 time "
+               f"here, so {dtype} costs about {_pct(bound)} of the step and float32 would give about {est:.1f}× "
+               "(a conservative estimate: larger matmuls slow down more).")
     text = (f"Train in float32 on this CPU: autocast to {dtype} only pays on CPUs with {units} "
-            "(Intel Sapphire Rapids and later, AMD Zen 4 and later) and on GPUs; keep the switch for those "
-            "machines.")
+            "(Intel Sapphire Rapids and later, AMD Zen 4 and later) and on GPUs; the code keeps it for those.")
     evidence = _round({"dtype": dtype, "matmul_slowdown": slowdown, "matmul_n": bench.get("n"),
-                       "native": bench.get("native"), "compute_share": compute, "device": "cpu"})
+                       "native": bench.get("native"), "compute_share": compute, "autocast_share": covered,
+                       "device": "cpu"})
+    evidence["site"] = site
     severity = "critical" if bound >= T.HOST_SHARE_CRITICAL else "warning"
     return finding("emulated_precision", severity, f"Emulated precision: {dtype} without native support",
-                   summary, evidence, est, text, _float32_code(facts, dtype), [DOCS_CPU_AMP], bound=bound)
+                   summary, evidence, est, text, _float32_code(facts, dtype, site), [DOCS_CPU_AMP], bound=bound)
 
 
 def _cuda(facts: RunFacts, devices: dict, step_s: float | None) -> Finding | None:
@@ -120,7 +134,9 @@ def emulated_precision(facts: RunFacts) -> Finding | None:
     (``kind``, ``name``, ``compute_capability``), ``facts.step`` shares and step time.
 
     CPU: fires when the measured slowdown is ≥ ``EMULATED_MIN_SLOWDOWN`` and the share it costs,
-    (forward + backward) × (1 − 1/slowdown), is ≥ ``HOST_SHARE_WARN``; critical from
+    (forward + backward) × ``autocast_share`` × (1 − 1/slowdown), is ≥ ``HOST_SHARE_WARN`` (the
+    audit's ``autocast_share``: the forward's time in module calls under autocast; its backward is
+    taken to slow alike; 1 when unknown); critical from
     ``HOST_SHARE_CRITICAL``. The estimate assumes the whole forward and backward slows by the
     matmul's factor: a 32×32 matmul's slowdown is a lower bound of larger ones (matmuls and
     convolutions), while the elementwise work autocast leaves in float32 does not slow at all;

@@ -549,8 +549,22 @@ class TorchInstrument:
                     self.audit["inputs"].add(t.device.type)
                 if self.audit["autocast"] is not True:
                     self.audit["autocast"] = _autocast_enabled(self.torch)
-                self.audit["autocast_dtypes"].update(_autocast_dtypes(self.torch))
+                self.audit["forward_t0"] = monotonic_ns()
+        if self.auditing and self.audit["autocast_depth"] is None:
+            self._audit_autocast()
         self.depth += 1
+
+    def _audit_autocast(self) -> None:
+        """Opens the autocast window when this module call (at any depth: Accelerate and the HF
+        Trainer turn autocast on inside the root's ``forward``, a decorated ``forward`` too) runs
+        under autocast; :meth:`on_forward_post` closes it at the same depth."""
+        dtypes = _autocast_dtypes(self.torch)
+        if dtypes:
+            audit = self.audit
+            audit["autocast_dtypes"].update(dtypes)
+            audit["autocast_depth"], audit["autocast_t0"] = self.depth, monotonic_ns()
+            if audit["autocast_site"] is None:
+                audit["autocast_site"] = self.site_of(sys._getframe(2))[0]
 
     def on_forward_post(self) -> None:
         if self.module_calls is not None and self.global_hooks:
@@ -558,6 +572,13 @@ class TorchInstrument:
         if self.depth <= 0:
             return
         self.depth -= 1
+        audit = self.audit
+        if audit["autocast_depth"] == self.depth:
+            audit["autocast_ns"] += monotonic_ns() - audit["autocast_t0"]
+            audit["autocast_depth"] = None
+        if self.depth == 0 and audit["forward_t0"] is not None:
+            audit["forward_ns"] += monotonic_ns() - audit["forward_t0"]
+            audit["forward_t0"] = None
         if self.depth == 0:
             self.leave()
 
@@ -646,6 +667,9 @@ class TorchInstrument:
             "threads": self.torch.get_num_threads(), "param_dtypes": dtypes,
             "autocast": self.audit["autocast"], "matmul_tf32": tf32, "compiled": self.compiled,
             "autocast_dtypes": self.audit["autocast_dtypes"], "cpu_matmul": self._cpu_matmul(),
+            "autocast_share": (min(1.0, self.audit["autocast_ns"] / self.audit["forward_ns"])
+                               if self.audit["forward_ns"] else None),
+            "autocast_site": self.audit["autocast_site"],
             "batch_tensors": self.audit["batch_tensors"], "batch_bytes": self.audit["batch_bytes"],
             "anomaly_detection": bool(self.torch.is_anomaly_enabled()),
             "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") not in (None, "", "0"),
@@ -814,8 +838,11 @@ class TorchInstrument:
 
 
 def _new_audit() -> dict:
-    return {"batch": set(), "inputs": set(), "pinned": None, "autocast": None, "autocast_dtypes": {},
-            "batch_tensors": 0, "batch_bytes": 0}
+    return {"batch": set(), "inputs": set(), "pinned": None, "autocast": None, "batch_tensors": 0, "batch_bytes": 0,
+            # autocast: dtype per device type, the forward time in module calls under it (outermost
+            # window: depth and start), the forward time, and the user's line of the first such call
+            "autocast_dtypes": {}, "autocast_depth": None, "autocast_t0": 0, "autocast_ns": 0,
+            "forward_t0": None, "forward_ns": 0, "autocast_site": None}
 
 
 def _autocast_dtypes(torch) -> dict[str, str]:
