@@ -245,7 +245,9 @@ class RunFacts:
     - ``trainers`` (pids with steps, most steps first), ``primary`` (the pid analyzed),
       ``instrumented`` (pids that imported a framework), ``proc`` (the primary's ``proc`` record),
       ``other_trainers`` (per extra trainer: ``pid``, ``steps``, ``samples_per_s``,
-      ``step_time_p50_s``).
+      ``step_time_p50_s``); ``ranks`` (a ``torch.distributed`` job's ranks with steps:
+      :func:`whyidle.analysis.ranks.ranks`; empty outside one), ``straggler`` (the rank the others
+      wait for: :func:`whyidle.analysis.ranks.straggler`; the primary is its process).
     - ``steps_info`` (:func:`whyidle.analysis.steps.select_steps`), ``step``
       (:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps), ``step_rows`` (every step
       of the primary trainer) and ``analyzed_steps`` (those the metrics are over).
@@ -305,6 +307,8 @@ class RunFacts:
     notices: list[str] | None = None
     gpu_records_notices: list[dict] | None = None
     other_trainers: list[dict] | None = None
+    ranks: list[dict] | None = None
+    straggler: dict | None = None
     meta: dict | None = None
     input_wait: InputWait | None = None
     tfdata: dict | None = None

@@ -13,6 +13,7 @@ from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import logged as logged_analysis
+from whyidle.analysis import ranks as rank_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
@@ -102,6 +103,12 @@ def analyze(run: RunData) -> RunFacts:
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
     trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
+    ranks = rank_analysis.ranks({pid: p["dist"] for pid, p in ((pid, _proc_record(r)) for pid, r in procs.items())
+                                 if p and p.get("dist")}, step_lists)
+    late = rank_analysis.straggler(ranks)
+    lead = rank_analysis.lead_pid(ranks, late)
+    if lead in trainers:  # a distributed job: the straggler's report (the others wait for it), else rank 0's
+        trainers = [lead] + [p for p in trainers if p != lead]
     primary = trainers[0] if trainers else None
     recs = procs.get(primary, []) if primary is not None else []
 
@@ -201,6 +208,8 @@ def analyze(run: RunData) -> RunFacts:
         notices=notices,
         gpu_records_notices=[r for r in run.gpu if r.get("k") == "gpu_notice"],
         other_trainers=other_trainers,
+        ranks=ranks,
+        straggler=late,
         meta=run.meta,
         input_wait=input_wait,
         tfdata=_last(recs, "tfdata"),
@@ -337,8 +346,5 @@ def _job_samples_per_s(rows: list, time_parts: dict | None) -> float | None:
     one's: the first step is start-up), or None."""
     if not time_parts or len(rows) < 2 or time_parts["training_span_s"] <= 0:
         return None
-    known = [r["samples"] for r in rows[1:] if r.get("samples") is not None]
-    if not known:
-        return None
-    total = sum(known) + step_analysis.percentile(known, 50) * (len(rows) - 1 - len(known))
-    return total / time_parts["training_span_s"]
+    total = rank_analysis.samples_after_first(rows)
+    return None if total is None else total / time_parts["training_span_s"]

@@ -11,8 +11,8 @@ and answers the question before any other bottleneck does.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import (rules, rules_device, rules_gpu, rules_job, rules_keras, rules_precision, rules_startup,
-                              rules_work)
+from whyidle.diagnose import (rules, rules_device, rules_gpu, rules_job, rules_keras, rules_precision, rules_ranks,
+                              rules_startup, rules_work)
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.types import Finding
 from whyidle.diagnose.verdict import choose_verdict, order
@@ -141,6 +141,10 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
             f = rule(facts)
             if f:
                 findings.append(f)
+    if short is None:
+        late = rules_ranks.imbalance(facts, findings)
+        if late:
+            findings.append(late)
     _link_contention_to_input(facts, findings)
     _link_restarts_to_input(findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}

@@ -845,6 +845,26 @@ def _new_audit() -> dict:
             "forward_t0": None, "forward_ns": 0, "autocast_site": None}
 
 
+#: torchrun's environment (torch.distributed.elastic): variable → key of the ``dist`` identity.
+DIST_ENV = {"RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size", "GROUP_RANK": "node",
+            "LOCAL_WORLD_SIZE": "local_world_size", "TORCHELASTIC_RUN_ID": "run_id", "MASTER_ADDR": "master_addr",
+            "MASTER_PORT": "master_port"}
+
+
+def dist_identity(env) -> dict | None:
+    """The process's place in a ``torch.distributed`` job from the launcher's environment (torchrun,
+    torch.distributed.launch, Accelerate, Lightning and SLURM-style launchers set ``RANK`` and
+    ``WORLD_SIZE``): ``{rank, local_rank, world_size, node, local_world_size, run_id, master_addr,
+    master_port}`` (integers where numeric, None when unset), or None outside such a job."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    out = {}
+    for var, key in DIST_ENV.items():
+        value = env.get(var)
+        out[key] = int(value) if value is not None and value.isdigit() else value
+    return out
+
+
 def _autocast_dtypes(torch) -> dict[str, str]:
     """Device type → autocast dtype name (``"bfloat16"``, ``"float16"``) for each of ``cpu`` and
     ``cuda`` whose autocast is on (``torch.is_autocast_enabled(device)`` and
@@ -990,7 +1010,7 @@ def install(agent, torch) -> TorchInstrument:
         "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
         "framework": "torch", "framework_version": str(torch.__version__),
         "cuda_build": getattr(torch.version, "cuda", None), "threads": torch.get_num_threads(),
-        "started": agent.t_start,
+        "started": agent.t_start, "dist": dist_identity(os.environ),
     })
     agent.start_background()
     worker = sys.modules.get("torch.utils.data._utils.worker")

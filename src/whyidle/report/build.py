@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import whyidle
 from whyidle.analysis.facts import RunFacts
+from whyidle.analysis.ranks import job_rate
 
 SCHEMA = "whyidle.report/1"
 
@@ -127,9 +128,19 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     elif iw and iw.get("method") is None:
         notes.append(f"The input wait inside Keras's compiled train step was not measured ({iw.get('reason')}): "
                      "the 'compute' share includes it.")
+    ranked = {r["pid"]: r for r in facts.ranks or []}
+    if len(ranked) >= 2:
+        me = ranked.get(facts.primary) or {}
+        why = (", the rank the others wait for" if facts.straggler else
+               " (no rank stands out: each one's work outside backward is within 10 % of the others')")
+        notes.append(f"A torch.distributed job of {len(ranked)} ranks observed (world size "
+                     f"{me.get('world_size')}): samples/s is the job's, summed over the ranks; the step time, shares "
+                     f"and findings describe rank {me.get('rank')} (pid {facts.primary}){why}; every rank's are "
+                     "under 'ranks'.")
     for t in facts.other_trainers or []:
-        notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
-                     f"pid {facts.primary}.")
+        if t["pid"] not in ranked or len(ranked) < 2:
+            notes.append(f"Another training process (pid {t['pid']}) ran {t['steps']} steps; the report describes "
+                         f"pid {facts.primary}.")
     gpu_notices = [r["msg"] for r in facts.gpu_records_notices or []]
     if facts.gpu is None and facts.gpu_idle is None:
         why = f" ({'; '.join(gpu_notices)})" if gpu_notices else ""
@@ -183,6 +194,11 @@ def time_of(facts: RunFacts) -> dict | None:
             "parts": {name: dict(p) for name, p in t["parts"].items()}}
 
 
+#: A rank's row under the report's ``ranks`` (analysis/ranks.py).
+RANK_KEYS = ("rank", "local_rank", "node", "world_size", "pid", "steps", "samples_per_s", "steady_samples_per_s",
+             "step_time_s", "shares")
+
+
 def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:
     """Assembles the report dict. ``facts`` from :func:`whyidle.analysis.run.analyze`."""
     meta = facts.meta or {}
@@ -194,8 +210,9 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "steps_analyzed": step.get("steps", 0),
         "wall_s": meta.get("wall_s") if meta.get("wall_s") is not None else step.get("wall_s"),
         "train_wall_s": step.get("wall_s"),
-        "samples_per_s": facts.job_samples_per_s if facts.job_samples_per_s is not None else step.get("samples_per_s"),
-        "steady_samples_per_s": step.get("samples_per_s"),
+        "samples_per_s": job_rate(facts.ranks or [], "samples_per_s") or (
+            facts.job_samples_per_s if facts.job_samples_per_s is not None else step.get("samples_per_s")),
+        "steady_samples_per_s": job_rate(facts.ranks or [], "steady_samples_per_s") or step.get("samples_per_s"),
         "steps_per_s": step.get("steps_per_s"),
         "batch_size": step.get("batch_size"),
         "batches_per_step": step.get("batches_per_step"),
@@ -226,6 +243,8 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "metrics": metrics,
         "loader": {k: v for k, v in facts.loader.items() if k not in ("k", "t", "id")} if facts.loader else None,
         "keras": keras_of(facts),
+        "ranks": [{k: r[k] for k in RANK_KEYS} for r in facts.ranks] if len(facts.ranks or []) >= 2 else None,
+        "straggler": facts.straggler,
         "logged_metrics": {name: {k: v for k, v in m.items() if k != "values"}
                            for name, m in (facts.logged or {}).items()},
         "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},

@@ -144,6 +144,35 @@ def time_line(t: dict) -> str:
     return f"[bold]wall time[/] {t['wall_s']:.1f} s: " + " · ".join(shown)
 
 
+#: Ranks listed one per line; a bigger job lists the straggler and the slowest and fastest others.
+MAX_RANK_LINES = 8
+
+
+def rank_lines(report: dict) -> list[str]:
+    """A live distributed job's ranks, one line each (rank, node, samples/s, mean step, the two
+    largest shares), the straggler marked; at most ``MAX_RANK_LINES``. Empty for other reports."""
+    rows = [r for r in report.get("ranks") or [] if "shares" in r]
+    if len(rows) < 2:
+        return []
+    late = (report.get("straggler") or {}).get("rank")
+    if len(rows) > MAX_RANK_LINES:
+        by_rate = sorted(rows, key=lambda r: r.get("samples_per_s") or 0.0)
+        keep = {id(r) for r in by_rate[:3] + by_rate[-2:]} | {id(r) for r in rows if r["rank"] == late}
+        shown = [r for r in rows if id(r) in keep]
+    else:
+        shown = rows
+    out = [f"[bold]ranks[/] {len(rows)} (samples/s above: their sum" + ("; * the straggler)" if late is not None else ")") + (f" (showing {len(shown)}: the slowest, the fastest and the straggler)"
+                                            if len(shown) < len(rows) else "")]
+    nodes = len({r.get("node") for r in rows})
+    for r in shown:
+        top = sorted(r["shares"].items(), key=lambda kv: -kv[1])[:2]
+        rate = f"{r['samples_per_s']:,.1f} samples/s · " if r.get("samples_per_s") else ""
+        out.append(f"  rank {r['rank']}" + ("*" if r["rank"] == late else "") + (f" node {r['node']}" if nodes > 1 else "")
+                   + f": {rate}step {_ms(r['step_time_s']['mean'])} · "
+                   + " · ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in top))
+    return out
+
+
 def render(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
     """Prints ``report`` (a ``whyidle.report/1`` dict) for a human to ``file`` (default stdout)."""
     console = Console(file=file, width=width, highlight=False, soft_wrap=False)
@@ -181,6 +210,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
                       + (f" × {m['batches_per_step']:g} per step" if (m.get("batches_per_step") or 1) > 1 else ""))
         trace = report.get("source") == "trace"
         console.print(_share_bar(m.get("shares") or {}, phases=_TRACE_PHASES if trace else _PHASES))
+        for line in rank_lines(report):
+            console.print(line)
     if m.get("time"):
         console.print(time_line(m["time"]))
     host = m.get("host")

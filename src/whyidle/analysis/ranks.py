@@ -1,0 +1,117 @@
+"""The ranks of a ``torch.distributed`` job observed in one run (pure; no framework imports).
+
+Each rank is a training process whose ``proc`` record carries the launcher's ``dist`` identity
+(:func:`whyidle.instrument.torch.dist_identity`). Per rank: its steps, throughput and phase
+shares, from the same step analysis as the primary trainer (:mod:`whyidle.analysis.steps`). The
+job's throughput is the sum over ranks: each rank trains on its own shard of the samples (DDP,
+FSDP), so the job's samples/s is what every rank does together ("measure global throughput, not
+just individual device percentages").
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from whyidle.analysis import steps as step_analysis
+
+SHARE_KEYS = ("data_wait", "forward", "backward", "optimizer", "other_host")
+
+
+def training_rate(rows: list) -> float | None:
+    """Samples per second over a rank's training span: the samples of every step after the first
+    over the first step's end to the last one's (the first step is start-up), or None without two
+    steps, a positive span or a read batch size. Steps whose batch size was not read count as the
+    median of those that were."""
+    if len(rows) < 2:
+        return None
+    span = (rows[-1]["t1"] - rows[0]["t1"]) / 1e9
+    samples = samples_after_first(rows)
+    return samples / span if span > 0 and samples is not None else None
+
+
+def samples_after_first(rows: list) -> float | None:
+    """The samples of every step after the first; steps whose batch size was not read count as the
+    median of those that were. None when no batch size was read."""
+    known = [r["samples"] for r in rows[1:] if r.get("samples") is not None]
+    if not known:
+        return None
+    return sum(known) + step_analysis.percentile(known, 50) * (len(rows) - 1 - len(known))
+
+
+def ranks(identities: dict[int, dict], step_lists: dict[int, list]) -> list[dict]:
+    """One row per rank with steps, sorted by (node, rank).
+
+    ``identities``: pid → the ``dist`` identity of its ``proc`` record; ``step_lists``: pid → its
+    step rows. Row: ``rank``, ``local_rank``, ``node``, ``world_size``, ``pid``, ``steps``,
+    ``samples_per_s`` (over the rank's training span, :func:`training_rate`),
+    ``steady_samples_per_s`` and ``step_time_s`` (``p50``, ``mean``, seconds) over its analyzed
+    steps, ``shares`` (fractions of the step: ``SHARE_KEYS``). Empty outside a distributed job.
+    """
+    out = []
+    for pid, ident in identities.items():
+        rows = step_lists.get(pid) or []
+        analyzed, info = step_analysis.select_steps(rows) if rows else ([], {"total": 0})
+        if not analyzed:
+            continue
+        m = step_analysis.step_metrics(analyzed)
+        out.append({
+            "rank": ident.get("rank"), "local_rank": ident.get("local_rank"), "node": ident.get("node"),
+            "world_size": ident.get("world_size"), "pid": pid, "steps": info.get("total", len(rows)),
+            "samples_per_s": training_rate(rows), "steady_samples_per_s": m.get("samples_per_s"),
+            "step_time_s": {k: m["step_time_s"][k] for k in ("p50", "mean")},
+            "shares": {k: m["shares"].get(k, 0.0) for k in SHARE_KEYS},
+        })
+    return sorted(out, key=lambda r: (r["node"] if isinstance(r["node"], int) else 0,
+                                      r["rank"] if isinstance(r["rank"], int) else 0))
+
+
+def job_rate(rows: list[dict], key: str) -> float | None:
+    """The job's samples/s: the sum of the ranks' ``key`` (``samples_per_s`` or
+    ``steady_samples_per_s``), or None when fewer than two ranks have it."""
+    rates = [r[key] for r in rows if r.get(key) is not None]
+    return sum(rates) if len(rates) >= 2 else None
+
+
+#: Excess of the slowest rank's own work (outside backward) over the other ranks' median, as a
+#: fraction of its step, from which it is the straggler: the same 10 % as the trace reports'
+#: ``IMBALANCE_WARN`` (diagnose/trace_rules.py); below it, rank-to-rank noise of a shared box.
+STRAGGLER_MIN_SHARE = 0.10
+
+
+def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE) -> dict | None:
+    """The rank the others wait for, from the ranks' rows (:func:`ranks`).
+
+    DDP synchronizes every step at the gradient all-reduce, which it waits for at the end of
+    backward: a rank that reaches it early waits *inside its backward*, so every rank's step lasts
+    as long as the slowest, and the slowest is the one with the most work *outside* backward
+    (data wait, forward, optimizer, other host). ``own_s`` = mean step × (1 − backward share); the
+    straggler's excess is its ``own_s`` minus the other ranks' median. A straggler whose extra work
+    is inside backward itself is not seen this way (its all-reduce wait cannot be told from
+    backward compute without timing the collectives), nor are collectives in forward (FSDP's
+    all-gathers).
+
+    Returns ``{rank, pid, own_s, others_own_s, excess_s, excess_share, wait_s_by_rank}`` (seconds per
+    step; ``excess_share`` a fraction of the straggler's mean step; ``wait_s_by_rank``: rank → the
+    straggler's own_s minus that rank's, ≥ 0: the time it waits per step) when the excess is ≥
+    ``min_share``, else None; None with fewer than two ranks.
+    """
+    if len(rows) < 2:
+        return None
+    own = [(r["step_time_s"]["mean"] * (1.0 - r["shares"]["backward"]), r) for r in rows]
+    top_s, top = max(own, key=lambda x: x[0])
+    median = statistics.median(s for s, r in own if r is not top)
+    step_s = top["step_time_s"]["mean"]
+    excess = top_s - median
+    if step_s <= 0 or excess / step_s < min_share:
+        return None
+    return {"rank": top["rank"], "pid": top["pid"], "own_s": top_s, "others_own_s": median, "excess_s": excess,
+            "excess_share": excess / step_s,
+            "wait_s_by_rank": {str(r["rank"]): max(0.0, top_s - s) for s, r in own if r is not top}}
+
+
+def lead_pid(rows: list[dict], late: dict | None) -> int | None:
+    """The rank a job's report describes: the straggler's process, else the lowest rank's; None
+    with fewer than two ranks."""
+    if len(rows) < 2:
+        return None
+    return late["pid"] if late else rows[0]["pid"]
