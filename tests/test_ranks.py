@@ -106,3 +106,27 @@ def test_dist_identity_reads_the_launchers_environment():
                                   "run_id": "job-7", "master_addr": "10.0.0.1", "master_port": 29500}
     assert dist_identity({"RANK": "0"}) is None and dist_identity({}) is None
     assert dist_identity({"RANK": "0", "WORLD_SIZE": "1"})["local_rank"] is None
+
+
+def test_waits_in_forward_when_ddp_broadcasts_buffers():
+    """BatchNorm (or any buffer) with broadcast_buffers=True: the early rank waits in its forward."""
+    waiting = row(0, backward=0.06, data=0.01)
+    waiting["shares"].update(forward=0.93, optimizer=0.0, other_host=0.0)
+    late = row(1, backward=0.06, data=0.91)
+    s = R.straggler([waiting, late])
+    assert s["rank"] == 1 and s["waits_in"] == ["forward", "backward"]
+    f = imbalance(dist_facts([waiting, late]), [])
+    assert "outside forward and backward" in f["summary"] and "buffer broadcast" in f["summary"]
+
+
+def test_the_process_group_completes_the_launchers_identity():
+    """Lightning's own launcher starts rank 0 without RANK in its environment: the process group
+    seen at the device audit names it."""
+    from whyidle.analysis.run import _dist_identity
+
+    group = {"rank": 0, "world_size": 2, "backend": "gloo"}
+    recs = [{"k": "proc", "framework": "torch", "dist": None}, {"k": "devices", "dist": group}]
+    assert _dist_identity(recs) == group
+    env = {"rank": 1, "local_rank": 1, "world_size": 2, "node": 0}
+    assert _dist_identity([{"k": "proc", "framework": "torch", "dist": env}, {"k": "devices", "dist": None}]) == env
+    assert _dist_identity([{"k": "proc", "framework": "torch"}]) is None

@@ -14,7 +14,7 @@ import statistics
 
 from whyidle.analysis import steps as step_analysis
 
-SHARE_KEYS = ("data_wait", "forward", "backward", "optimizer", "other_host")
+SHARE_KEYS = ("data_wait", "forward", "backward", "optimizer", "eval", "other_host")
 
 
 def training_rate(rows: list) -> float | None:
@@ -84,27 +84,39 @@ def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE) -> dict 
     DDP synchronizes every step at the gradient all-reduce, which it waits for at the end of
     backward: a rank that reaches it early waits *inside its backward*, so every rank's step lasts
     as long as the slowest, and the slowest is the one with the most work *outside* backward
-    (data wait, forward, optimizer, other host). ``own_s`` = mean step × (1 − backward share); the
-    straggler's excess is its ``own_s`` minus the other ranks' median. A straggler whose extra work
-    is inside backward itself is not seen this way (its all-reduce wait cannot be told from
-    backward compute without timing the collectives), nor are collectives in forward (FSDP's
-    all-gathers).
+    (data wait, forward, optimizer, evaluation, other host). ``own_s`` = mean step × (1 − backward
+    share); the straggler's excess is its ``own_s`` minus the other ranks' median. When no rank
+    stands out so, the waits are taken to lie in forward too (DDP broadcasts the module's buffers
+    at the start of forward by default, ``broadcast_buffers=True``: BatchNorm statistics, BERT's
+    ``position_ids``; a waiting rank then waits in its forward) and ``own_s`` leaves forward out as
+    well (``waits_in`` says which). A straggler whose extra work is inside backward itself is not
+    seen this way (its all-reduce wait cannot be told from backward compute without timing the
+    collectives), nor one whose extra work is in forward when the waits are in forward too.
 
-    Returns ``{rank, pid, own_s, others_own_s, excess_s, excess_share, wait_s_by_rank}`` (seconds per
+    Returns ``{rank, pid, waits_in, own_s, others_own_s, excess_s, excess_share, wait_s_by_rank}`` (seconds per
     step; ``excess_share`` a fraction of the straggler's mean step; ``wait_s_by_rank``: rank → the
     straggler's own_s minus that rank's, ≥ 0: the time it waits per step) when the excess is ≥
     ``min_share``, else None; None with fewer than two ranks.
     """
     if len(rows) < 2:
         return None
-    own = [(r["step_time_s"]["mean"] * (1.0 - r["shares"]["backward"]), r) for r in rows]
+    for waits_in in (("backward",), ("forward", "backward")):
+        late = _late(rows, waits_in, min_share)
+        if late:
+            return late
+    return None
+
+
+def _late(rows: list[dict], waits_in: tuple[str, ...], min_share: float) -> dict | None:
+    """:func:`straggler` with the waits taken to lie in the phases ``waits_in``."""
+    own = [(r["step_time_s"]["mean"] * (1.0 - sum(r["shares"].get(k, 0.0) for k in waits_in)), r) for r in rows]
     top_s, top = max(own, key=lambda x: x[0])
     median = statistics.median(s for s, r in own if r is not top)
     step_s = top["step_time_s"]["mean"]
     excess = top_s - median
     if step_s <= 0 or excess / step_s < min_share:
         return None
-    return {"rank": top["rank"], "pid": top["pid"], "own_s": top_s, "others_own_s": median, "excess_s": excess,
+    return {"rank": top["rank"], "pid": top["pid"], "waits_in": list(waits_in), "own_s": top_s, "others_own_s": median, "excess_s": excess,
             "excess_share": excess / step_s,
             "wait_s_by_rank": {str(r["rank"]): max(0.0, top_s - s) for s, r in own if r is not top}}
 

@@ -46,6 +46,21 @@ def _proc_record(records: list[dict], steps=()) -> dict | None:
                else len(FRAMEWORK_ORDER), default=None)
 
 
+def _dist_identity(records: list[dict]) -> dict | None:
+    """A process's place in a distributed job: the launcher's environment (``proc`` record ``dist``)
+    completed by the process group seen at the device audit (``devices`` record ``dist``: rank,
+    world size, backend), or None outside one."""
+    proc = _proc_record(records) or {}
+    group = next((r["dist"] for r in reversed(records) if r.get("k") == "devices" and r.get("dist")), None)
+    if not proc.get("dist") and not group:
+        return None
+    ident = dict(proc.get("dist") or {})
+    for k, v in (group or {}).items():
+        if v is not None:
+            ident[k] = v
+    return ident
+
+
 def _keras_devices(tfd: dict | None) -> list[dict]:
     """The Keras device facts in the shape of PyTorch's device audit (``param_dtypes``,
     ``autocast`` = a ``mixed_*`` dtype policy, ``params`` by device kind) for the shared rules."""
@@ -103,8 +118,7 @@ def analyze(run: RunData) -> RunFacts:
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
     trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
-    ranks = rank_analysis.ranks({pid: p["dist"] for pid, p in ((pid, _proc_record(r)) for pid, r in procs.items())
-                                 if p and p.get("dist")}, step_lists)
+    ranks = rank_analysis.ranks({pid: ident for pid, r in procs.items() if (ident := _dist_identity(r))}, step_lists)
     late = rank_analysis.straggler(ranks)
     lead = rank_analysis.lead_pid(ranks, late)
     if lead in trainers:  # a distributed job: the straggler's report (the others wait for it), else rank 0's

@@ -29,9 +29,13 @@ def imbalance(facts: RunFacts, findings: list[Finding]) -> Finding | None:
     waits = {rank: w / steps[rank] for rank, w in s["wait_s_by_rank"].items() if steps.get(rank)}
     wait_share = sum(waits.values()) / len(waits) if waits else None
     step_s = steps.get(str(s["rank"]))
-    summary = (f"Rank {s['rank']} is the straggler: its work outside backward (data wait, forward, optimizer, "
-               f"Python) takes {_ms(s['own_s'])} of each {_ms(step_s)} step against {_ms(s['others_own_s'])} on "
-               f"the other ranks, which wait for it at the gradient all-reduce inside their backward"
+    forward = "forward" in s.get("waits_in", ())
+    outside = "forward and backward" if forward else "backward"
+    summary = (f"Rank {s['rank']} is the straggler: its work outside {outside} (data wait, "
+               + ("" if forward else "forward, ") + f"optimizer, evaluation, Python) takes {_ms(s['own_s'])} of "
+               f"each {_ms(step_s)} step against {_ms(s['others_own_s'])} on the other ranks, which wait for it "
+               + ("at the buffer broadcast in forward or the gradient all-reduce in backward" if forward else
+                  "at the gradient all-reduce inside their backward")
                + (f" ({_pct(wait_share)} of their step)" if wait_share is not None else "") + ".")
     own = [f for f in findings if f["severity"] != "info" and (f.get("bound") or 0) >= 0.5 * s["excess_share"]]
     if own:
@@ -39,7 +43,8 @@ def imbalance(facts: RunFacts, findings: list[Finding]) -> Finding | None:
                 "first); the other ranks speed up with it.")
     else:
         late = next((r for r in facts.ranks or [] if r["rank"] == s["rank"]), None)
-        phase, share = max(((k, v) for k, v in (late or {}).get("shares", {}).items() if k != "backward"),
+        phase, share = max(((k, v) for k, v in (late or {}).get("shares", {}).items()
+                            if k not in s.get("waits_in", ("backward",))),
                            key=lambda kv: kv[1], default=("forward", None))
         where = f" ({phase.replace('_', ' ')} takes {_pct(share)} of its step)" if share is not None else ""
         text = (f"Look at what rank {s['rank']} does differently{where}: its data (a shard of longer or costlier samples: "

@@ -669,7 +669,7 @@ class TorchInstrument:
             "autocast_dtypes": self.audit["autocast_dtypes"], "cpu_matmul": self._cpu_matmul(),
             "autocast_share": (min(1.0, self.audit["autocast_ns"] / self.audit["forward_ns"])
                                if self.audit["forward_ns"] else None),
-            "autocast_site": self.audit["autocast_site"],
+            "autocast_site": self.audit["autocast_site"], "dist": _dist_group(self.torch),
             "batch_tensors": self.audit["batch_tensors"], "batch_bytes": self.audit["batch_bytes"],
             "anomaly_detection": bool(self.torch.is_anomaly_enabled()),
             "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") not in (None, "", "0"),
@@ -863,6 +863,19 @@ def dist_identity(env) -> dict | None:
         value = env.get(var)
         out[key] = int(value) if value is not None and value.isdigit() else value
     return out
+
+
+def _dist_group(torch) -> dict | None:
+    """``{rank, world_size, backend}`` of the default ``torch.distributed`` process group once it is
+    initialized (launchers that set the environment only in the processes they spawn, such as
+    Lightning's own, leave the first process without ``RANK``), else None."""
+    try:
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}
+    except Exception:
+        return None
 
 
 def _autocast_dtypes(torch) -> dict[str, str]:

@@ -132,7 +132,8 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     if len(ranked) >= 2:
         me = ranked.get(facts.primary) or {}
         why = (", the rank the others wait for" if facts.straggler else
-               " (no rank stands out: each one's work outside backward is within 10 % of the others')")
+               " (no rank stands out: each one's work outside backward, and outside forward and backward, is within "
+               "10 % of the others')")
         notes.append(f"A torch.distributed job of {len(ranked)} ranks observed (world size "
                      f"{me.get('world_size')}): samples/s is the job's, summed over the ranks; the step time, shares "
                      f"and findings describe rank {me.get('rank')} (pid {facts.primary}){why}; every rank's are "
