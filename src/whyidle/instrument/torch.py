@@ -572,13 +572,14 @@ class TorchInstrument:
         if self.depth <= 0:
             return
         self.depth -= 1
-        audit = self.audit
-        if audit["autocast_depth"] == self.depth:
-            audit["autocast_ns"] += monotonic_ns() - audit["autocast_t0"]
-            audit["autocast_depth"] = None
-        if self.depth == 0 and audit["forward_t0"] is not None:
-            audit["forward_ns"] += monotonic_ns() - audit["forward_t0"]
-            audit["forward_t0"] = None
+        if self.auditing:  # the first steps only: the autocast and forward windows (on_forward_pre)
+            audit = self.audit
+            if audit["autocast_depth"] == self.depth:
+                audit["autocast_ns"] += monotonic_ns() - audit["autocast_t0"]
+                audit["autocast_depth"] = None
+            if self.depth == 0 and audit["forward_t0"] is not None:
+                audit["forward_ns"] += monotonic_ns() - audit["forward_t0"]
+                audit["forward_t0"] = None
         if self.depth == 0:
             self.leave()
 
