@@ -10,6 +10,10 @@ Cases (``--cases``, comma-separated; default all):
   enable_progress_bar=False, logger=False, enable_checkpointing=False)``, steps of a few ms; the
   step time is the interval between two ``on_train_batch_start`` calls of a Callback
   (``time.perf_counter``). Goal ≤ 1.03.
+- ``ddp``: the ``10ms`` loop in ``DistributedDataParallel`` over gloo, 2 ranks under
+  ``torchrun --standalone --nproc_per_node 2`` (not pinned: one core per rank), rank 0's step
+  times; whyidle times every collective there (DDP's gradient all-reduce through its comm hook,
+  its buffer broadcast). Goal ≤ 1.02.
 - ``memory``: a loop of tiny steps runs ``--memory-steps`` steps (default 100,000) plain and under
   whyidle; each reports its RSS growth between step 1,000 and the end; the benchmark polls the
   whyidle process's RSS. Prints the trainer's extra growth under whyidle (goal < 20 MB),
@@ -56,13 +60,19 @@ import psutil
 WORKLOAD = r'''
 import json, os, sys, time
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 torch.set_num_threads(1)
 steps, width, batch, warmup = (int(a) for a in sys.argv[1:5])
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
-loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
 model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
                             torch.nn.ReLU(), torch.nn.Linear(width, 10))
+ddp = "RANK" in os.environ  # under torchrun: gloo DDP, each rank its shard
+if ddp:
+    torch.distributed.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data), drop_last=True)
+else:
+    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 def rss():
     with open("/proc/self/statm") as f:
@@ -84,8 +94,16 @@ while step < steps:
 mean = sum(times) / len(times)
 times.sort()
 cpu = (time.process_time() - cpu0) / len(times)
-print("RESULT " + json.dumps({"median_s": times[len(times) // 2], "p20_s": times[len(times) // 5], "mean_s": mean,
-                              "cpu_s": cpu, "n": len(times), "rss_growth_bytes": rss() - rss0}))
+if not ddp or torch.distributed.get_rank() == 0:
+    print("RESULT " + json.dumps({"median_s": times[len(times) // 2], "p20_s": times[len(times) // 5], "mean_s": mean,
+                                  "cpu_s": cpu, "n": len(times), "rss_growth_bytes": rss() - rss0}))
+if ddp:
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    # PyTorch 2.13 + gloo: about 1 plain run in 10 aborts at interpreter exit after this
+    # ("terminate called without an active exception", exit -6), whyidle or not
+    sys.stdout.flush()
+    os._exit(0)
 '''
 
 #: Lightning loop: argv = steps, width, batch, warm-up steps. Prints one RESULT line.
@@ -133,13 +151,16 @@ print("RESULT " + json.dumps({"median_s": d[len(d) // 2], "p20_s": d[len(d) // 5
                               "n": len(d)}))
 '''
 
-CASE_NAMES = ("10ms", "2ms", "lightning", "memory")
+CASE_NAMES = ("10ms", "2ms", "lightning", "ddp", "memory")
 
 #: Command prefix pinning the training process (plain and observed alike) to one CPU (``--pin``):
 #: this box's two virtual CPUs run the same code at speeds up to 1.5× apart, which alone swamps a
 #: few-percent difference. whyidle's own process is not pinned.
 PIN: list[str] = []
-GOALS = {"10ms": 1.02, "2ms": 1.05, "lightning": 1.03}
+GOALS = {"10ms": 1.02, "2ms": 1.05, "lightning": 1.03, "ddp": 1.02}
+
+#: How the ``ddp`` case launches its workload (instead of the CPU pin).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def machine_state(full: bool = False) -> str:
@@ -194,9 +215,10 @@ def steps_recorded(run_dir: str) -> int:
 
 
 def run_once(script: str, args: list, observed: bool, workdir: str, extra: list[str],
-             poll_rss: bool = False) -> tuple[dict, float | None]:
-    """Runs one workload, plain or under ``whyidle run``; returns its RESULT and whyidle's peak RSS."""
-    cmd = [*PIN, sys.executable, script, *map(str, args)]
+             poll_rss: bool = False, launch: list[str] | None = None) -> tuple[dict, float | None]:
+    """Runs one workload, plain or under ``whyidle run``; returns its RESULT and whyidle's peak RSS.
+    ``launch``: the command before the script (default: the CPU pin and this Python)."""
+    cmd = [*(launch or [*PIN, sys.executable]), script, *map(str, args)]
     peak = None
     run_dir = None
     if observed:
@@ -230,13 +252,14 @@ def ms(results: list[dict], key: str) -> str:
     return ", ".join(f"{r[key] * 1e3:.3f}" for r in results)
 
 
-def ab_case(name: str, script: str, args: list, rounds: int, workdir: str, extra: list[str]) -> dict:
+def ab_case(name: str, script: str, args: list, rounds: int, workdir: str, extra: list[str],
+            launch: list[str] | None = None) -> dict:
     """Runs ``rounds`` A/B pairs of one case and prints the per-run values and the ratios."""
     plain, watched = [], []
     print(f"[{name}] {machine_state()}", flush=True)
     for r in range(rounds):
-        plain.append(run_once(script, args, False, workdir, extra)[0])
-        watched.append(run_once(script, args, True, workdir, extra)[0])
+        plain.append(run_once(script, args, False, workdir, extra, launch=launch)[0])
+        watched.append(run_once(script, args, True, workdir, extra, launch=launch)[0])
         p, w = plain[-1], watched[-1]
         print(f"[{name}] round {r + 1}: plain median {p['median_s'] * 1e3:.3f} ms mean {p['mean_s'] * 1e3:.3f} ms | "
               f"whyidle median {w['median_s'] * 1e3:.3f} ms mean {w['mean_s'] * 1e3:.3f} ms "
@@ -316,6 +339,9 @@ def main() -> None:
             summary.append(ab_case("lightning", lscript, [args.lightning_steps, args.lightning_width,
                                                           args.lightning_batch, min(100, args.lightning_steps // 2)],
                                    args.rounds, workdir, extra))
+        if "ddp" in cases:
+            summary.append(ab_case("ddp", script, [args.steps, args.width, 64, min(100, args.steps // 2)],
+                                   args.rounds, workdir, extra, launch=TORCHRUN))
         if "memory" in cases:
             n = args.memory_steps
             print(f"[memory] {machine_state()}", flush=True)

@@ -1,20 +1,29 @@
-"""A DDP job (gloo, CPU) whose rank 1 is the straggler: the other ranks wait for it in the gradient
-all-reduce at the end of their backward.
+"""A DDP job (gloo, CPU) with one rank the others wait for, or none.
 
-Run under torchrun: ``torchrun --standalone --nproc_per_node 2 ddp_straggler.py [--kind K] [--fixed]``.
+Run under torchrun: ``torchrun --standalone --nproc_per_node 2 ddp_straggler.py [--kind K] [--fixed]``
+(or as 2 "nodes": ``--nnodes 2 --node_rank i --rdzv-backend c10d --rdzv-endpoint HOST:PORT``).
 Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP in
 ``DistributedDataParallel``, SGD, batch 16 per rank, one intra-op thread per rank.
 
 - ``--kind loader`` (default): rank 1's samples cost 2 ms each to load (a slow shard: remote
   storage or a costly decode), ``num_workers=0``.
+- ``--kind host``: rank 1 runs ~25 ms of Python after each optimizer step (rank-local logging or
+  metric code).
 - ``--kind forward``: rank 1's forward takes 25 ms more (a slower device).
-- faulty: as above; fixed (``--fixed``): rank 1 as fast as rank 0.
+- ``--kind validation`` (C17): every 10 steps, before the step's forward, rank 0 alone runs a
+  validation pass (512 batches under ``no_grad`` and a Python metric) while rank 1 goes on to the next step's all-reduce.
+  Fixed: both ranks validate half of the data each and all-reduce the metric.
+- ``--kind metrics`` (C28): every step each rank all-reduces 4 scalar metrics and reads them
+  (``.item()``). Fixed: the metrics are summed locally and all-reduced once every 50 steps.
+  Balanced either way (no straggler).
+- faulty: as above; fixed (``--fixed``): the ranks do the same work.
 
-Expected diagnosis (faulty): the report describes rank 1 with a ``straggler`` and an ``imbalance``
-finding; loader: verdict ``input_bound`` on rank 1 (imbalance info); forward: verdict
-``imbalance``. Fixed: no straggler, the report describes rank 0.
-The RESULT line is rank 0's, with ``samples_per_s`` the job's (rank 0's × world size: DDP
-steps in lockstep).
+Expected diagnosis (faulty): the report describes the straggler with an ``imbalance`` finding:
+loader → verdict ``input_bound`` on rank 1; host → ``host_bound`` on rank 1; forward →
+``imbalance`` (nothing in rank 1's own phases explains it: a slower device); validation → rank
+0 with ``eval_bound``; metrics → no straggler. Fixed: no straggler, the report describes rank 0.
+The RESULT line is rank 0's; ``job_samples_per_s`` is the sum over ranks of each rank's samples
+after its first step over their span (whyidle's definition of the job's samples/s).
 """
 
 import os
@@ -62,35 +71,90 @@ class Net(nn.Module):
         return out
 
 
+def rank_local_bookkeeping(n: int = 400_000) -> float:
+    """Python work one rank does after each step (its own logging or metric code)."""
+    total = 0.0
+    for i in range(n):
+        total += (i % 7) * 0.5
+    return total
+
+
+def validate(model, data, indices) -> float:
+    """Accuracy over ``indices`` of ``data``: 16-sample batches under ``no_grad``, a Python metric."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(indices), 16):
+            idx = indices[start:start + 16]
+            x, y = data.x[idx], data.y[idx]
+            pred = model.module(x).argmax(1)
+            correct += sum(int(p == t) for p, t in zip(pred.tolist(), y.tolist()))
+    model.train()
+    return correct / max(1, len(indices))
+
+
 def main():
     p = make_parser(__doc__, steps=60)
-    p.add_argument("--kind", choices=("loader", "forward"), default="loader")
+    p.add_argument("--kind", choices=("loader", "host", "forward", "validation", "metrics"), default="loader")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     seed_everything(args.seed)
-    late = rank == 1 and args.variant == "faulty"
+    faulty = args.variant == "faulty"
+    late = rank == 1 and faulty
     data = Shard(0.002 if late and args.kind == "loader" else 0.0)
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=args.seed), drop_last=True)
     model = DistributedDataParallel(Net(0.025 if late and args.kind == "forward" else 0.0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    val_idx = list(range(8192))  # 512 batches of 16
+    sums = torch.zeros(4)
     meter = StepMeter()
     meter.start()
     step = 0
     while step < args.steps:
         for x, y in loader:
             meter.got_batch()
-            loss = F.cross_entropy(model(x), y)
+            if args.kind == "validation" and step and step % 10 == 0:
+                if faulty and rank == 0:  # rank 0 alone; the others go on and wait in the all-reduce
+                    validate(model, data, val_idx)
+                elif not faulty:  # each rank its half, one all-reduce of the metric
+                    acc = torch.tensor([validate(model, data, val_idx[rank::world])])
+                    dist.all_reduce(acc)
+            out = model(x)
+            loss = F.cross_entropy(out, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            meter.step_done(x.shape[0] * world)
             step += 1
+            if args.kind == "host" and late:
+                rank_local_bookkeeping()
+            if args.kind == "metrics":
+                metrics = torch.stack([loss.detach(), out.detach().abs().mean(), out.detach().std(),
+                                       (out.argmax(1) == y).float().mean()])
+                if faulty:  # every step: 4 collectives and 4 host reads
+                    values = []
+                    for m in metrics:
+                        m = m.clone()
+                        dist.all_reduce(m)
+                        values.append(m.item() / world)
+                else:
+                    sums += metrics
+                    if step % 50 == 0:
+                        dist.all_reduce(sums)
+                        sums.zero_()
+            meter.step_done(x.shape[0])
             if step >= args.steps:
                 break
+    res = meter.result()
+    first = meter.step_times[0] if meter.step_times else 0.0
+    own = (res["samples"] - x.shape[0]) / (res["wall_s"] - first) if res["wall_s"] > first else 0.0
+    total = torch.tensor([own], dtype=torch.float64)
+    dist.all_reduce(total)  # after the loop: the job's samples/s as whyidle defines it
     if rank == 0:
-        meter.print_result(scenario="ddp_straggler", variant=args.variant, kind=args.kind, world_size=world)
+        meter.print_result(scenario="ddp_straggler", variant=args.variant, kind=args.kind, world_size=world,
+                           job_samples_per_s=round(float(total), 2))
+    dist.barrier()
     dist.destroy_process_group()
 
 

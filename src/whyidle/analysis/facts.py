@@ -247,7 +247,9 @@ class RunFacts:
       ``other_trainers`` (per extra trainer: ``pid``, ``steps``, ``samples_per_s``,
       ``step_time_p50_s``); ``ranks`` (a ``torch.distributed`` job's ranks with steps:
       :func:`whyidle.analysis.ranks.ranks`; empty outside one), ``straggler`` (the rank the others
-      wait for: :func:`whyidle.analysis.ranks.straggler`; the primary is its process).
+      wait for: :func:`whyidle.analysis.ranks.straggler`; the primary is its process),
+      ``collectives`` (the primary's own blocking collectives per step, timed on gloo/mpi:
+      :func:`whyidle.analysis.collectives.program_collectives`, or None).
     - ``steps_info`` (:func:`whyidle.analysis.steps.select_steps`), ``step``
       (:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps), ``step_rows`` (every step
       of the primary trainer) and ``analyzed_steps`` (those the metrics are over).
@@ -309,6 +311,7 @@ class RunFacts:
     other_trainers: list[dict] | None = None
     ranks: list[dict] | None = None
     straggler: dict | None = None
+    collectives: dict | None = None
     meta: dict | None = None
     input_wait: InputWait | None = None
     tfdata: dict | None = None

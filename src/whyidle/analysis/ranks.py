@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 
+from whyidle.analysis import collectives as coll_analysis
 from whyidle.analysis import steps as step_analysis
 
 SHARE_KEYS = ("data_wait", "forward", "backward", "optimizer", "eval", "other_host")
@@ -65,6 +66,75 @@ def ranks(identities: dict[int, dict], step_lists: dict[int, list]) -> list[dict
                                       r["rank"] if isinstance(r["rank"], int) else 0))
 
 
+def measure_collectives(rows: list[dict], waits: dict, step_lists: dict, regions: dict) -> dict | None:
+    """The measured culprit of the ranks' rows (:func:`whyidle.analysis.collectives.culprit`;
+    ``waits``: pid → :func:`~whyidle.analysis.collectives.step_waits`; ``step_lists``: pid → its
+    step rows; ``regions``: pid → its ``region`` records), setting on each row ``collective_s`` (its mean time in collectives per step,
+    seconds) and ``wait_s`` (its mean wait for the other ranks per step), None where not measured.
+    The culprit's ``late_cause`` (:func:`late_cause`) is added; its step lists are dropped."""
+    by_rank = {r["rank"]: waits.get(r["pid"]) or {} for r in rows}
+    measured = coll_analysis.culprit({k: v for k, v in by_rank.items() if v},
+                                     {r["rank"]: r["step_time_s"]["mean"] for r in rows})
+    for r in rows:
+        r["collective_s"] = (measured or {}).get("collective_s_by_rank", {}).get(str(r["rank"]))
+        r["wait_s"] = (measured or {}).get("wait_s_by_rank", {}).get(str(r["rank"]))
+    if measured is None:
+        return None
+    late_at, compared = measured.pop("late_at"), measured.pop("compared")
+    pid = next((r["pid"] for r in rows if r["rank"] == measured["rank"]), None)
+    measured["late_cause"] = (late_cause(step_lists.get(pid) or [], late_at, compared, regions.get(pid) or [])
+                              if pid is not None else None)
+    return measured
+
+
+#: Step-row fields of the phases (ns), by share name (analysis/steps.py).
+PHASE_FIELDS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "eval": "eval"}
+
+
+def late_cause(rows: list, late_at: dict, compared: list, regions: list[dict] = ()) -> dict | None:
+    """What a rank that is late only now and then does in the steps it is late (``late_at``: step
+    index → the wait it caused then, seconds): per phase, its mean time in those steps (weighted by
+    that wait: the steps that cost most say most) minus in its other compared steps (``other_host``: the step's time
+    outside the timed phases), and the same for the time inside its ``evaluation``,
+    ``checkpoint`` and ``logging`` regions (``region`` records, instrument/regions.py). A region
+    that grew by at least half as much as the phase that grew most names the cause (it is the more
+    precise name: rank-0-only validation shows as host time when it calls the inner module), else
+    that phase. The steady shares leave such steps out; this names them.
+
+    Returns ``{phase, extra_s, steps}`` (seconds more per late step; ``steps``: late steps with a
+    detailed row), or None when it is late in more than half of the compared steps (then its
+    steady shares are its cause) or fewer than 2 late or 3 other steps have detailed rows."""
+    if not late_at or len(late_at) > len(compared) / 2:
+        return None
+    keep = set(compared)
+    spans = [(r.get("kind"), r.get("t0"), r.get("t1")) for r in regions
+             if isinstance(r.get("t0"), int) and isinstance(r.get("t1"), int)]
+    late, other = [], []
+    for row in rows:
+        i = row.get("i")
+        if i not in keep or row.get("bwd") is None or row.get("t1") is None:
+            continue
+        t0, t1 = row["t0"], row["t1"]
+        phases = {k: (row.get(f) or 0) / 1e9 for k, f in PHASE_FIELDS.items()}
+        phases["other_host"] = max(0.0, (t1 - t0) / 1e9 - sum(phases.values()))
+        for kind in REGION_KINDS:
+            phases[kind] = sum(max(0, min(t1, b) - max(t0, a)) for k, a, b in spans if k == kind) / 1e9
+        (late if i in late_at else other).append((phases, late_at.get(i, 1.0)))
+    if len(late) < 2 or len(other) < 3:
+        return None
+    total = sum(w for _, w in late) or 1.0
+    grew = {k: sum(p[k] * w for p, w in late) / total - statistics.fmean(p[k] for p, _ in other) for k in late[0][0]}
+    phase = max((k for k in grew if k not in REGION_KINDS), key=grew.get)
+    region = max(REGION_KINDS, key=grew.get)
+    if grew[region] >= 0.5 * grew[phase] > 0:
+        phase = region
+    return {"phase": phase, "extra_s": grew[phase], "steps": len(late)} if grew[phase] > 0 else None
+
+
+#: Region kinds a late step's extra time can be named by (instrument/regions.py).
+REGION_KINDS = ("evaluation", "checkpoint", "logging")
+
+
 def job_rate(rows: list[dict], key: str) -> float | None:
     """The job's samples/s: the sum of the ranks' ``key`` (``samples_per_s`` or
     ``steady_samples_per_s``), or None when fewer than two ranks have it."""
@@ -78,10 +148,17 @@ def job_rate(rows: list[dict], key: str) -> float | None:
 STRAGGLER_MIN_SHARE = 0.10
 
 
-def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE) -> dict | None:
+def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE, measured: dict | None = None) -> dict | None:
     """The rank the others wait for, from the ranks' rows (:func:`ranks`).
 
-    DDP synchronizes every step at the gradient all-reduce, which it waits for at the end of
+    ``measured``: :func:`whyidle.analysis.collectives.culprit` of the ranks' timed collectives
+    (host-synchronous backends, enough steps), which decides when given: its culprit is the
+    straggler when the other ranks wait for it at least ``min_share`` of their step, else there is
+    none. Returns ``{rank, pid, measured: True, culprit_share, late_cause, late_steps, steps,
+    excess_s, excess_share, wait_s_by_rank}`` (``excess_s``: the other ranks' mean wait per step, seconds;
+    ``excess_share``: as a fraction of their step; ``wait_s_by_rank``: rank → its wait per step).
+
+    Without it, from the phases: DDP synchronizes every step at the gradient all-reduce, which it waits for at the end of
     backward: a rank that reaches it early waits *inside its backward*, so every rank's step lasts
     as long as the slowest, and the slowest is the one with the most work *outside* backward
     (data wait, forward, optimizer, evaluation, other host). ``own_s`` = mean step × (1 − backward
@@ -90,8 +167,7 @@ def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE) -> dict 
     at the start of forward by default, ``broadcast_buffers=True``: BatchNorm statistics, BERT's
     ``position_ids``; a waiting rank then waits in its forward) and ``own_s`` leaves forward out as
     well (``waits_in`` says which). A straggler whose extra work is inside backward itself is not
-    seen this way (its all-reduce wait cannot be told from backward compute without timing the
-    collectives), nor one whose extra work is in forward when the waits are in forward too.
+    seen this way, nor one whose extra work is in forward when the waits are in forward too.
 
     Returns ``{rank, pid, waits_in, own_s, others_own_s, excess_s, excess_share, wait_s_by_rank}`` (seconds per
     step; ``excess_share`` a fraction of the straggler's mean step; ``wait_s_by_rank``: rank → the
@@ -100,6 +176,16 @@ def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE) -> dict 
     """
     if len(rows) < 2:
         return None
+    if measured is not None:
+        row = next((r for r in rows if r["rank"] == measured["rank"]), None)
+        if row is None or measured["wait_share"] < min_share:
+            return None
+        waits = {k: v for k, v in measured["wait_s_by_rank"].items() if k != str(row["rank"])}
+        return {"rank": row["rank"], "pid": row["pid"], "measured": True, "culprit_share": measured["culprit_share"],
+                "late_cause": measured.get("late_cause"),
+                "late_steps": measured["late_steps"], "steps": measured["steps"],
+                "excess_s": measured["caused_s"], "excess_share": measured["wait_share"],
+                "wait_s_by_rank": waits}
     for waits_in in (("backward",), ("forward", "backward")):
         late = _late(rows, waits_in, min_share)
         if late:

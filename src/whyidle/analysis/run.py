@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from whyidle.analysis import accounting
 from whyidle.analysis import api as api_analysis
+from whyidle.analysis import collectives as coll_analysis
 from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
@@ -119,7 +120,10 @@ def analyze(run: RunData) -> RunFacts:
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
     trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
     ranks = rank_analysis.ranks({pid: ident for pid, r in procs.items() if (ident := _dist_identity(r))}, step_lists)
-    late = rank_analysis.straggler(ranks)
+    measured = rank_analysis.measure_collectives(
+        ranks, {r["pid"]: coll_analysis.step_waits(procs[r["pid"]]) for r in ranks}, step_lists,
+        {r["pid"]: [x for x in procs[r["pid"]] if x.get("k") == "region"] for r in ranks})
+    late = rank_analysis.straggler(ranks, measured=measured)
     lead = rank_analysis.lead_pid(ranks, late)
     if lead in trainers:  # a distributed job: the straggler's report (the others wait for it), else rank 0's
         trainers = [lead] + [p for p in trainers if p != lead]
@@ -224,6 +228,7 @@ def analyze(run: RunData) -> RunFacts:
         other_trainers=other_trainers,
         ranks=ranks,
         straggler=late,
+        collectives=coll_analysis.program_collectives(recs),
         meta=run.meta,
         input_wait=input_wait,
         tfdata=_last(recs, "tfdata"),

@@ -462,7 +462,8 @@ def host_bound(facts: RunFacts) -> dict | None:
     ``other_host`` share ≥ ``HOST_SHARE_WARN``. The work is named by the user function that holds
     most of that time inclusively (``facts.focus["other"]``), else by the top sampled lines.
     ``est_speedup`` removes that function's time (or the top three lines' time; the whole share
-    without samples).
+    without samples). The time in the program's own collectives is left out
+    (``rules_ranks.metric_collectives`` holds it).
     """
     step = facts.step
     if not step:
@@ -471,6 +472,9 @@ def host_bound(facts: RunFacts) -> dict | None:
     gpu_share = gpu_idle_share(facts, "host")
     if gpu_share is not None:  # host work while the GPU still has queued work costs nothing
         share = min(share, gpu_share)
+    coll = facts.collectives
+    if coll and step["step_time_s"]["mean"] > 0:  # the program's collectives: metric_collectives' time
+        share = max(0.0, share - coll["s_per_step"] / step["step_time_s"]["mean"])
     if share < T.HOST_SHARE_WARN:
         return None
     # a function named by fewer than MIN_SITE_SAMPLES samples is chance, not where the time goes

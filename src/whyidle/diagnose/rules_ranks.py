@@ -8,17 +8,44 @@ much. Evidence keys follow the trace reports' ``imbalance`` (diagnose/trace_rule
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
+from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import _ms, _pct, _round, finding
 from whyidle.diagnose.types import Finding
 
 DOCS_DDP = "https://pytorch.org/docs/stable/notes/ddp.html"
+
+#: What an intermittent straggler did more in its late steps (``late_cause`` phase) → its name and
+#: the fix. Evaluation: cases.md C17 (Horovod #159, the maintainer's fix: shard it, all-reduce the
+#: metric).
+LATE_ADVICE = {
+    "evaluation": ("evaluation", "evaluation on this rank alone (rank-0-only validation) leaves the others "
+                   "waiting in the next collective. Shard it across the ranks (a `DistributedSampler` over the "
+                   "validation set) and all-reduce the metric once, so each rank evaluates its part at the same "
+                   "time (Lightning: validation runs on every rank by default; log epoch-level metrics with "
+                   "`sync_dist=True`)."),
+    "checkpoint": ("checkpoint saving", "a checkpoint this rank alone writes holds the others in the next "
+                   "collective. Save asynchronously (`torch.distributed.checkpoint.async_save`, Lightning's "
+                   "`AsyncCheckpointIO`) or less often."),
+    "logging": ("logging", "the experiment tracker's calls on this rank alone hold the others in the next "
+                "collective: log less often or from a background thread (wandb and TensorBoard buffer)."),
+    "other_host": ("host work outside the model", "work this rank alone does between steps (logging, metric "
+                   "files, checkpoint writing, uploads) holds the others in the next collective. Do it less "
+                   "often, on a background thread, or spread it over the ranks."),
+    "data_wait": ("data wait", "its input pipeline stalls now and then (a slow shard or file, workers "
+                  "restarting at an epoch boundary): its input findings in this report, and `persistent_workers=True`."),
+    "forward": ("compute", "its device was slower in those steps (clock throttling, another process on its GPU "
+                "or cores): check its clocks and what else runs there."),
+}
+LATE_ADVICE["eval"] = LATE_ADVICE["evaluation"]
 
 
 def imbalance(facts: RunFacts, findings: list[Finding]) -> Finding | None:
     """The ranks wait for a straggler (``facts.straggler``).
 
     ``bound`` = the straggler's excess share of its step (the job runs at its pace) and
-    ``est_speedup`` = 1 / (1 − bound), the job's gain if it did no more than the other ranks. A
+    ``est_speedup`` = 1 / (1 − bound), the job's gain if it did no more than the other ranks; for
+    a late cause that is evaluation on that rank alone, the fix shards it, so the others still
+    do their 1/world of it: 1 / (1 − bound × (1 − 1/world)). A
     warning, unless one of the straggler's own warning or critical findings holds at least half
     that excess: then its cause is the verdict with its fix, and this finding (info) says who waits.
     """
@@ -29,31 +56,87 @@ def imbalance(facts: RunFacts, findings: list[Finding]) -> Finding | None:
     waits = {rank: w / steps[rank] for rank, w in s["wait_s_by_rank"].items() if steps.get(rank)}
     wait_share = sum(waits.values()) / len(waits) if waits else None
     step_s = steps.get(str(s["rank"]))
-    forward = "forward" in s.get("waits_in", ())
-    outside = "forward and backward" if forward else "backward"
-    summary = (f"Rank {s['rank']} is the straggler: its work outside {outside} (data wait, "
-               + ("" if forward else "forward, ") + f"optimizer, evaluation, Python) takes {_ms(s['own_s'])} of "
-               f"each {_ms(step_s)} step against {_ms(s['others_own_s'])} on the other ranks, which wait for it "
-               + ("at the buffer broadcast in forward or the gradient all-reduce in backward" if forward else
-                  "at the gradient all-reduce inside their backward")
-               + (f" ({_pct(wait_share)} of their step)" if wait_share is not None else "") + ".")
+    if s.get("measured"):
+        summary = (f"Rank {s['rank']} is the straggler: of {s['steps']} steps compared, a rank arrived late at the "
+                   f"step's collectives in {s['late_steps']}, rank {s['rank']} in {_pct(s['culprit_share'])} of them; "
+                   f"the other ranks wait {_ms(s['excess_s'])} per step for it in their collectives "
+                   f"({_pct(wait_share)} of their step; timed at DDP's gradient all-reduce and buffer broadcast "
+                   "and the program's own collectives).")
+    else:
+        forward = "forward" in s.get("waits_in", ())
+        outside = "forward and backward" if forward else "backward"
+        summary = (f"Rank {s['rank']} is the straggler: its work outside {outside} (data wait, "
+                   + ("" if forward else "forward, ") + f"optimizer, evaluation, Python) takes {_ms(s['own_s'])} of "
+                   f"each {_ms(step_s)} step against {_ms(s['others_own_s'])} on the other ranks, which wait for it "
+                   + ("at the buffer broadcast in forward or the gradient all-reduce in backward" if forward else
+                      "at the gradient all-reduce inside their backward")
+                   + (f" ({_pct(wait_share)} of their step)" if wait_share is not None else "") + ".")
     own = [f for f in findings if f["severity"] != "info" and (f.get("bound") or 0) >= 0.5 * s["excess_share"]]
+    cause = s.get("late_cause")
+    shard = 1.0  # the share of the wait a fix removes
     if own:
         text = (f"Fix rank {s['rank']}'s own cause: the findings of this report are its own (`{own[0]['id']}` "
                 "first); the other ranks speed up with it.")
+    elif cause:
+        world = len(facts.ranks or []) or 2
+        name, advice = LATE_ADVICE.get(cause["phase"], LATE_ADVICE["forward"])
+        if cause["phase"] in ("eval", "evaluation"):
+            shard = 1.0 - 1.0 / world  # every rank does its 1/world of the evaluation
+        text = (f"In the {cause['steps']} steps where rank {s['rank']} was late, its {name} took "
+                f"{_ms(cause['extra_s'])} more than in its other steps: " + advice)
     else:
         late = next((r for r in facts.ranks or [] if r["rank"] == s["rank"]), None)
         phase, share = max(((k, v) for k, v in (late or {}).get("shares", {}).items()
-                            if k not in s.get("waits_in", ("backward",))),
+                            if k not in s.get("waits_in", () if s.get("measured") else ("backward",))),
                            key=lambda kv: kv[1], default=("forward", None))
         where = f" ({phase.replace('_', ' ')} takes {_pct(share)} of its step)" if share is not None else ""
         text = (f"Look at what rank {s['rank']} does differently{where}: its data (a shard of longer or costlier samples: "
                 "balance them per rank, e.g. bucketing by length), its host work (rank-0-only logging or "
                 "evaluation), its device (clocks, placement) or its CPU share.")
-    evidence = _round({"straggler_rank": s["rank"], "excess_s": s["excess_s"], "excess_share": s["excess_share"],
-                       "own_s": s["own_s"], "others_own_s": s["others_own_s"], "wait_share": wait_share})
+    evidence = _round({"straggler_rank": s["rank"], "culprit_rank": s["rank"], "culprit_share": s.get("culprit_share"),
+                       "measured": bool(s.get("measured")), "excess_s": s["excess_s"], "excess_share": s["excess_share"],
+                       "own_s": s.get("own_s"), "others_own_s": s.get("others_own_s"), "wait_share": wait_share})
     evidence["step_s_by_rank"] = _round(steps)
-    evidence["wait_s_by_rank"] = _round(s["wait_s_by_rank"])
-    est = 1.0 / (1.0 - min(s["excess_share"], 0.95))
+    evidence["wait_s_by_rank"] = evidence["wait_s_per_step"] = _round(s["wait_s_by_rank"])
+    est = 1.0 / (1.0 - min(s["excess_share"] * shard, 0.95))
     return finding("imbalance", "info" if own else "warning", "Imbalance: ranks wait for a straggler", summary,
                    evidence, est, text, None, [DOCS_DDP], bound=s["excess_share"])
+
+
+
+def metric_collectives(facts: RunFacts) -> Finding | None:
+    """The program all-reduces small tensors (metrics) on every step (cases.md C28: Lightning's
+    ``self.log(..., sync_dist=True)`` per step, a loss averaged across ranks for a progress bar).
+    Each is a collective on the step's critical path, usually with a host read after it.
+
+    From the primary rank's own blocking collectives (``facts.collectives``, timed on gloo/mpi):
+    at least one per step in at least half of the steps, most of them on ≤ ``METRIC_MAX_NUMEL`` elements
+    (analysis/collectives.py). ``bound`` = their time per step / the mean step; a warning from
+    ``T.HOST_SHARE_WARN`` of the step, info below. ``est_speedup`` removes that time (Amdahl).
+    """
+    c, step = facts.collectives, facts.step
+    if not c or not step or c["small_share"] < 0.5 or c["steps"] < 0.5 * step["steps"]:
+        return None
+    step_s = step["step_time_s"]["mean"]
+    share = min(1.0, c["s_per_step"] / step_s) if step_s > 0 else 0.0
+    if share < T.HOST_SHARE_WARN and c["per_step"] < 1.5:
+        return None  # one cheap collective per step: Lightning's own stop decision does that much
+    summary = (f"The program runs {c['per_step']:.1f} collectives on small tensors (metrics) per step, "
+               f"{_ms(c['s_per_step'])} of each {_ms(step_s)} step ({_pct(share)}), on every rank: each waits for "
+               "every other rank and usually ends in a host read.")
+    text = ("Accumulate the metrics locally (a running sum in a tensor on the device) and all-reduce them once "
+            "when you log or at the epoch's end; rank 0 can log its own values in between. Lightning: "
+            "`self.log(..., sync_dist=True)` only with `on_epoch=True, on_step=False`, or `sync_dist=False` for "
+            "step values; torchmetrics syncs at `compute()`.")
+    code = ("sums += torch.stack([loss.detach(), acc])   # every step: no collective\n"
+            "if step % log_every == 0:\n"
+            "    dist.all_reduce(sums)                  # one collective per log interval\n"
+            "    log((sums / (dist.get_world_size() * log_every)).tolist())\n"
+            "    sums.zero_()")
+    evidence = _round({"per_step": c["per_step"], "s_per_step": c["s_per_step"], "share": share,
+                       "small_share": c["small_share"], "steps": c["steps"]})
+    sev = "warning" if share >= T.HOST_SHARE_WARN else "info"
+    est = 1.0 / (1.0 - min(share, 0.95)) if sev != "info" else None
+    return finding("metric_collectives", sev, "Per-step metric collectives", summary, evidence, est, text, code,
+                   ["https://lightning.ai/docs/pytorch/stable/extensions/logging.html#logging-from-a-lightningmodule",
+                    DOCS_DDP], bound=share)

@@ -25,8 +25,9 @@ of the step is ``other`` host time. Only the training thread (the main thread, o
 the first optimizer step) is accounted. Once the model is on CUDA, every phase boundary also
 records a mark on the CUDA timeline (:mod:`whyidle.instrument.cuda`: events read later with
 ``query()``, never a synchronize) and syncs are counted; the first steps audit copies and host
-reads (:mod:`whyidle.instrument.transfers`). Every hook catches its own errors and turns the
-instrumentation off with one notice.
+reads (:mod:`whyidle.instrument.transfers`). In a ``torch.distributed`` job on gloo, each step's
+collectives are timed (:mod:`whyidle.instrument.collectives`). Every hook catches its own errors
+and turns the instrumentation off with one notice.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import threading
 import weakref
 from time import monotonic_ns, perf_counter, thread_time_ns
 
+from whyidle.instrument import collectives as coll_mod
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
 from whyidle.instrument.hooks import HookTimer
@@ -261,6 +263,7 @@ class TorchInstrument:
         self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
         self.hooks = HookTimer(self.site_of, os.path.dirname(torch.__file__), self.regions)  # the program's hooks
         self.regions.touch = self.mark_boundary
+        self.colls = coll_mod.CollectiveTimer(agent.record, self.tid)  # torch.distributed collectives
         self.train_loader: int | None = None  # id() of the DataLoader the last optimizer step trained on
         self.loop_open = False  # another DataLoader is being iterated between training steps
 
@@ -372,6 +375,8 @@ class TorchInstrument:
             self.module_calls.end_step(now - self.t0)
         if self.transfers is not None:
             self._drain_transfers(now, by)
+        if self.colls.enabled:
+            self.colls.end_step(self.step)
         self.step += 1
         if self.step % STRIDE_WINDOW == 0:
             self._update_stride(now)
@@ -587,7 +592,7 @@ class TorchInstrument:
         if not self.by_optimizer:
             self.by_optimizer = True
             if threading.get_ident() != self.tid:  # training runs in another thread: follow it
-                self.tid = self.regions.tid = threading.get_ident()
+                self.tid = self.regions.tid = self.colls.tid = threading.get_ident()
                 self.native_tid = threading.get_native_id()
                 if self.stacks is not None:
                     self.stacks.stop()
@@ -1031,6 +1036,7 @@ def install(agent, torch) -> TorchInstrument:
     # the start-up until the first training activity; a DataLoader worker's loop ends it unrecorded
     startup.start(agent, until=lambda: getattr(worker, "_worker_info", None) is not None)
     agent.on_exit.append(inst.flush_lite)  # before the agent's last flush
+    agent.on_exit.append(inst.colls.flush)
     inst.hooks.install(torch)
 
     def hooks_record() -> None:
@@ -1130,6 +1136,11 @@ def install(agent, torch) -> TorchInstrument:
         watch_placement(torch, agent.record, inst.site_of)
     except Exception as exc:
         agent.notice(f"placement audit disabled: {exc!r}")
+
+    try:
+        coll_mod.install(torch, inst.colls, agent.notice)
+    except Exception as exc:
+        agent.notice(f"collective timing disabled: {exc!r}")
 
     region_mod.wrap(torch, "save", "checkpoint", agent, "torch.save")
     region_mod.watch_module_mode(module_mod.Module, agent)

@@ -197,7 +197,7 @@ def time_of(facts: RunFacts) -> dict | None:
 
 #: A rank's row under the report's ``ranks`` (analysis/ranks.py).
 RANK_KEYS = ("rank", "local_rank", "node", "world_size", "pid", "steps", "samples_per_s", "steady_samples_per_s",
-             "step_time_s", "shares")
+             "step_time_s", "shares", "collective_s", "wait_s")
 
 
 def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: list[str] | None = None) -> dict:

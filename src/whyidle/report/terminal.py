@@ -150,7 +150,7 @@ MAX_RANK_LINES = 8
 
 def rank_lines(report: dict) -> list[str]:
     """A live distributed job's ranks, one line each (rank, node, samples/s, mean step, the two
-    largest shares), the straggler marked; at most ``MAX_RANK_LINES``. Empty for other reports."""
+    largest shares, its wait for the others in collectives where measured), the straggler marked; at most ``MAX_RANK_LINES``. Empty for other reports."""
     rows = [r for r in report.get("ranks") or [] if "shares" in r]
     if len(rows) < 2:
         return []
@@ -169,7 +169,8 @@ def rank_lines(report: dict) -> list[str]:
         rate = f"{r['samples_per_s']:,.1f} samples/s · " if r.get("samples_per_s") else ""
         out.append(f"  rank {r['rank']}" + ("*" if r["rank"] == late else "") + (f" node {r['node']}" if nodes > 1 else "")
                    + f": {rate}step {_ms(r['step_time_s']['mean'])} · "
-                   + " · ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in top))
+                   + " · ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in top)
+                   + (f" · waits {_ms(r['wait_s'])} in collectives" if r.get("wait_s") else ""))
     return out
 
 

@@ -1,0 +1,128 @@
+"""The rank the others wait for, from the collectives each rank timed (pure; no framework imports).
+
+Every rank of a DDP job meets the others at the step's collectives (the buffer broadcast, the
+gradient all-reduce, the program's own all-reduces and barriers). Per step, a rank's time in them
+(``colls`` rows, :mod:`whyidle.instrument.collectives`) is the transfer plus its wait for the
+last rank to arrive; the transfer is the same on every rank, so the rank with the least time
+arrived last (the step's *culprit*) and each other rank's time above that least is its wait for
+it. Each rank measures on its own clock, so ranks on different nodes compare without aligning
+clocks. The job's culprit is the rank whose late arrivals cost the others the most wait in all;
+``culprit_share`` says how stable that is (TraceLens reports "rank 4 arrived last 86 % of the time").
+"""
+
+from __future__ import annotations
+
+import statistics
+
+#: Steps at the start left out (start-up: the first collectives meet ranks still starting), as
+#: the step analysis leaves out its warm-up steps (analysis/steps.py).
+SKIP_STEPS = 2
+
+#: Elements up to which a collective's largest tensor is a metric (a few scalars), not model state.
+METRIC_MAX_NUMEL = 64
+
+#: Fewest steps every rank timed for a measured culprit; fewer, the ranks' phases tell it.
+MIN_STEPS = 5
+
+#: A step has a late rank when another rank waited for it at least this long: ``LATE_MIN_S``
+#: seconds and ``LATE_MIN_SHARE`` of the step. Below, the jitter of a loopback all-reduce on a
+#: shared 2-core box (measured 0.5–2 ms between two gloo ranks with identical work).
+LATE_MIN_S = 0.002
+LATE_MIN_SHARE = 0.05
+
+#: The culprit must be the late rank in at least this fraction of the late steps: with two ranks
+#: and only jitter each is late about half the time (measured 42/58 % on a balanced job here).
+MIN_CULPRIT_SHARE = 2 / 3
+
+
+def step_waits(records: list[dict]) -> dict[int, float]:
+    """Step index → seconds the rank spent in collectives in that step: the program's blocking
+    collectives, DDP's buffer broadcast and its first gradient bucket's arrival-to-completion time
+    (``colls`` rows; a row that is not a list of numbers is skipped)."""
+    out: dict[int, float] = {}
+    for rec in records:
+        if rec.get("k") != "colls" or not isinstance(rec.get("rows"), list):
+            continue
+        for row in rec["rows"]:
+            try:
+                i, _n, ns, _numel, bcast, _buckets, lag = row[:7]
+                out[int(i)] = (int(ns) + int(bcast) + int(lag or 0)) / 1e9
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def program_collectives(records: list[dict]) -> dict | None:
+    """The program's own blocking collectives per step: ``{steps, per_step, s_per_step,
+    small_share}`` (``per_step``: mean count over the steps with a row and steps after
+    ``SKIP_STEPS``; ``s_per_step``: seconds; ``small_share``: fraction of those steps whose largest
+    tensor had ≤ ``METRIC_MAX_NUMEL`` elements — scalar metrics), or None without any."""
+    rows = []
+    for rec in records:
+        if rec.get("k") == "colls" and isinstance(rec.get("rows"), list):
+            rows += [r for r in rec["rows"] if isinstance(r, list) and len(r) >= 7 and isinstance(r[0], int)
+                     and r[0] >= SKIP_STEPS and isinstance(r[1], int) and r[1] > 0]
+    if not rows:
+        return None
+    return {"steps": len(rows), "per_step": sum(r[1] for r in rows) / len(rows),
+            "s_per_step": sum(r[2] for r in rows if isinstance(r[2], int)) / 1e9 / len(rows),
+            "small_share": sum(1 for r in rows if isinstance(r[3], int) and 0 <= r[3] <= METRIC_MAX_NUMEL) / len(rows)}
+
+
+def culprit(waits: dict, step_s: dict) -> dict | None:
+    """The rank the others wait for at the collectives, measured.
+
+    Args:
+        waits: rank → (step index → seconds in collectives), :func:`step_waits` of each rank.
+        step_s: rank → its mean step time (seconds), for the shares.
+    Returns:
+        None when fewer than two ranks or fewer than ``MIN_STEPS`` steps (after ``SKIP_STEPS``)
+        that every rank timed: the measurement does not decide. Else ``{rank, steps, late_steps,
+        late_at, compared, culprit_share, wait_s_by_rank, collective_s_by_rank, wait_share}``: ``rank`` is the rank
+        whose late arrivals cost the others the most wait (None when no step had a late rank:
+        a balanced job); ``late_steps`` the steps with a late rank, ``late_at`` those where ``rank`` was late
+        (index → the others' wait it caused, seconds) and ``compared`` of every compared step; ``culprit_share`` the fraction
+        of those in which ``rank`` was the late one; ``wait_s_by_rank`` rank → its mean wait per
+        step (seconds, over every compared step); ``collective_s_by_rank`` rank → its mean time in
+        collectives per step; ``caused_s`` the wait per step the culprit's late arrivals
+        cost each other rank, less what the other ranks' late arrivals cost (the median over
+        them); ``wait_share`` that as a fraction of the other ranks' mean step (0 without culprit). Keys of the ``*_by_rank`` maps are strings.
+    """
+    if len(waits) < 2:
+        return None
+    common = set.intersection(*(set(w) for w in waits.values()))
+    steps = sorted(i for i in common if i >= SKIP_STEPS)
+    if len(steps) < MIN_STEPS:
+        return None
+    ranks = list(waits)
+    wait_sum = dict.fromkeys(ranks, 0.0)
+    caused = dict.fromkeys(ranks, 0.0)
+    late_count = dict.fromkeys(ranks, 0)
+    late_at: dict = {r: {} for r in ranks}
+    late_steps = 0
+    typical = statistics.median(v for v in step_s.values() if v) if any(step_s.values()) else 0.0
+    for i in steps:
+        step = {r: waits[r][i] for r in ranks}
+        last = min(step, key=step.get)
+        excess = {r: v - step[last] for r, v in step.items()}
+        for r, e in excess.items():
+            wait_sum[r] += e
+        if max(excess.values()) >= max(LATE_MIN_S, LATE_MIN_SHARE * typical):
+            late_steps += 1
+            late_count[last] += 1
+            late_at[last][i] = sum(excess.values())
+            caused[last] += sum(excess.values())
+    n = len(steps)
+    top = max(ranks, key=lambda r: caused[r]) if late_steps else None
+    if top is not None and late_count[top] / late_steps < MIN_CULPRIT_SHARE:
+        top = None  # late now one rank, now another: jitter, or no single culprit
+    others = [r for r in ranks if r != top]
+    # the wait it causes beyond what the others cause too (a balanced job's jitter cancels out)
+    net = ((caused[top] - statistics.median(caused[r] for r in others)) / n / len(others)
+           if top is not None else 0.0)
+    mean_step = statistics.fmean(step_s[r] for r in others if step_s.get(r)) if any(step_s.get(r) for r in others) else 0.0
+    return {"rank": top, "steps": n, "late_steps": late_steps, "late_at": late_at.get(top, {}), "compared": steps,
+            "culprit_share": late_count[top] / late_steps if top is not None else None,
+            "wait_s_by_rank": {str(r): wait_sum[r] / n for r in ranks},
+            "collective_s_by_rank": {str(r): sum(waits[r][i] for i in steps) / n for r in ranks},
+            "caused_s": net, "wait_share": net / mean_step if mean_step > 0 else 0.0}

@@ -1,0 +1,169 @@
+"""Collective timing (instrument/collectives.py) and the measured culprit
+(analysis/collectives.py, analysis/ranks.py), the ``metric_collectives`` finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_diagnose import assert_contract
+from test_ranks import dist_facts, row
+from test_rules_work import make_facts, make_step
+
+from whyidle.analysis import collectives as C
+from whyidle.analysis import ranks as R
+from whyidle.diagnose.rules_ranks import imbalance, metric_collectives
+from whyidle.instrument.collectives import CollectiveTimer
+
+
+def waits_of(per_step: dict, n: int = 40) -> dict:
+    """rank → step → seconds: ``per_step(rank, i)``."""
+    return {r: {i: per_step(r, i) for i in range(n)} for r in (0, 1, 2)}
+
+
+def test_the_rank_with_the_least_time_in_collectives_arrived_last():
+    # rank 2 arrives 20 ms late every step: ranks 0 and 1 wait 20 ms more in the all-reduce
+    w = waits_of(lambda r, i: 0.0005 + (0.0 if r == 2 else 0.020) + 0.0001 * (i % 3))
+    m = C.culprit(w, {0: 0.030, 1: 0.030, 2: 0.030})
+    assert m["rank"] == 2 and m["culprit_share"] == 1.0 and m["steps"] == 40 - C.SKIP_STEPS
+    assert m["late_steps"] == m["steps"] and m["wait_s_by_rank"]["0"] == pytest.approx(0.020)
+    assert m["wait_s_by_rank"]["2"] == 0.0 and m["caused_s"] == pytest.approx(0.020)
+    assert m["wait_share"] == pytest.approx(0.020 / 0.030)
+    assert C.culprit({0: w[0]}, {0: 0.03}) is None  # one rank
+    assert C.culprit({r: dict(list(v.items())[:5]) for r, v in w.items()}, {0: 0.03, 1: 0.03, 2: 0.03}) is None
+
+
+def test_jitter_names_no_culprit():
+    # each rank late now and then by ~3 ms (a loaded box): no rank stands out
+    w = {r: {i: 0.001 + (0.003 if (i + r) % 2 else 0.0) for i in range(60)} for r in (0, 1)}
+    m = C.culprit(w, {0: 0.01, 1: 0.01})
+    assert m["rank"] is None and m["wait_share"] == 0.0 and m["late_steps"] > 0
+    assert R.straggler([row(0), row(1)], measured=m) is None  # the measurement decides: no straggler
+
+
+def test_an_intermittent_straggler_and_what_it_did_in_its_late_steps():
+    # rank 0 evaluates alone every 10 steps (80 ms): rank 1 waits then
+    w = {0: {i: 0.001 for i in range(60)}, 1: {i: 0.001 + (0.080 if i % 10 == 0 else 0.0) for i in range(60)}}
+    m = C.culprit(w, {0: 0.012, 1: 0.012})
+    assert m["rank"] == 0 and m["late_steps"] == 5 and sorted(m["late_at"]) == [10, 20, 30, 40, 50]
+    ms = 1_000_000
+    rows = [{"i": i, "t0": i * 100 * ms, "t1": i * 100 * ms + (84 if i % 10 == 0 else 4) * ms, "data": ms, "fwd": ms,
+             "bwd": ms, "opt": 0, "eval": 0} for i in range(60)]
+    regions = [{"k": "region", "kind": "evaluation", "t0": i * 100 * ms + 2 * ms, "t1": i * 100 * ms + 82 * ms}
+               for i in range(10, 60, 10)]
+    cause = R.late_cause(rows, m["late_at"], m["compared"], regions)
+    assert cause["phase"] == "evaluation" and cause["extra_s"] == pytest.approx(0.080) and cause["steps"] == 5
+    assert R.late_cause(rows, m["late_at"], m["compared"])["phase"] == "other_host"  # without the regions
+    assert R.late_cause(rows, {i: 1.0 for i in range(2, 60)}, m["compared"]) is None  # late in most steps
+
+    ranks = [row(0, mean=0.012, pid=10), row(1, mean=0.012, pid=11)]
+    measured = R.measure_collectives(ranks, {10: w[0], 11: w[1]}, {10: rows}, {10: regions})
+    assert ranks[1]["wait_s"] == pytest.approx(0.080 * 5 / 58) and ranks[0]["collective_s"] == pytest.approx(0.001)
+    s = R.straggler(ranks, measured=measured)
+    assert s["rank"] == 0 and s["measured"] and s["late_cause"]["phase"] == "evaluation"
+    f = imbalance(dist_facts(ranks).replace(straggler=s), [])
+    assert_contract(f)
+    assert f["evidence"]["culprit_rank"] == 0 and f["evidence"]["culprit_share"] == 1.0
+    assert f["evidence"]["wait_s_per_step"] == {"1": pytest.approx(0.080 * 5 / 58, abs=1e-4)}
+    assert "evaluation took 80.0 ms more" in f["fix"]["text"] and "DistributedSampler" in f["fix"]["text"]
+    # sharding the evaluation over 2 ranks removes half the wait
+    assert f["est_speedup"] == pytest.approx(1 / (1 - f["bound"] / 2), rel=0.01)
+
+
+def test_step_waits_skip_damaged_rows():
+    recs = [{"k": "colls", "rows": [[3, 1, 2_000_000, 1, 0, 1, 500_000], [4, "x"], None, [5, 0, 0, -1, 0, 1, None]]},
+            {"k": "colls", "rows": "bad"}, {"k": "step"}]
+    assert C.step_waits(recs) == {3: pytest.approx(0.0025), 5: 0.0}
+
+
+def test_timer_rows_resolve_the_first_buckets_completion_at_flush():
+    out = []
+    t = CollectiveTimer(out.append, tid=1)
+    slot = t.arrive()
+    assert t.arrive() is None and t.buckets == 2  # only the step's first bucket is timed
+    t.n, t.ns, t.numel = 2, 3_000, 4
+    t.end_step(7)
+    t.end_step(8)  # nothing in it: no row
+    slot[1] = slot[0] + 1_500  # the backend's thread completes the bucket
+    t.flush()
+    assert out == [{"k": "colls", "t": out[0]["t"], "rows": [[7, 2, 3_000, 4, 0, 2, 1_500]]}]
+
+
+def metric_facts(per_step=4.0, s_per_step=0.0024, small=1.0, steps=58):
+    facts = make_facts(kind="cpu", step=make_step(mean=0.0057))
+    return facts.replace(collectives={"steps": steps, "per_step": per_step, "s_per_step": s_per_step,
+                                      "small_share": small})
+
+
+def test_metric_collectives_every_step_are_a_finding_with_their_measured_time():
+    f = metric_collectives(metric_facts())
+    assert_contract(f)
+    assert f["severity"] == "warning" and f["bound"] == pytest.approx(0.0024 / 0.0057, rel=0.01)
+    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.0024 / 0.0057), rel=0.01) and "sync_dist" in f["fix"]["text"]
+    assert metric_collectives(metric_facts(s_per_step=0.0001))["severity"] == "info"  # cheap: still a smell
+    assert metric_collectives(metric_facts(per_step=1.0, s_per_step=0.0001)) is None  # Lightning's own one
+    assert metric_collectives(metric_facts(small=0.0)) is None  # large tensors: not metrics
+    assert metric_collectives(metric_facts(steps=5)) is None  # not in most steps (make_step: 20)
+    assert metric_collectives(make_facts(kind="cpu", step=make_step())) is None
+
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from whyidle.instrument import collectives
+    from whyidle.instrument.collectives import CollectiveTimer
+    import threading
+    rows, notices = [], []
+    timer = CollectiveTimer(rows.append, threading.get_ident())
+    collectives.install(torch, timer, notices.append)
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    model = DDP(torch.nn.Linear(4, 2))
+    calls = []
+    def my_hook(state, bucket):
+        calls.append(state)
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    if sys.argv[1] == "user":
+        model.register_comm_hook("mine", my_hook)
+    for i in range(3):
+        model(torch.randn(8, 4)).sum().backward()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        timer.end_step(i)
+    again = None
+    try:
+        model.register_comm_hook(None, my_hook)
+    except Exception as exc:
+        again = type(exc).__name__
+    timer.flush()
+    print(json.dumps({"rows": rows, "calls": calls, "again": again, "notices": notices,
+                      "hook": model._get_ddp_logging_data().get("comm_hook")}))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("mode", ["default", "user"])
+def test_ddp_gradient_buckets_are_timed_and_the_programs_hook_still_runs(tmp_path, mode):
+    """The trampoline hook: without a program hook PyTorch's allreduce_hook runs; a hook the
+    program registers later runs instead (DDP's logging names it) and a second one is refused, as
+    DDP refuses it without whyidle."""
+    script = tmp_path / "ddp_hook.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = out["rows"][0]["rows"]
+    assert [r[0] for r in rows] == [0, 1, 2] and all(r[1] == 1 and r[3] == 1 and r[5] == 1 for r in rows)
+    assert all(isinstance(r[6], int) and r[6] >= 0 for r in rows) and not out["notices"]
+    if mode == "user":
+        assert out["calls"] == ["mine"] * 3 and out["hook"] == "my_hook"
+        assert out["again"] == "RuntimeError"  # DDP takes one communication hook, as without whyidle
+    else:
+        assert out["calls"] == [] and out["again"] is None  # the program's first hook is taken, even late
