@@ -156,3 +156,36 @@ def write_run(path, steps: int = 60, gpu: bool = False, command: list[str] | Non
                       "fp16_active": 0.0, "fp32_active": 0.1, "pcie_tx_mib_per_s": 1.0, "pcie_rx_mib_per_s": 1.0})
             tt += 250 * MS
     return path
+
+
+def write_job(root, nodes: int, ranks_per_node: int, steps: int = 60, late: int | None = None,
+              late_ms: float = 20.0) -> list[str]:
+    """The node run directories of one synthetic multi-node ``torchrun`` job (one per node under
+    ``root``; :func:`write_run`'s trainer as every rank, with the same pids on every node as on
+    separate machines), each rank's ``proc`` record with its ``dist`` identity and a ``colls``
+    record: ``late`` (a rank) arrives ``late_ms`` late at every step's gradient all-reduce, so
+    every other rank waits that long in it. Returns the directories, node 0 first."""
+    world = nodes * ranks_per_node
+    dirs = []
+    for node in range(nodes):
+        path = write_run(os.path.join(str(root), f"node{node}"), steps=steps, seed=node)
+        src = os.path.join(path, "proc-%d.jsonl" % TRAINER)
+        with open(src) as f:
+            lines = [json.loads(line) for line in f]
+        os.remove(src)
+        for local in range(ranks_per_node):
+            rank = node * ranks_per_node + local
+            pid = TRAINER + 10 * local
+            dist = {"rank": rank, "local_rank": local, "world_size": world, "node": node,
+                    "local_world_size": ranks_per_node, "run_id": "job-1", "master_addr": "10.0.0.1",
+                    "master_port": 29500}
+            lag = int((0.5 + (0 if rank == late or late is None else late_ms)) * MS)
+            with open(os.path.join(path, "proc-%d.jsonl" % pid), "w") as f:
+                for rec in lines:
+                    if rec["k"] == "proc":
+                        rec = dict(rec, pid=pid, dist=dist)
+                    if rec["k"] == "exit":
+                        _dump(f, {"k": "colls", "t": rec["t"], "rows": [[i, 0, 0, -1, 0, 1, lag] for i in range(steps)]})
+                    _dump(f, rec)
+        dirs.append(path)
+    return dirs

@@ -77,11 +77,12 @@ def run(out, name, json_path, interval, stack_hz, quiet, no_html, command) -> No
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("run_dir", metavar="RUN_DIR")
+@click.argument("run_dir", metavar="RUN_DIR...", nargs=-1, required=True)
 @click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
 @click.option("--html", "html_path", metavar="FILE", help="Write the report as one self-contained HTML page to FILE.")
 def report(run_dir, json_path, html_path) -> None:
-    """Re-render a saved run directory without re-running anything."""
+    """Re-render a saved run directory without re-running anything. Several directories: the
+    node runs of one multi-node torchrun job, reported as one job."""
     from whyidle.pipeline import report_run
     from whyidle.record.reader import RunDirError
     from whyidle.run.launcher import LaunchError
@@ -91,7 +92,7 @@ def report(run_dir, json_path, html_path) -> None:
         for option, path in (("--json", json_path), ("--html", html_path)):
             if path not in (None, "-"):
                 check_writable_file(path, option)
-        rep = report_run(run_dir, json_path if json_path not in (None, "-") else None, html_path)
+        rep = report_run(list(run_dir), json_path if json_path not in (None, "-") else None, html_path)
     except (RunDirError, LaunchError) as exc:
         _fail(str(exc), 2)
     except OSError as exc:

@@ -32,26 +32,37 @@ class Analyzed:
     findings: list[dict]
 
 
-def analyze_run(run_dir: str) -> Analyzed:
-    """Loads, analyzes and diagnoses one saved run directory.
+def analyze_run(run_dir: str | list[str]) -> Analyzed:
+    """Loads, analyzes and diagnoses one saved run directory, or the node runs of one
+    multi-node job as one job (a list of several: :mod:`whyidle.record.merge`; the machine
+    samples and ``meta`` are those of the node whose rank the report describes).
 
     Errors: :class:`whyidle.record.reader.RunDirError` for a missing, older-format or corrupt
-    directory.
+    directory, or directories that are not one job's nodes.
     """
-    from whyidle.analysis.run import analyze
+    from whyidle.analysis.run import analyze, job_lead
     from whyidle.diagnose import diagnose
+    from whyidle.record import merge
     from whyidle.record.reader import load_run
 
-    run = load_run(run_dir)
+    dirs = [run_dir] if isinstance(run_dir, str) else list(run_dir)
+    if len(dirs) == 1:
+        run = load_run(dirs[0])
+    else:
+        runs = [load_run(d) for d in dirs]
+        merged, owner = merge.merge_runs(runs)
+        run = merge.with_node_of(merged, runs, owner, job_lead(merged))
     facts = analyze(run)
     verdict, findings = diagnose(facts)
     return Analyzed(run, facts, verdict, findings)
 
 
-def report_run(run_dir: str, json_path: str | None = None, html_path: str | None = None) -> dict:
+def report_run(run_dir: str | list[str], json_path: str | None = None, html_path: str | None = None) -> dict:
     """The ``whyidle.report/1`` dict of a run directory; writes ``report.json``, ``report.html``
     (unless the run was made with ``--no-html``) and ``timeline.json`` into it, and the report to
     ``json_path`` / ``html_path`` when given. The page is rendered once for both HTML paths.
+    Several directories (one multi-node job's node runs, :func:`analyze_run`) give the job's
+    report, written only to ``json_path`` / ``html_path``: each node's directory keeps its own.
 
     A view of the run directory that cannot be written (read-only directory, a rendering error) is
     named in the report's ``notes``; the report never depends on it.
@@ -61,10 +72,16 @@ def report_run(run_dir: str, json_path: str | None = None, html_path: str | None
     from whyidle.record.writer import write_json_atomic
     from whyidle.report.build import build_report
 
-    a = analyze_run(run_dir)
+    dirs = [run_dir] if isinstance(run_dir, str) else list(run_dir)
+    a = analyze_run(dirs)
     report = build_report(a.facts, a.verdict, a.findings, a.run.problems)
-    report["run"]["run_dir"] = run_dir
-    own_html = os.path.join(run_dir, "report.html") if a.run.meta.get("html", True) else None
+    report["run"]["run_dir"] = a.run.path
+    own = dirs[0] if len(dirs) == 1 else None
+    if own is None:
+        report["notes"].append(f"One job from {len(dirs)} node runs ({', '.join(dirs)}): every node's ranks; the "
+                               f"machine samples and time accounting are those of {a.run.path}, the node of the rank "
+                               "described.")
+    own_html = os.path.join(own, "report.html") if own and a.run.meta.get("html", True) else None
     if own_html or html_path:
         try:
             parts = render_html_parts(a, report)
@@ -78,13 +95,14 @@ def report_run(run_dir: str, json_path: str | None = None, html_path: str | None
             if html_path:
                 write_parts(html_path, parts)
             del parts
-    timeline = os.path.join(run_dir, "timeline.json")
-    if _write_view(report, "timeline.json", lambda: write_timeline(a, timeline)):
-        report["run"]["timeline"] = timeline
-    try:
-        write_json_atomic(os.path.join(run_dir, "report.json"), report)
-    except OSError:
-        pass  # a read-only saved run can still be rendered
+    if own:
+        timeline = os.path.join(own, "timeline.json")
+        if _write_view(report, "timeline.json", lambda: write_timeline(a, timeline)):
+            report["run"]["timeline"] = timeline
+        try:
+            write_json_atomic(os.path.join(own, "report.json"), report)
+        except OSError:
+            pass  # a read-only saved run can still be rendered
     if json_path:
         write_json_atomic(json_path, report)
     return report

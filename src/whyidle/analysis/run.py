@@ -89,6 +89,24 @@ def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
     return loaders[0] if loaders else None
 
 
+def _job(procs: dict, step_lists: dict) -> tuple[list[dict], dict | None, int | None]:
+    """A distributed job's ranks (:func:`whyidle.analysis.ranks.ranks`), straggler and the pid its
+    report describes (the straggler's, else the lowest rank's; None outside a job)."""
+    ranks = rank_analysis.ranks({pid: ident for pid, r in procs.items() if (ident := _dist_identity(r))}, step_lists)
+    measured = rank_analysis.measure_collectives(
+        ranks, {r["pid"]: coll_analysis.step_waits(procs[r["pid"]]) for r in ranks}, step_lists,
+        {r["pid"]: [x for x in procs[r["pid"]] if x.get("k") == "region"] for r in ranks})
+    late = rank_analysis.straggler(ranks, measured=measured)
+    return ranks, late, rank_analysis.lead_pid(ranks, late)
+
+
+def job_lead(run: RunData) -> int | None:
+    """The pid whose process a distributed job's report describes (see :func:`analyze`), or None
+    outside a distributed job. Used to pick the node of a merged multi-node run."""
+    step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in run.procs.items()}
+    return _job(run.procs, step_lists)[2]
+
+
 def analyze(run: RunData) -> RunFacts:
     """Computes the facts of a run.
 
@@ -119,12 +137,7 @@ def analyze(run: RunData) -> RunFacts:
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
     trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
-    ranks = rank_analysis.ranks({pid: ident for pid, r in procs.items() if (ident := _dist_identity(r))}, step_lists)
-    measured = rank_analysis.measure_collectives(
-        ranks, {r["pid"]: coll_analysis.step_waits(procs[r["pid"]]) for r in ranks}, step_lists,
-        {r["pid"]: [x for x in procs[r["pid"]] if x.get("k") == "region"] for r in ranks})
-    late = rank_analysis.straggler(ranks, measured=measured)
-    lead = rank_analysis.lead_pid(ranks, late)
+    ranks, late, lead = _job(procs, step_lists)
     if lead in trainers:  # a distributed job: the straggler's report (the others wait for it), else rank 0's
         trainers = [lead] + [p for p in trainers if p != lead]
     primary = trainers[0] if trainers else None
