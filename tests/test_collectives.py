@@ -16,7 +16,7 @@ from test_rules_work import make_facts, make_step
 
 from whyidle.analysis import collectives as C
 from whyidle.analysis import ranks as R
-from whyidle.diagnose.rules_ranks import imbalance, metric_collectives
+from whyidle.diagnose.rules_ranks import accumulation_all_reduce, imbalance, metric_collectives
 from whyidle.instrument.collectives import CollectiveTimer
 
 
@@ -83,14 +83,39 @@ def test_step_waits_skip_damaged_rows():
 def test_timer_rows_resolve_the_first_buckets_completion_at_flush():
     out = []
     t = CollectiveTimer(out.append, tid=1)
-    slot = t.arrive()
-    assert t.arrive() is None and t.buckets == 2  # only the step's first bucket is timed
+    slot = t.arrive(0)
+    assert t.arrive(1) is None and t.buckets == 2  # only the step's first bucket is timed
+    t.backward_done()
+    t.arrive(0)  # a second backward reduces the gradient again (accumulation without no_sync)
     t.n, t.ns, t.numel = 2, 3_000, 4
     t.end_step(7)
     t.end_step(8)  # nothing in it: no row
+    t.arrive(0)
+    t.end_step(9)  # its backward was not timed (a step with the hooks out): exposed unknown
     slot[1] = slot[0] + 1_500  # the backend's thread completes the bucket
     t.flush()
-    assert out == [{"k": "colls", "t": out[0]["t"], "rows": [[7, 2, 3_000, 4, 0, 2, 1_500]]}]
+    rows = out[0]["rows"]
+    assert rows[0][:8] == [7, 2, 3_000, 4, 0, 3, 1_500, 2] and rows[0][8] >= 0
+    assert rows[1][0] == 9 and rows[1][7] == 1 and rows[1][8] is None
+
+
+def test_accumulation_that_reduces_every_micro_batch():
+    ms = 1_000_000
+    recs = [{"k": "colls", "rows": [[i, 0, 0, -1, 0, 8, 2 * ms, 4, 80 * ms] for i in range(30)]}]
+    steps = [{"i": i, "mb": 4} for i in range(30)]
+    acc = C.accumulation(recs, steps)
+    assert acc["micro"] == 4 and acc["rounds"] == 4 and acc["steps"] == 28
+    assert acc["exposed_s"] == pytest.approx(0.080) and acc["redundant_s"] == pytest.approx(0.060)
+    facts = make_facts(kind="cpu", step=make_step(mean=0.134)).replace(accumulation=acc)
+    f = accumulation_all_reduce(facts)
+    assert_contract(f)
+    assert f["severity"] == "warning" and f["bound"] == pytest.approx(0.060 / 0.134, rel=0.01)
+    assert "no_sync" in f["fix"]["text"] and "set_requires_gradient_sync" in f["fix"]["text"]
+    once = [{"k": "colls", "rows": [[i, 0, 0, -1, 0, 2, 2 * ms, 1, 5 * ms] for i in range(30)]}]
+    assert C.accumulation(once, steps) is None  # no_sync on all but the last micro-batch
+    assert C.accumulation(recs, [{"i": i, "mb": 1} for i in range(30)]) is None  # no accumulation
+    old = [{"k": "colls", "rows": [[i, 0, 0, -1, 0, 1, 2 * ms] for i in range(30)]}]
+    assert C.accumulation(old, steps) is None  # rows written before the rounds column
 
 
 def metric_facts(per_step=4.0, s_per_step=0.0024, small=1.0, steps=58):
@@ -160,10 +185,20 @@ def test_ddp_gradient_buckets_are_timed_and_the_programs_hook_still_runs(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = out["rows"][0]["rows"]
-    assert [r[0] for r in rows] == [0, 1, 2] and all(r[1] == 1 and r[3] == 1 and r[5] == 1 for r in rows)
+    assert [r[0] for r in rows] == [0, 1, 2] and all(r[1] == 1 and r[3] == 1 and r[5] == 1 and r[7] == 1 for r in rows)
     assert all(isinstance(r[6], int) and r[6] >= 0 for r in rows) and not out["notices"]
     if mode == "user":
         assert out["calls"] == ["mine"] * 3 and out["hook"] == "my_hook"
         assert out["again"] == "RuntimeError"  # DDP takes one communication hook, as without whyidle
     else:
         assert out["calls"] == [] and out["again"] is None  # the program's first hook is taken, even late
+
+
+def test_one_model_call_per_micro_batch_is_not_a_module_loop():
+    from whyidle.diagnose.rules_work import module_loop
+
+    loop = {"cls": "DistributedDataParallel", "calls_per_step": 4, "forward_s_per_step": 0.020,
+            "share_of_step": 0.5, "params": 4_000_000, "batch": 4, "site": None}
+    facts = make_facts(kind="cpu", step=make_step(fwd=0.3, bwd=0.6, data=0.0, opt=0.05)).replace(module_loops=[loop])
+    assert module_loop(facts.replace(analyzed_steps=[{"i": i, "mb": 4} for i in range(10)])) is None
+    assert module_loop(facts.replace(analyzed_steps=[{"i": i, "mb": 1} for i in range(10)]))["bound"] > 0.5

@@ -89,6 +89,7 @@ def job_result(proc) -> dict:
     ("forward", False, 1, "imbalance"),  # 7.6x: a slower device, nothing in rank 1's own phases
     ("validation", False, 0, "imbalance"),  # C17: rank 0 evaluates alone every 10 steps (1.3x)
     ("metrics", False, None, "metric_collectives"),  # C28: 4 scalar all-reduces per step (1.5x)
+    ("accum", False, None, "accumulation_all_reduce"),  # C27: 4 micro-batches, no no_sync (2.1x)
     ("loader", True, None, "device_bound"),  # balanced
 ])
 def test_torchrun_the_culprit_rank_and_its_cause(tmp_path, kind, fixed, late, verdict):
@@ -97,7 +98,7 @@ def test_torchrun_the_culprit_rank_and_its_cause(tmp_path, kind, fixed, late, ve
     3 % of the sum of the ranks' own rates as the script measures them."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            os.path.join(SCENARIOS, "ddp_straggler.py"), "--kind", kind,
-           "--steps", "60" if kind == "validation" else "40"] + (["--fixed"] if fixed else [])
+           "--steps", {"validation": "60", "accum": "20"}.get(kind, "40")] + (["--fixed"] if fixed else [])
     proc, report, _ = observe(tmp_path, cmd, name=kind, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == verdict

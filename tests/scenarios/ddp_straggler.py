@@ -13,6 +13,9 @@ Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP i
 - ``--kind validation`` (C17): every 10 steps, before the step's forward, rank 0 alone runs a
   validation pass (512 batches under ``no_grad`` and a Python metric) while rank 1 goes on to the next step's all-reduce.
   Fixed: both ranks validate half of the data each and all-reduce the metric.
+- ``--kind accum`` (C27): gradient accumulation over 4 micro-batches of 16 with a wide MLP
+  (4.3 M parameters: a 17 MB gradient all-reduce); faulty: ``backward()`` on every micro-batch
+  inside DDP (4 all-reduces per optimizer step); fixed: the first 3 under ``model.no_sync()``.
 - ``--kind metrics`` (C28): every step each rank all-reduces 4 scalar metrics and reads them
   (``.item()``). Fixed: the metrics are summed locally and all-reduced once every 50 steps.
   Balanced either way (no straggler).
@@ -21,11 +24,13 @@ Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP i
 Expected diagnosis (faulty): the report describes the straggler with an ``imbalance`` finding:
 loader → verdict ``input_bound`` on rank 1; host → ``host_bound`` on rank 1; forward →
 ``imbalance`` (nothing in rank 1's own phases explains it: a slower device); validation → rank
-0 with ``eval_bound``; metrics → no straggler. Fixed: no straggler, the report describes rank 0.
+0 with ``eval_bound``; metrics → no straggler; accum →
+``accumulation_all_reduce``. Fixed: no straggler, the report describes rank 0.
 The RESULT line is rank 0's; ``job_samples_per_s`` is the sum over ranks of each rank's samples
 after its first step over their span (whyidle's definition of the job's samples/s).
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -59,9 +64,9 @@ class Shard(Dataset):
 
 
 class Net(nn.Module):
-    def __init__(self, slow_s: float):
+    def __init__(self, slow_s: float, width: int = 256):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+        self.body = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
         self.slow_s = slow_s
 
     def forward(self, x):
@@ -95,7 +100,7 @@ def validate(model, data, indices) -> float:
 
 def main():
     p = make_parser(__doc__, steps=60)
-    p.add_argument("--kind", choices=("loader", "host", "forward", "validation", "metrics"), default="loader")
+    p.add_argument("--kind", choices=("loader", "host", "forward", "validation", "metrics", "accum"), default="loader")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -105,7 +110,8 @@ def main():
     late = rank == 1 and faulty
     data = Shard(0.002 if late and args.kind == "loader" else 0.0)
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=args.seed), drop_last=True)
-    model = DistributedDataParallel(Net(0.025 if late and args.kind == "forward" else 0.0))
+    model = DistributedDataParallel(Net(0.025 if late and args.kind == "forward" else 0.0,
+                                        2048 if args.kind == "accum" else 256))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     val_idx = list(range(8192))  # 512 batches of 16
     sums = torch.zeros(4)
@@ -121,11 +127,21 @@ def main():
                 elif not faulty:  # each rank its half, one all-reduce of the metric
                     acc = torch.tensor([validate(model, data, val_idx[rank::world])])
                     dist.all_reduce(acc)
-            out = model(x)
-            loss = F.cross_entropy(out, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            if args.kind == "accum":  # 4 micro-batches of 4 samples per optimizer step
+                for k, (xm, ym) in enumerate(zip(x.chunk(4), y.chunk(4))):
+                    sync = faulty or k == 3  # fixed: reduce only with the last micro-batch
+                    with (contextlib.nullcontext() if sync else model.no_sync()):
+                        out = model(xm)
+                        loss = F.cross_entropy(out, ym) / 4
+                        loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                out = model(x)
+                loss = F.cross_entropy(out, y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
             step += 1
             if args.kind == "host" and late:
                 rank_local_bookkeeping()

@@ -126,3 +126,33 @@ def culprit(waits: dict, step_s: dict) -> dict | None:
             "wait_s_by_rank": {str(r): wait_sum[r] / n for r in ranks},
             "collective_s_by_rank": {str(r): sum(waits[r][i] for i in steps) / n for r in ranks},
             "caused_s": net, "wait_share": net / mean_step if mean_step > 0 else 0.0}
+
+
+def accumulation(records: list[dict], steps: list) -> dict | None:
+    """Gradient accumulation that reduces the gradients on every micro-batch (cases.md C27): DDP
+    all-reduces at every backward outside ``no_sync()``, so with k micro-batches per optimizer step
+    the gradient crosses the wire k times where once would do.
+
+    ``records``: the rank's records (``colls`` rows with ``rounds``); ``steps``: its step rows
+    (``mb``: backward calls per step). Over the steps after ``SKIP_STEPS`` with both: returns
+    ``{steps, micro, rounds, exposed_s, redundant_s}`` (medians of micro-batches and reductions per
+    step; mean seconds per step of reduction not hidden by backward compute, over the steps where
+    it was timed; ``redundant_s`` = exposed_s × (rounds − 1) / rounds, what reducing once saves), or
+    None when the medians are below 2 (no accumulation, or ``no_sync`` used) or nothing matched.
+    """
+    mb = {s.get("i"): s.get("mb") for s in steps if s.get("mb")}
+    rows = []
+    for rec in records:
+        if rec.get("k") == "colls" and isinstance(rec.get("rows"), list):
+            rows += [r for r in rec["rows"] if isinstance(r, list) and len(r) >= 9 and isinstance(r[0], int)
+                     and r[0] >= SKIP_STEPS and isinstance(r[7], int) and r[7] > 0 and r[0] in mb]
+    if not rows:
+        return None
+    micro = statistics.median(mb[r[0]] for r in rows)
+    rounds = statistics.median(r[7] for r in rows)
+    if micro < 2 or rounds < 2:
+        return None
+    timed = [r for r in rows if isinstance(r[8], int)]
+    exposed = sum(r[8] for r in timed) / len(timed) / 1e9 if timed else None
+    return {"steps": len(rows), "micro": micro, "rounds": rounds, "exposed_s": exposed,
+            "redundant_s": exposed * (rounds - 1) / rounds if exposed is not None else None}

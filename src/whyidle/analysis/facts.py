@@ -249,7 +249,8 @@ class RunFacts:
       :func:`whyidle.analysis.ranks.ranks`; empty outside one), ``straggler`` (the rank the others
       wait for: :func:`whyidle.analysis.ranks.straggler`; the primary is its process),
       ``collectives`` (the primary's own blocking collectives per step, timed on gloo/mpi:
-      :func:`whyidle.analysis.collectives.program_collectives`, or None).
+      :func:`whyidle.analysis.collectives.program_collectives`, or None), ``accumulation``
+      (gradient reductions per micro-batch: :func:`whyidle.analysis.collectives.accumulation`).
     - ``steps_info`` (:func:`whyidle.analysis.steps.select_steps`), ``step``
       (:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps), ``step_rows`` (every step
       of the primary trainer) and ``analyzed_steps`` (those the metrics are over).
@@ -312,6 +313,7 @@ class RunFacts:
     ranks: list[dict] | None = None
     straggler: dict | None = None
     collectives: dict | None = None
+    accumulation: dict | None = None
     meta: dict | None = None
     input_wait: InputWait | None = None
     tfdata: dict | None = None

@@ -242,6 +242,7 @@ def analyze(run: RunData) -> RunFacts:
         ranks=ranks,
         straggler=late,
         collectives=coll_analysis.program_collectives(recs),
+        accumulation=coll_analysis.accumulation(recs, step_lists[primary]) if primary is not None else None,
         meta=run.meta,
         input_wait=input_wait,
         tfdata=_last(recs, "tfdata"),

@@ -145,9 +145,10 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
         late = rules_ranks.imbalance(facts, findings)
         if late:
             findings.append(late)
-        metric = rules_ranks.metric_collectives(facts)
-        if metric:
-            findings.append(metric)
+        for rule in (rules_ranks.metric_collectives, rules_ranks.accumulation_all_reduce):
+            f = rule(facts)
+            if f:
+                findings.append(f)
     _link_contention_to_input(facts, findings)
     _link_restarts_to_input(findings)
     causes = {f["evidence"].get("cause") for f in findings if f["id"] == "input_bound"}

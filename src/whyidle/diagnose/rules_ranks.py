@@ -140,3 +140,43 @@ def metric_collectives(facts: RunFacts) -> Finding | None:
     return finding("metric_collectives", sev, "Per-step metric collectives", summary, evidence, est, text, code,
                    ["https://lightning.ai/docs/pytorch/stable/extensions/logging.html#logging-from-a-lightningmodule",
                     DOCS_DDP], bound=share)
+
+
+def accumulation_all_reduce(facts: RunFacts) -> Finding | None:
+    """Gradient accumulation that all-reduces the gradients on every micro-batch (cases.md C27:
+    torchtune #1275 "more than doubled" on 8 nodes; NVIDIA cosmos #161, 1.63× with the fix), from
+    ``facts.accumulation`` (the described rank's DDP reductions per optimizer step, timed on gloo).
+
+    ``bound`` = ``redundant_s`` / the mean step (the reduction time not hidden behind backward, for
+    all rounds but the last); a warning from ``T.HOST_SHARE_WARN``, info below (the redundant
+    reductions still cost network time on a real cluster). ``est_speedup`` = 1 / (1 − bound).
+    """
+    acc, step = facts.accumulation, facts.step
+    if not acc or not step:
+        return None
+    step_s = step["step_time_s"]["mean"]
+    red = acc.get("redundant_s")
+    share = min(0.95, red / step_s) if red is not None and step_s > 0 else None
+    summary = (f"Gradient accumulation over {acc['micro']:g} micro-batches all-reduces the gradients "
+               f"{acc['rounds']:g} times per optimizer step, once per backward"
+               + (f": the reductions not hidden behind backward take {_ms(acc['exposed_s'])} of each "
+                  f"{_ms(step_s)} step, {_ms(red)} of it for the {acc['rounds'] - 1:g} that only the last "
+                  f"micro-batch needs ({_pct(share)})" if share is not None else "") + ".")
+    text = ("Reduce only on the last micro-batch: run the others under `model.no_sync()` (DDP); FSDP2: "
+            "`model.set_requires_gradient_sync(False)` on those; Accelerate: `with accelerator.accumulate(model):`; "
+            "Lightning (`accumulate_grad_batches`) and the HF Trainer (`gradient_accumulation_steps`) do this "
+            "themselves. If a wrapper of yours decides, check that it recognizes the model's type.")
+    code = ("for k, (x, y) in enumerate(micro_batches):\n"
+            "    last = k == len(micro_batches) - 1\n"
+            "    with contextlib.nullcontext() if last else model.no_sync():  # no all-reduce before the last\n"
+            "        (loss_fn(model(x), y) / len(micro_batches)).backward()\n"
+            "optimizer.step()\n"
+            "optimizer.zero_grad(set_to_none=True)")
+    evidence = _round({"micro_batches": acc["micro"], "reductions_per_step": acc["rounds"],
+                       "exposed_s": acc["exposed_s"], "redundant_s": red, "share": share, "steps": acc["steps"]})
+    sev = "warning" if (share or 0) >= T.HOST_SHARE_WARN else "info"
+    est = 1.0 / (1.0 - share) if share and sev != "info" else None
+    return finding("accumulation_all_reduce", sev, "Gradient all-reduce on every micro-batch", summary, evidence,
+                   est, text, code, ["https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel"
+                                     ".html#torch.nn.parallel.DistributedDataParallel.no_sync", DOCS_DDP],
+                   bound=share or 0.0)

@@ -14,6 +14,7 @@ A missing or ``None`` fact counts as unknown, and an unknown fact keeps a rule s
 from __future__ import annotations
 
 import re
+import statistics
 
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis.capability import capability_of
@@ -310,7 +311,8 @@ def module_loop(facts: RunFacts) -> dict | None:
     backward repeats per call too), capped at the forward + backward share. ``est_speedup`` is
     null: what folding gains depends on how small each call is (measured 1.6x on the 2-core CPU
     for 24 views of 8 images, tests/scenarios/README.md). Reported as ``host_bound`` with
-    ``evidence.kind = "module_loop"``.
+    ``evidence.kind = "module_loop"``. A module called once per micro-batch under gradient
+    accumulation (calls per step = backward calls per step, the step rows' ``mb``) is not a loop.
     """
     step = facts.step
     loops = facts.module_loops or []
@@ -320,6 +322,9 @@ def module_loop(facts: RunFacts) -> dict | None:
     fwd, bwd = sh.get("forward") or 0.0, sh.get("backward") or 0.0
     small = [m for m in loops if m["calls_per_step"] >= T.MODULE_LOOP_MIN_CALLS
              and m["forward_s_per_step"] / m["calls_per_step"] <= T.MODULE_LOOP_MAX_CALL_S]
+    micro = statistics.median([s["mb"] for s in facts.analyzed_steps or [] if s.get("mb")] or [1])
+    if micro >= 2:  # gradient accumulation: one call (and one backward) per micro-batch is no loop
+        small = [m for m in small if abs(m["calls_per_step"] - micro) >= 0.5]
     top = small[0] if small else None
     if top is None or fwd <= 0:
         return None

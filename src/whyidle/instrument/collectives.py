@@ -46,8 +46,12 @@ HOST_SYNC_BACKENDS = frozenset({"gloo", "mpi"})
 
 #: Row of a ``colls`` record: step index, the program's blocking collectives (count, ns), their
 #: elements (the largest tensor's ``numel``, -1 unknown), DDP's buffer broadcast (ns), DDP gradient
-#: buckets reduced (count) and the first one's arrival-to-completion time (ns, None unknown).
-COLLS_COLUMNS = ("i", "n", "ns", "numel", "bcast_ns", "buckets", "lag_ns")
+#: buckets reduced (count) and the first one's arrival-to-completion time (ns, None unknown), the
+#: times the whole gradient was reduced (rounds: arrivals of the step's first bucket index: one
+#: per backward outside ``no_sync``) and the backward time after each round's last bucket was
+#: ready (ns: the reduction's time not hidden behind backward compute; None on steps recorded
+#: without the backward hook, docs/run-format.md ``steps``).
+COLLS_COLUMNS = ("i", "n", "ns", "numel", "bcast_ns", "buckets", "lag_ns", "rounds", "exposed_ns")
 
 #: A ``colls`` record is written once this many rows are queued or the oldest is this old
 #: (seconds): a killed run loses at most that much.
@@ -74,6 +78,11 @@ class CollectiveTimer:
         self.bcast_ns = 0
         self.buckets = 0
         self.slot: list | None = None  # [arrival, completion] of this step's first bucket
+        self.first_index: int | None = None  # the index of the step's first bucket
+        self.rounds = 0
+        self.last_arrival = 0  # when the current backward's last bucket so far was ready
+        self.exposed_ns = 0
+        self.timed_rounds = 0  # backwards timed by backward_done (not on steps whose hooks are out)
 
     def host_sync(self, dist) -> bool:
         """Whether the default process group's backend is host-synchronous (decided once)."""
@@ -92,7 +101,8 @@ class CollectiveTimer:
             now = monotonic_ns()
             if not self.rows:
                 self.t_rows = now
-            self.rows.append([i, self.n, self.ns, self.numel, self.bcast_ns, self.buckets, self.slot])
+            self.rows.append([i, self.n, self.ns, self.numel, self.bcast_ns, self.buckets, self.slot, self.rounds,
+                              self.exposed_ns if self.timed_rounds else None])
             if len(self.rows) >= FLUSH_ROWS or now - self.t_rows > FLUSH_AGE_S * 1e9:
                 self.flush()
         self._clear()
@@ -110,13 +120,27 @@ class CollectiveTimer:
             out.append(r)
         self.record({"k": "colls", "t": monotonic_ns(), "rows": out})
 
-    def arrive(self) -> list | None:
-        """A gradient bucket is ready: its slot when it is the step's first, else None."""
+    def arrive(self, index: int) -> list | None:
+        """Gradient bucket ``index`` is ready: its slot when it is the step's first, else None."""
+        now = monotonic_ns()
         self.buckets += 1
+        self.last_arrival = now
+        if self.first_index is None:
+            self.first_index = index
+        if index == self.first_index:
+            self.rounds += 1
         if self.slot is None:
-            self.slot = [monotonic_ns(), 0]
+            self.slot = [now, 0]
             return self.slot
         return None
+
+    def backward_done(self) -> None:
+        """A backward returned (DDP has waited for its buckets): the time since its last bucket
+        was ready is reduction that compute did not hide."""
+        if self.last_arrival:
+            self.exposed_ns += monotonic_ns() - self.last_arrival
+            self.timed_rounds += 1
+            self.last_arrival = 0
 
 
 def _numel(args) -> int:
@@ -185,7 +209,7 @@ def _trampoline_hook(timer: CollectiveTimer):
     def whyidle_comm_hook(state, bucket):  # DDP checks the parameter is named ``bucket``
         slot = None
         try:
-            slot = timer.arrive()
+            slot = timer.arrive(bucket.index())
         except Exception:
             pass
         fut = state.inner(state.state, bucket)

@@ -1127,6 +1127,8 @@ def install(agent, torch) -> TorchInstrument:
         finally:
             if not inst.off:
                 _safe(inst, inst.leave)
+                if inst.colls.enabled:
+                    inst.colls.backward_done()
 
     torch.autograd.backward = backward
 
