@@ -202,3 +202,26 @@ def test_one_model_call_per_micro_batch_is_not_a_module_loop():
     facts = make_facts(kind="cpu", step=make_step(fwd=0.3, bwd=0.6, data=0.0, opt=0.05)).replace(module_loops=[loop])
     assert module_loop(facts.replace(analyzed_steps=[{"i": i, "mb": 4} for i in range(10)])) is None
     assert module_loop(facts.replace(analyzed_steps=[{"i": i, "mb": 1} for i in range(10)]))["bound"] > 0.5
+
+
+def test_data_parallel_and_distributed_settings_are_reported():
+    from whyidle.diagnose.rules_ranks import data_parallel, dist_config
+    from whyidle.instrument.torch import parallel_wrappers
+
+    import torch
+
+    dp = torch.nn.DataParallel(torch.nn.Linear(2, 2))
+    assert parallel_wrappers([dp, torch.nn.Linear(2, 2)]) == [{"kind": "DataParallel", "devices": 0}]
+    base = make_facts(kind="cuda")
+    f = data_parallel(base.replace(devices={"wrappers": [{"kind": "DataParallel", "devices": 4}]}))
+    assert_contract(f)
+    assert f["severity"] == "warning" and "DistributedDataParallel" in f["fix"]["code"]
+    assert data_parallel(base.replace(devices={"wrappers": [{"kind": "DataParallel", "devices": 0}]}))["severity"] == "info"
+    assert data_parallel(base.replace(devices={"wrappers": [{"kind": "DistributedDataParallel"}]})) is None
+    cfg = dist_config(base.replace(devices={"params": {"cuda": 10}, "dist": {"backend": "gloo"},
+                                            "nccl_env": {"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"}}))
+    assert_contract(cfg)
+    assert cfg["severity"] == "info" and cfg["evidence"]["transports_off"] == ["NCCL_P2P_DISABLE"]
+    assert "gloo" in cfg["summary"] and "peer-to-peer" in cfg["summary"]
+    assert dist_config(base.replace(devices={"params": {"cpu": 10}, "dist": {"backend": "gloo"},
+                                             "nccl_env": {"NCCL_P2P_DISABLE": "0"}})) is None

@@ -145,7 +145,8 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
         late = rules_ranks.imbalance(facts, findings)
         if late:
             findings.append(late)
-        for rule in (rules_ranks.metric_collectives, rules_ranks.accumulation_all_reduce):
+        for rule in (rules_ranks.metric_collectives, rules_ranks.accumulation_all_reduce, rules_ranks.data_parallel,
+                     rules_ranks.dist_config):
             f = rule(facts)
             if f:
                 findings.append(f)

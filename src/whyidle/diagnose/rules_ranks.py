@@ -180,3 +180,63 @@ def accumulation_all_reduce(facts: RunFacts) -> Finding | None:
                    est, text, code, ["https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel"
                                      ".html#torch.nn.parallel.DistributedDataParallel.no_sync", DOCS_DDP],
                    bound=share or 0.0)
+
+
+#: NCCL variables that turn a transport off (NCCL's environment variables documentation): set in a
+#: job's environment they force slower paths (PCIe or the network instead of NVLink/InfiniBand).
+NCCL_TRANSPORT_OFF = {"NCCL_P2P_DISABLE": "peer-to-peer (NVLink/PCIe P2P)", "NCCL_IB_DISABLE": "InfiniBand",
+                      "NCCL_SHM_DISABLE": "shared memory", "NCCL_NVLS_ENABLE": "NVLink SHARP"}
+DOCS_NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
+
+
+def data_parallel(facts: RunFacts) -> Finding | None:
+    """``torch.nn.DataParallel`` wraps the model (cases.md C16): one process scatters the batch,
+    replicates the model on every forward and gathers the outputs on GPU 0 under one GIL (GPU 0
+    70 %, the others < 20 % in the case). A warning when it spans more than one device, info
+    otherwise (on one device or none it only adds a call). ``bound`` and ``est_speedup`` null."""
+    dp = next((w for w in (facts.devices or {}).get("wrappers") or [] if w.get("kind") == "DataParallel"), None)
+    if dp is None:
+        return None
+    n = dp.get("devices") or 0
+    summary = (f"The model is wrapped in `torch.nn.DataParallel` over {n} device{'s' if n != 1 else ''}: one process "
+               "replicates the model on every forward and gathers the outputs on the first GPU, so the others "
+               "wait for it and for one Python thread.")
+    text = ("Use `DistributedDataParallel`, one process per GPU: launch with `torchrun --nproc_per_node N`, call "
+            "`torch.distributed.init_process_group('nccl')`, place the model on `LOCAL_RANK`'s GPU and give each "
+            "rank its shard with a `DistributedSampler` (Lightning: `strategy='ddp'`; Accelerate and the HF "
+            "Trainer do this under `accelerate launch` / `torchrun`).")
+    code = ("local_rank = int(os.environ['LOCAL_RANK'])\n"
+            "torch.distributed.init_process_group('nccl')\n"
+            "torch.cuda.set_device(local_rank)\n"
+            "model = DistributedDataParallel(model.cuda(local_rank), device_ids=[local_rank])   # was: DataParallel(model)\n"
+            "loader = DataLoader(data, batch_size=per_gpu_batch, sampler=DistributedSampler(data))")
+    return finding("data_parallel", "warning" if n > 1 else "info", "Single-process DataParallel", summary,
+                   {"devices": n}, None, text, code,
+                   ["https://pytorch.org/docs/stable/notes/cuda.html#cuda-nn-ddp-instead", DOCS_DDP])
+
+
+def dist_config(facts: RunFacts) -> Finding | None:
+    """Settings of a distributed job that cost collective speed on GPUs, as info (cases.md C37:
+    NCCL silently on a slower path): gloo as the backend while the model trains on CUDA (NCCL is
+    the GPU backend), and NCCL variables in the environment that turn a transport off
+    (``NCCL_TRANSPORT_OFF``), with every ``NCCL_*`` variable set listed. None without either."""
+    devices = facts.devices or {}
+    env = devices.get("nccl_env") or {}
+    backend = str((devices.get("dist") or {}).get("backend") or "")
+    items = []
+    if backend == "gloo" and "cuda" in (devices.get("params") or {}):
+        items.append("the process group uses gloo while the model trains on CUDA: gloo copies every collective "
+                     "through host memory; `init_process_group('nccl')` keeps them on the GPUs")
+    off = [k for k in NCCL_TRANSPORT_OFF if str(env.get(k, "")).strip() not in ("", "0")]
+    for k in off:
+        items.append(f"`{k}={env[k]}` turns NCCL's {NCCL_TRANSPORT_OFF[k]} transport off")
+    if not items:
+        return None
+    summary = "Distributed settings that slow collectives on GPUs: " + "; ".join(items) + "."
+    text = ("Use NCCL for CUDA tensors, and unset the NCCL variables that turn transports off unless they work "
+            "around a known fault of this cluster (check with `NCCL_DEBUG=INFO`: it logs the transport each "
+            "channel uses). Ranks that each see only their own GPU (a per-task `CUDA_VISIBLE_DEVICES`) also keep "
+            "NCCL off NVLink: let every rank see the node's GPUs and pick its own by `LOCAL_RANK`.")
+    return finding("dist_config", "info", "Distributed settings on a slower path", summary,
+                   {"backend": backend or None, "transports_off": off, "nccl_env": env}, None, text, None,
+                   [DOCS_NCCL_ENV, DOCS_DDP])

@@ -679,6 +679,8 @@ class TorchInstrument:
             "batch_tensors": self.audit["batch_tensors"], "batch_bytes": self.audit["batch_bytes"],
             "anomaly_detection": bool(self.torch.is_anomaly_enabled()),
             "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") not in (None, "", "0"),
+            "wrappers": parallel_wrappers(self.roots.values()),
+            "nccl_env": {k: v[:200] for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")} or None,
         })
         self.audit = _new_audit()
         if cuda_ready and "cuda" in params and self.timeline is None:
@@ -868,6 +870,35 @@ def dist_identity(env) -> dict | None:
     for var, key in DIST_ENV.items():
         value = env.get(var)
         out[key] = int(value) if value is not None and value.isdigit() else value
+    return out
+
+
+#: DDP's settings recorded by the device audit (attribute → key).
+DDP_SETTINGS = {"gradient_as_bucket_view": "gradient_as_bucket_view", "bucket_bytes_cap": "bucket_bytes",
+                "find_unused_parameters": "find_unused_parameters", "static_graph": "static_graph",
+                "broadcast_buffers": "broadcast_buffers"}
+
+
+def parallel_wrappers(modules) -> list[dict]:
+    """The data-parallel wrappers among the top-level modules (at most 4): ``{"kind":
+    "DataParallel", "devices": len(device_ids)}``, ``{"kind": "DistributedDataParallel",
+    gradient_as_bucket_view, bucket_bytes, find_unused_parameters, static_graph, broadcast_buffers}``
+    or ``{"kind": "FullyShardedDataParallel"}`` (by class name: subclasses and re-exports count)."""
+    out = []
+    for m in modules:
+        names = {c.__name__ for c in type(m).__mro__}
+        if "DataParallel" in names and "DistributedDataParallel" not in names:
+            out.append({"kind": "DataParallel", "devices": len(getattr(m, "device_ids", None) or [])})
+        elif "DistributedDataParallel" in names:
+            rec = {"kind": "DistributedDataParallel"}
+            for attr, key in DDP_SETTINGS.items():
+                value = getattr(m, attr, None)
+                rec[key] = value if isinstance(value, (bool, int, float, type(None))) else str(value)
+            out.append(rec)
+        elif "FullyShardedDataParallel" in names:
+            out.append({"kind": "FullyShardedDataParallel"})
+        if len(out) >= 4:
+            break
     return out
 
 
