@@ -225,3 +225,11 @@ def test_data_parallel_and_distributed_settings_are_reported():
     assert "gloo" in cfg["summary"] and "peer-to-peer" in cfg["summary"]
     assert dist_config(base.replace(devices={"params": {"cpu": 10}, "dist": {"backend": "gloo"},
                                              "nccl_env": {"NCCL_P2P_DISABLE": "0"}})) is None
+
+
+def test_which_backends_block_the_host():
+    from whyidle.instrument.collectives import host_synchronous
+
+    assert host_synchronous("gloo") and host_synchronous("mpi")
+    assert not host_synchronous("nccl") and not host_synchronous("cpu:gloo,cuda:nccl")
+    assert host_synchronous("undefined") is (not __import__("torch").cuda.is_available())

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from time import monotonic_ns
 
@@ -43,6 +44,20 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 
 #: Backends whose collectives return to the host only once done (gloo, mpi): host times are waits.
 HOST_SYNC_BACKENDS = frozenset({"gloo", "mpi"})
+#: Device backends: their collectives return once queued on the device.
+DEVICE_BACKENDS = ("nccl", "xccl", "hccl", "ucc")
+
+
+def host_synchronous(backend: str) -> bool:
+    """Whether the default group's collectives block the host until done: ``gloo``/``mpi``, or a
+    device map (``"cpu:gloo,cuda:nccl"``) without a device backend; ``"undefined"`` (no backend
+    given to ``init_process_group``: gloo for CPU tensors, NCCL for CUDA ones) only without CUDA."""
+    if any(b in backend for b in DEVICE_BACKENDS):
+        return False
+    if backend == "undefined":
+        torch = sys.modules.get("torch")
+        return torch is not None and not torch.cuda.is_available()
+    return any(b in backend for b in HOST_SYNC_BACKENDS)
 
 #: Row of a ``colls`` record: step index, the program's blocking collectives (count, ns), their
 #: elements (the largest tensor's ``numel``, -1 unknown), DDP's buffer broadcast (ns), DDP gradient
@@ -90,7 +105,7 @@ class CollectiveTimer:
             try:
                 if not dist.is_initialized():
                     return False
-                self.enabled = str(dist.get_backend()) in HOST_SYNC_BACKENDS
+                self.enabled = host_synchronous(str(dist.get_backend()))
             except Exception:
                 self.enabled = False
         return self.enabled
