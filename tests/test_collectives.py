@@ -233,3 +233,14 @@ def test_which_backends_block_the_host():
     assert host_synchronous("gloo") and host_synchronous("mpi")
     assert not host_synchronous("nccl") and not host_synchronous("cpu:gloo,cuda:nccl")
     assert host_synchronous("undefined") is (not __import__("torch").cuda.is_available())
+
+
+def test_the_stragglers_own_estimates_stop_at_the_other_ranks_pace():
+    from whyidle.diagnose import _cap_at_the_others_pace
+
+    own = {"id": "host_bound", "evidence": {}, "est_speedup": 3.5,
+           "fix": {"options": [{"est_speedup": 3.5}, {"est_speedup": 1.2}]}}
+    job = {"id": "eval_bound", "evidence": {"part_s": 4.0}, "est_speedup": 3.0, "fix": {"options": []}}
+    _cap_at_the_others_pace([own, job], {"est_speedup": 2.45})
+    assert own["est_speedup"] == 2.45 and [o["est_speedup"] for o in own["fix"]["options"]] == [2.45, 1.2]
+    assert own["evidence"]["est_capped_by"] == "imbalance" and job["est_speedup"] == 3.0

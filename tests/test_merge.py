@@ -39,7 +39,7 @@ def test_runs_of_different_jobs_or_the_same_node_twice_are_refused(tmp_path):
         text = f.read().replace('"master_port":29500', '"master_port":29501')
     with open(path, "w") as f:
         f.write(text)
-    with pytest.raises(RunDirError, match="not the same job .*master_port 29501"):
+    with pytest.raises(RunDirError, match="not the same job .*master_port 29501 here, 29500 there"):
         analyze_run([a[0], b[1]])
     single = write_run(tmp_path / "single")
     with pytest.raises(RunDirError, match="no torch.distributed ranks"):

@@ -57,6 +57,31 @@ def _insufficient(facts: RunFacts) -> dict | None:
     return None
 
 
+def _cap_at_the_others_pace(findings: list[dict], late: dict) -> None:
+    """A distributed job's report describes its straggler; fixing that rank's own cause makes the
+    job no faster than the other ranks already are (the ``imbalance`` finding's ``est_speedup``:
+    the straggler doing no more than they do). Its findings' estimates are capped there (a fresh
+    user's DDP job with a slow rank: host_bound said 3.50×, the job gained 2.1–2.7×, imbalance
+    2.45×), with ``evidence.est_capped_by = "imbalance"``. Findings about time outside the steps
+    (``evidence.part_s``, start-up) keep theirs."""
+    cap = late.get("est_speedup")
+    if not cap:
+        return
+    for f in findings:
+        if (f.get("evidence") or {}).get("part_s") is not None or f["id"].startswith("startup"):
+            continue  # whole-job time (evaluation, checkpoints, start-up): not the step's pace
+        capped = False
+        if f.get("est_speedup") and f["est_speedup"] > cap:
+            f["est_speedup"] = cap
+            capped = True
+        for o in (f.get("fix") or {}).get("options") or []:
+            if o.get("est_speedup") and o["est_speedup"] > cap:
+                o["est_speedup"] = cap
+                capped = True
+        if capped:
+            f["evidence"]["est_capped_by"] = "imbalance"
+
+
 def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
     """When the loader workers themselves wait for cores, data wait is a symptom of contention
     (other processes, or more threads than cores) that a fix can remove.
@@ -144,6 +169,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     if short is None:
         late = rules_ranks.imbalance(facts, findings)
         if late:
+            _cap_at_the_others_pace(findings, late)
             findings.append(late)
         for rule in (rules_ranks.metric_collectives, rules_ranks.accumulation_all_reduce, rules_ranks.data_parallel,
                      rules_ranks.dist_config):

@@ -65,8 +65,8 @@ def merge_runs(runs: list[RunData]) -> tuple[RunData, dict[int, int]]:
             differ = [k for k in JOB_KEYS if keys.get(k) != job.get(k)]
             if differ:
                 k = differ[0]
-                raise RunDirError(f"{run.path}: not the same job as {runs[0].path} ({k} {keys.get(k)!r} there, "
-                                  f"{job.get(k)!r} here)")
+                raise RunDirError(f"{run.path}: not the same job as {runs[0].path} ({k} {keys.get(k)!r} here, "
+                                  f"{job.get(k)!r} there)")
         for node in nodes:
             if node in seen_nodes:
                 raise RunDirError(f"{run.path}: node {node} is also in {seen_nodes[node]}; give each node's run once")
