@@ -69,8 +69,8 @@ def ranks(identities: dict[int, dict], step_lists: dict[int, list]) -> list[dict
 def measure_collectives(rows: list[dict], waits: dict, step_lists: dict, regions: dict) -> dict | None:
     """The measured culprit of the ranks' rows (:func:`whyidle.analysis.collectives.culprit`;
     ``waits``: pid → :func:`~whyidle.analysis.collectives.step_waits`; ``step_lists``: pid → its
-    step rows; ``regions``: pid → its ``region`` records), setting on each row ``collective_s`` (its mean time in collectives per step,
-    seconds) and ``wait_s`` (its mean wait for the other ranks per step), None where not measured.
+    step rows; ``regions``: pid → its ``region`` records), setting on each row ``collective_s``
+    (its mean time in collectives per step, seconds) and ``wait_s`` (its mean wait for the other ranks per step), None where not measured.
     The culprit's ``late_cause`` (:func:`late_cause`) is added; its step lists are dropped."""
     by_rank = {r["rank"]: waits.get(r["pid"]) or {} for r in rows}
     measured = coll_analysis.culprit({k: v for k, v in by_rank.items() if v},
@@ -94,8 +94,8 @@ PHASE_FIELDS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optim
 def late_cause(rows: list, late_at: dict, compared: list, regions: list[dict] = ()) -> dict | None:
     """What a rank that is late only now and then does in the steps it is late (``late_at``: step
     index → the wait it caused then, seconds): per phase, its mean time in those steps (weighted by
-    that wait: the steps that cost most say most) minus in its other compared steps (``other_host``: the step's time
-    outside the timed phases), and the same for the time inside its ``evaluation``,
+    that wait: the steps that cost most say most) minus in its other compared steps
+    (``other_host``: the step's time outside the timed phases), and the same for the time inside its ``evaluation``,
     ``checkpoint`` and ``logging`` regions (``region`` records, instrument/regions.py). A region
     that grew by at least half as much as the phase that grew most names the cause (it is the more
     precise name: rank-0-only validation shows as host time when it calls the inner module), else
@@ -155,8 +155,9 @@ def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE, measured
     (host-synchronous backends, enough steps), which decides when given: its culprit is the
     straggler when the other ranks wait for it at least ``min_share`` of their step, else there is
     none. Returns ``{rank, pid, measured: True, culprit_share, late_cause, late_steps, steps,
-    excess_s, excess_share, wait_s_by_rank}`` (``excess_s``: the other ranks' mean wait per step, seconds;
-    ``excess_share``: as a fraction of their step; ``wait_s_by_rank``: rank → its wait per step).
+    excess_s, excess_share, wait_s_by_rank}`` (``excess_s``: the wait per step it causes each other
+    rank beyond what they cause, seconds, the culprit's ``caused_s``; ``excess_share``: as a
+    fraction of their step; ``wait_s_by_rank``: other rank → its mean wait per step).
 
     Without it, from the phases: DDP synchronizes every step at the gradient all-reduce, which it waits for at the end of
     backward: a rank that reaches it early waits *inside its backward*, so every rank's step lasts
