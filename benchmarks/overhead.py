@@ -97,13 +97,11 @@ cpu = (time.process_time() - cpu0) / len(times)
 if not ddp or torch.distributed.get_rank() == 0:
     print("RESULT " + json.dumps({"median_s": times[len(times) // 2], "p20_s": times[len(times) // 5], "mean_s": mean,
                                   "cpu_s": cpu, "n": len(times), "rss_growth_bytes": rss() - rss0}))
-if ddp:
+if ddp:  # DDP's reducer outliving destroy_process_group aborts PyTorch 2.13 at exit now and then
+    del model, opt
+    import gc; gc.collect()
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-    # PyTorch 2.13 + gloo: about 1 plain run in 10 aborts at interpreter exit after this
-    # ("terminate called without an active exception", exit -6), whyidle or not
-    sys.stdout.flush()
-    os._exit(0)
 '''
 
 #: Lightning loop: argv = steps, width, batch, warm-up steps. Prints one RESULT line.
