@@ -35,20 +35,27 @@ LATE_MIN_SHARE = 0.05
 MIN_CULPRIT_SHARE = 2 / 3
 
 
+def _rows(records: list[dict], width: int = 7):
+    """The ``colls`` rows of a rank's records that are lists of at least ``width`` values with an
+    integer step index (damaged ones are skipped)."""
+    for rec in records:
+        if rec.get("k") == "colls" and isinstance(rec.get("rows"), list):
+            for row in rec["rows"]:
+                if isinstance(row, list) and len(row) >= width and isinstance(row[0], int):
+                    yield row
+
+
 def step_waits(records: list[dict]) -> dict[int, float]:
     """Step index → seconds the rank spent in collectives in that step: the program's blocking
     collectives, DDP's buffer broadcast and its first gradient bucket's arrival-to-completion time
     (``colls`` rows; a row that is not a list of numbers is skipped)."""
     out: dict[int, float] = {}
-    for rec in records:
-        if rec.get("k") != "colls" or not isinstance(rec.get("rows"), list):
+    for row in _rows(records):
+        try:
+            _i, _n, ns, _numel, bcast, _buckets, lag = row[:7]
+            out[row[0]] = (int(ns) + int(bcast) + int(lag or 0)) / 1e9
+        except (TypeError, ValueError):
             continue
-        for row in rec["rows"]:
-            try:
-                i, _n, ns, _numel, bcast, _buckets, lag = row[:7]
-                out[int(i)] = (int(ns) + int(bcast) + int(lag or 0)) / 1e9
-            except (TypeError, ValueError):
-                continue
     return out
 
 
@@ -57,11 +64,7 @@ def program_collectives(records: list[dict]) -> dict | None:
     small_share}`` (``per_step``: mean count over the steps with a row and steps after
     ``SKIP_STEPS``; ``s_per_step``: seconds; ``small_share``: fraction of those steps whose largest
     tensor had ≤ ``METRIC_MAX_NUMEL`` elements — scalar metrics), or None without any."""
-    rows = []
-    for rec in records:
-        if rec.get("k") == "colls" and isinstance(rec.get("rows"), list):
-            rows += [r for r in rec["rows"] if isinstance(r, list) and len(r) >= 7 and isinstance(r[0], int)
-                     and r[0] >= SKIP_STEPS and isinstance(r[1], int) and r[1] > 0]
+    rows = [r for r in _rows(records) if r[0] >= SKIP_STEPS and isinstance(r[1], int) and r[1] > 0]
     if not rows:
         return None
     return {"steps": len(rows), "per_step": sum(r[1] for r in rows) / len(rows),
@@ -141,11 +144,7 @@ def accumulation(records: list[dict], steps: list) -> dict | None:
     None when the medians are below 2 (no accumulation, or ``no_sync`` used) or nothing matched.
     """
     mb = {s.get("i"): s.get("mb") for s in steps if s.get("mb")}
-    rows = []
-    for rec in records:
-        if rec.get("k") == "colls" and isinstance(rec.get("rows"), list):
-            rows += [r for r in rec["rows"] if isinstance(r, list) and len(r) >= 9 and isinstance(r[0], int)
-                     and r[0] >= SKIP_STEPS and isinstance(r[7], int) and r[7] > 0 and r[0] in mb]
+    rows = [r for r in _rows(records, 9) if r[0] >= SKIP_STEPS and isinstance(r[7], int) and r[7] > 0 and r[0] in mb]
     if not rows:
         return None
     micro = statistics.median(mb[r[0]] for r in rows)

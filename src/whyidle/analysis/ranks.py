@@ -87,10 +87,6 @@ def measure_collectives(rows: list[dict], waits: dict, step_lists: dict, regions
     return measured
 
 
-#: Step-row fields of the phases (ns), by share name (analysis/steps.py).
-PHASE_FIELDS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "eval": "eval"}
-
-
 def late_cause(rows: list, late_at: dict, compared: list, regions: list[dict] = ()) -> dict | None:
     """What a rank that is late only now and then does in the steps it is late (``late_at``: step
     index → the wait it caused then, seconds): per phase, its mean time in those steps (weighted by
@@ -115,7 +111,7 @@ def late_cause(rows: list, late_at: dict, compared: list, regions: list[dict] = 
         if i not in keep or row.get("bwd") is None or row.get("t1") is None:
             continue
         t0, t1 = row["t0"], row["t1"]
-        phases = {k: (row.get(f) or 0) / 1e9 for k, f in PHASE_FIELDS.items()}
+        phases = {k: (row.get(f) or 0) / 1e9 for k, f in step_analysis.PHASE_KEYS}
         phases["other_host"] = max(0.0, (t1 - t0) / 1e9 - sum(phases.values()))
         for kind in REGION_KINDS:
             phases[kind] = sum(max(0, min(t1, b) - max(t0, a)) for k, a, b in spans if k == kind) / 1e9
