@@ -15,9 +15,10 @@ from whyidle.analysis.trace import (
     KERNEL_WAIT_US,
     SHARE_KEYS,
     SHORT_KERNEL_US,
-    job_metrics,
     rank_metrics,
 )
+from whyidle.analysis.trace_job import job_metrics as _job_of_summaries
+from whyidle.analysis.trace_job import summarize
 from whyidle.record.trace_data import COPY_KINDS, KERNEL, MEMCPY, MEMSET, TraceData
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -373,6 +374,10 @@ def test_h2d_bandwidth_is_unknown_without_sizes():
 # -- job -----------------------------------------------------------------------------------------
 
 
+def job_metrics(traces):
+    return _job_of_summaries([summarize(t) for t in traces])
+
+
 def _rank(rank, durations, first_step=1):
     b = Builder(rank=rank)
     t = 0.0
@@ -500,5 +505,10 @@ def test_two_rank_job_from_the_sampled_128_rank_trace():
 
     job = job_metrics(read_job(os.path.join(SHARED_TRACES, "hta_sampled_128rank_job_ranks0-1")))
     assert [r["rank"] for r in job["ranks"]] == [0, 1]
-    assert job["straggler"]["rank"] == 1 and job["steps_differ"] is False
-    assert 0 < job["straggler"]["excess_share"] < 0.05
+    assert job["steps_differ"] is False
+    # both ranks hold 5 NCCL SendRecv kernels per step: matched, compared, and neither makes the
+    # other wait 5 % of a step (the step-time straggler, rank 1 by 0.8 %, does not stand out either)
+    assert job["collectives"] == {"kind": "nccl", "matched": 10, "skipped": 0, "missing": [], "steps": 2,
+                                  "late_steps": 0}
+    assert job["straggler"] is None and job["described"] == 0
+    assert all(r["collective_s"] > 0.18 and 0 <= r["wait_s"] < 0.02 for r in job["ranks"])

@@ -107,14 +107,16 @@ def report(run_dir, json_path, html_path) -> None:
 @click.argument("path", metavar="PATH")
 @click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
 @click.option("--rank", type=int, default=None, help="Only this rank's trace (from distributedInfo).")
-def trace(path, json_path, rank) -> None:
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes reading a folder's rank files (default: one per core, fewer when memory is short).")
+def trace(path, json_path, rank, workers) -> None:
     """Diagnose an existing PyTorch profiler (Kineto) trace: a .json/.json.gz file or a folder of ranks."""
     from whyidle.pipeline import trace_report
     from whyidle.record.kineto import TraceError
     from whyidle.record.writer import write_json_atomic
 
     try:
-        rep = trace_report(path, rank)
+        rep = trace_report(path, rank, workers)
     except TraceError as exc:
         _fail(str(exc), 2)
     if json_path not in (None, "-"):

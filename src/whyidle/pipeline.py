@@ -149,29 +149,43 @@ def _write_view(report: dict, name: str, write) -> bool:
         return False
 
 
-def trace_report(path: str, rank: int | None = None) -> dict:
+def trace_report(path: str, rank: int | None = None, workers: int | None = None) -> dict:
     """The ``whyidle.report/1`` dict of a profiler trace (a Kineto ``.json``/``.json.gz`` file or
-    a folder of rank traces); ``rank`` keeps only that rank's trace. A folder of traces that are not
-    one job's ranks (:func:`whyidle.record.kineto.separate_runs`) is reported by its newest file,
-    with a note.
+    a folder of rank traces, read in parallel processes with bounded memory:
+    :mod:`whyidle.analysis.trace_job`); ``rank`` keeps only that rank's trace; ``workers``
+    overrides the number of reading processes. A folder of traces that are not one job's ranks
+    (:func:`whyidle.record.kineto.separate_runs`) is reported by its newest file, with a note.
+    Rank files that cannot be read are left out with a note naming each.
 
-    Errors: :class:`whyidle.record.kineto.TraceError` for an unreadable or non-Kineto trace.
+    Errors: :class:`whyidle.record.kineto.TraceError` for an unreadable or non-Kineto trace (every
+    file of a folder unreadable; the first one's reason), or no trace of ``rank``.
     """
-    from whyidle.analysis.trace import job_metrics
+    from whyidle.analysis.trace_job import job_metrics, read_ranks
     from whyidle.diagnose.trace_rules import diagnose_trace
-    from whyidle.record.kineto import loader_kind, read_job, separate_runs
+    from whyidle.record.kineto import TraceError, separate_runs, trace_files
     from whyidle.report.trace_report import build_trace_report
 
-    traces = read_job(path, rank)
-    notes = []
-    if separate_runs(traces):  # not one job's ranks: the newest run's trace
-        newest = max(traces, key=lambda t: (os.path.getmtime(t.path), t.path))
-        notes.append(f"{len(traces)} trace files of separate runs here (no distinct distributedInfo ranks): this report "
-                     f"is the newest, {os.path.basename(newest.path)}; pass a file to read another.")
-        traces = [newest]
-    job = job_metrics(traces)
-    verdict, findings = diagnose_trace(job, loader_kind(traces))
-    return build_trace_report(path, traces, job, verdict, findings, notes)
+    summaries = read_ranks(trace_files(path), workers)
+    failed = [s for s in summaries if s.error]
+    summaries = [s for s in summaries if not s.error]
+    if not summaries:
+        raise TraceError(failed[0].error)
+    notes = [f"skipped (unreadable): {s.error}" for s in failed]
+    if rank is not None:
+        chosen = [s for s in summaries if s.rank == rank]
+        if not chosen:
+            have = sorted({s.rank for s in summaries if s.rank is not None})
+            raise TraceError(f"{path}: no trace of rank {rank} (ranks here: {have or 'none recorded'})")
+        summaries = chosen
+    summaries.sort(key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0, s.path))
+    if separate_runs(summaries):  # not one job's ranks: the newest run's trace
+        newest = max(summaries, key=lambda s: (os.path.getmtime(s.path), s.path))
+        notes.append(f"{len(summaries)} trace files of separate runs here (no distinct distributedInfo ranks): this "
+                     f"report is the newest, {os.path.basename(newest.path)}; pass a file to read another.")
+        summaries = [newest]
+    job = job_metrics(summaries)
+    verdict, findings = diagnose_trace(job, next((s.loader for s in summaries if s.loader), None))
+    return build_trace_report(path, summaries, job, verdict, findings, notes)
 
 
 def summarize_run(path: str) -> dict:

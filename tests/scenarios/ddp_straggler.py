@@ -20,6 +20,8 @@ Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP i
   (``.item()``). Fixed: the metrics are summed locally and all-reduced once every 50 steps.
   Balanced either way (no straggler).
 - faulty: as above; fixed (``--fixed``): the ranks do the same work.
+- ``--profile DIR``: each rank writes a ``torch.profiler`` trace of its steps after the first 4
+  (2 skipped, 2 warm-up) to DIR with ``tensorboard_trace_handler``, for ``whyidle trace DIR``.
 
 Expected diagnosis (faulty): the report describes the straggler with an ``imbalance`` finding:
 loader → verdict ``input_bound`` on rank 1; host → ``host_bound`` on rank 1; forward →
@@ -102,6 +104,7 @@ def validate(model, data, indices) -> float:
 def main():
     p = make_parser(__doc__, steps=60)
     p.add_argument("--kind", choices=("loader", "host", "forward", "validation", "metrics", "accum"), default="loader")
+    p.add_argument("--profile", metavar="DIR", default=None, help="write each rank's profiler trace to DIR")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -119,6 +122,11 @@ def main():
     meter = StepMeter()
     meter.start()
     step = 0
+    prof = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                   schedule=torch.profiler.schedule(wait=2, warmup=2, active=max(1, args.steps - 4), repeat=1),
+                                   on_trace_ready=torch.profiler.tensorboard_trace_handler(args.profile))
+            if args.profile else contextlib.nullcontext())
+    prof.__enter__()
     while step < args.steps:
         for x, y in loader:
             meter.got_batch()
@@ -161,8 +169,11 @@ def main():
                         dist.all_reduce(sums)
                         sums.zero_()
             meter.step_done(x.shape[0])
+            if args.profile:
+                prof.step()
             if step >= args.steps:
                 break
+    prof.__exit__(None, None, None)
     res = meter.result()
     first = meter.step_times[0] if meter.step_times else 0.0
     own = (res["samples"] - x.shape[0]) / (res["wall_s"] - first) if res["wall_s"] > first else 0.0

@@ -72,14 +72,16 @@ def program_collectives(records: list[dict]) -> dict | None:
             "small_share": sum(1 for r in rows if isinstance(r[3], int) and 0 <= r[3] <= METRIC_MAX_NUMEL) / len(rows)}
 
 
-def culprit(waits: dict, step_s: dict) -> dict | None:
+def culprit(waits: dict, step_s: dict, skip: int = SKIP_STEPS, min_steps: int = MIN_STEPS) -> dict | None:
     """The rank the others wait for at the collectives, measured.
 
     Args:
         waits: rank → (step index → seconds in collectives), :func:`step_waits` of each rank.
         step_s: rank → its mean step time (seconds), for the shares.
+        skip: steps with an index below it are left out (start-up).
+        min_steps: fewest steps compared for a result.
     Returns:
-        None when fewer than two ranks or fewer than ``MIN_STEPS`` steps (after ``SKIP_STEPS``)
+        None when fewer than two ranks or fewer than ``min_steps`` steps (from index ``skip``)
         that every rank timed: the measurement does not decide. Else ``{rank, steps, late_steps,
         late_at, compared, culprit_share, wait_s_by_rank, collective_s_by_rank, wait_share}``: ``rank`` is the rank
         whose late arrivals cost the others the most wait (None when no step had a late rank:
@@ -94,8 +96,8 @@ def culprit(waits: dict, step_s: dict) -> dict | None:
     if len(waits) < 2:
         return None
     common = set.intersection(*(set(w) for w in waits.values()))
-    steps = sorted(i for i in common if i >= SKIP_STEPS)
-    if len(steps) < MIN_STEPS:
+    steps = sorted(i for i in common if i >= skip)
+    if len(steps) < min_steps:
         return None
     ranks = list(waits)
     wait_sum = dict.fromkeys(ranks, 0.0)

@@ -139,8 +139,8 @@ def job_rate(rows: list[dict], key: str) -> float | None:
 
 
 #: Excess of the slowest rank's own work (outside backward) over the other ranks' median, as a
-#: fraction of its step, from which it is the straggler: the same 10 % as the trace reports'
-#: ``IMBALANCE_WARN`` (diagnose/trace_rules.py); below it, rank-to-rank noise of a shared box.
+#: fraction of its step, from which it is the straggler; also the least wait a measured culprit
+#: causes (live and in traces, analysis/trace_job.py). Below it, rank-to-rank noise of a shared box.
 STRAGGLER_MIN_SHARE = 0.10
 
 

@@ -618,39 +618,3 @@ def rank_metrics(t: TraceData) -> dict:
     out["launches"] = _launches(t)
     out["syncs"] = _syncs(t, merged, aten_ids, py_ids, sync_ids, step_bounds)
     return out
-
-
-def job_metrics(traces: list[TraceData]) -> dict:
-    """Metrics of every rank and the straggler among them.
-
-    ``step_s_by_rank``: ``[{rank, count, p50, mean}]`` (step seconds per rank; ``rank`` is the
-    trace's ``distributedInfo.rank``, else the trace's position). ``straggler``: the rank with the
-    largest median step time, ``excess_s`` = its median − the median of the other ranks' medians,
-    ``excess_share`` = ``excess_s`` / that median of the others (the job runs at the straggler's
-    pace: bringing it to the others' would speed steps up by 1 + share); None with fewer than two
-    ranks with steps. ``steps_differ``: the ranks do not all hold the same step numbers.
-    """
-    ranks = []
-    by_rank = []
-    step_sets = []
-    for i, t in enumerate(traces):  # one iteration per rank
-        m = rank_metrics(t)
-        r = t.rank if t.rank is not None else i
-        ranks.append({"rank": r, "metrics": m})
-        st = m["steps"]
-        step_sets.append(tuple(s[0] for s in t.steps))
-        if st["count"]:
-            by_rank.append({"rank": r, "count": st["count"], "p50": st["step_s"]["p50"],
-                            "mean": st["step_s"]["mean"]})
-    straggler = None
-    if len(by_rank) >= 2:
-        p50 = np.array([b["p50"] for b in by_rank])
-        j = int(np.argmax(p50))
-        others = float(np.median(np.delete(p50, j)))
-        excess = float(p50[j]) - others
-        straggler = {"rank": by_rank[j]["rank"], "excess_s": excess,
-                     "excess_share": excess / others if others > 0 else None}
-    return {
-        "ranks": ranks, "step_s_by_rank": by_rank, "straggler": straggler,
-        "steps_differ": len(set(step_sets)) > 1,
-    }

@@ -57,18 +57,19 @@ def _insufficient(facts: RunFacts) -> dict | None:
     return None
 
 
-def _cap_at_the_others_pace(findings: list[dict], late: dict) -> None:
+def _cap_at_the_others_pace(findings: list[dict], late: dict, shared: frozenset = frozenset()) -> None:
     """A distributed job's report describes its straggler; fixing that rank's own cause makes the
     job no faster than the other ranks already are (the ``imbalance`` finding's ``est_speedup``:
     the straggler doing no more than they do). Its findings' estimates are capped there (a fresh
     user's DDP job with a slow rank: host_bound said 3.50×, the job gained 2.1–2.7×, imbalance
     2.45×), with ``evidence.est_capped_by = "imbalance"``. Findings about time outside the steps
-    (``evidence.part_s``, start-up) keep theirs."""
+    (``evidence.part_s``, start-up) keep theirs, and so do the ids in ``shared``: causes the other
+    ranks have too (traces, where every rank's metrics are known), whose fix speeds them all up."""
     cap = late.get("est_speedup")
     if not cap:
         return
     for f in findings:
-        if (f.get("evidence") or {}).get("part_s") is not None or f["id"].startswith("startup"):
+        if (f.get("evidence") or {}).get("part_s") is not None or f["id"].startswith("startup") or f["id"] in shared:
             continue  # whole-job time (evaluation, checkpoints, start-up): not the step's pace
         capped = False
         if f.get("est_speedup") and f["est_speedup"] > cap:

@@ -6,6 +6,7 @@ the trace's strings give (which DataLoader iterator ran). Thresholds come from
 
 from __future__ import annotations
 
+from whyidle.analysis.trace_job import STEP_STRAGGLER_MIN_SHARE
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import (
     ACCUMULATE_CODE,
@@ -17,11 +18,12 @@ from whyidle.diagnose.rules import (
     finding,
 )
 from whyidle.diagnose.rules import speedup_if_removed as _speedup
+from whyidle.diagnose.rules_ranks import DOCS_DDP
 from whyidle.diagnose.verdict import choose_verdict, order
 
 #: A straggler rank whose median step is this much longer than the others' median makes the job
-#: wait at every collective: 5 % is 1.05× for the whole job, above step-time noise between ranks.
-IMBALANCE_WARN = 0.05
+#: wait at every collective (the threshold the job analysis describes it from).
+IMBALANCE_WARN = STEP_STRAGGLER_MIN_SHARE
 
 #: Share of GPU kernel time in short kernels (see analysis/trace.py) from which an idle GPU waiting
 #: on the host is called launch-bound rather than held by Python work.
@@ -150,17 +152,68 @@ def pageable_transfers(m: dict) -> dict | None:
                    ["https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"], bound=share)
 
 
-def imbalance(job: dict) -> dict | None:
-    """A straggler rank: its median step exceeds the others' median by ≥ :data:`IMBALANCE_WARN`.
-    est = 1 + excess share (the job runs at the straggler's pace)."""
+#: Why a measured straggler is late (``straggler.cause.part``) → what it does more and the fix.
+CAUSE_ADVICE = {
+    "data_wait": ("its DataLoader takes {extra} more per step than on the other ranks ({others})",
+                  ("Fix that rank's input pipeline: its shard's files or its node's storage and cores are slower "
+                   "(more DataLoader workers, pinned memory and prefetching there; the findings of this report are "
+                   "its own).")),
+    "compute": ("its {device} {extra} more per step than on the other ranks ({others})",
+                ("Give every rank the same work (equal batch and sequence lengths: bucket by length, pad to the "
+                 "same size) or look at that rank's device: clocks and throttling (nvidia-smi -q -d "
+                 "PERFORMANCE,CLOCK), another process on it or on its cores, its PCIe/NVLink placement.")),
+    "host": ("neither its DataLoader nor its device's work takes longer than on the other ranks': its host does other work",
+             ("Find what that rank's host does alone (rank-0-only logging, evaluation or checkpoint writing, "
+              "Python outside the model): shard it across the ranks, do it less often or on a background thread.")),
+}
+
+
+def imbalance(job: dict, own: list[dict] = ()) -> dict | None:
+    """The ranks wait for a straggler (``job["straggler"]``, :func:`whyidle.analysis.trace_job.job_metrics`).
+
+    Measured at the collectives (``straggler.measured``): ``bound`` = the wait per step it causes
+    each other rank, as a share of their step (``excess_share``), ``est_speedup`` = 1/(1 − bound)
+    (the job at the other ranks' pace), the fix by its ``cause``; a warning, or info when one of
+    ``own`` (the straggler's own findings) is a warning holding at least half the excess (that
+    one names the cause and its fix). From step times: the straggler's median step exceeds the
+    others' by ≥ :data:`IMBALANCE_WARN`; est = 1 + excess share."""
     s = job.get("straggler")
-    if not s or s.get("excess_share") is None or s["excess_share"] < IMBALANCE_WARN:
+    if not s or s.get("excess_share") is None:
+        return None
+    by_rank = job.get("step_s_by_rank")
+    if s.get("measured"):
+        coll = job.get("collectives") or {}
+        waits = {str(r["rank"]): r["wait_s"] for r in job.get("ranks") or [] if r["rank"] != s["rank"]}
+        cause = s.get("cause") or {"part": "host", "extra_s": None, "others_s": None}
+        why, fix = CAUSE_ADVICE[cause["part"]]
+        gpu = any(r["metrics"].get("has_gpu") for r in job.get("ranks") or [])
+        why = why.format(extra=_ms(cause.get("extra_s")), others=_ms(cause.get("others_s")),
+                         device="GPU work outside the collectives takes" if gpu else
+                         "operators (the cores are its device here) take")
+        summary = (f"Rank {s['rank']} is the straggler: of {s['steps']} steps compared at their {coll.get('kind')} "
+                   f"collectives ({coll.get('matched')} matched per rank), a rank arrived late in {s['late_steps']}, "
+                   f"rank {s['rank']} in {_pct(s['culprit_share'])} of them; the other ranks wait "
+                   f"{_ms(s['excess_s'])} per step for it ({_pct(s['excess_share'])} of their step). It is late "
+                   f"because {why}.")
+        strong = [f for f in own if f["severity"] != "info" and (f.get("bound") or 0) >= 0.5 * s["excess_share"]]
+        if strong:
+            fix = (f"Fix rank {s['rank']}'s own cause: the findings of this report are its own (`{strong[0]['id']}` "
+                   "first); the other ranks speed up with it.")
+        est = 1.0 / (1.0 - min(s["excess_share"], 0.95))
+        return finding("imbalance", "info" if strong else "warning", "Imbalance: ranks wait for a straggler", summary,
+                       {"straggler_rank": s["rank"], "culprit_rank": s["rank"], "culprit_share": s["culprit_share"],
+                        "measured": True, "late_steps": s["late_steps"], "steps": s["steps"],
+                        "excess_s": s["excess_s"], "excess_share": s["excess_share"], "cause": cause,
+                        "wait_s_per_step": waits, "step_s_by_rank": by_rank, "collectives": coll},
+                       est, fix, None, [DOCS_DDP], bound=s["excess_share"])
+    if s["excess_share"] < IMBALANCE_WARN:
         return None
     summary = (f"Rank {s['rank']} is the straggler: its median step is {_ms(s.get('excess_s'))} "
                f"({_pct(s['excess_share'])}) longer than the other ranks', and every collective waits for it.")
     return finding("imbalance", "warning", "Imbalance: ranks wait for a straggler", summary,
-                   {"straggler_rank": s["rank"], "excess_s": s.get("excess_s"), "excess_share": s["excess_share"],
-                    "step_s_by_rank": job.get("step_s_by_rank")}, 1.0 + s["excess_share"],
+                   {"straggler_rank": s["rank"], "culprit_rank": s["rank"], "culprit_share": None, "measured": False,
+                    "excess_s": s.get("excess_s"), "excess_share": s["excess_share"],
+                    "step_s_by_rank": by_rank}, 1.0 + s["excess_share"],
                    "Compare the straggler's trace with another rank's (its DataLoader, host work, GPU clocks and "
                    "placement); balance the data per rank (equal sequence lengths / bucketing).", None, [],
                    bound=bound_of(1.0 + s["excess_share"]))
@@ -175,24 +228,43 @@ def device_bound(m: dict) -> dict:
                    [DOCS_TUNING], bound=m.get("busy_share"))
 
 
+def _own(m: dict, loader: str | None) -> list[dict]:
+    """One rank's own findings."""
+    return [f for f in (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m)) if f]
+
+
 def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict]]:
-    """``(verdict, findings)`` for a job (:func:`whyidle.analysis.trace.job_metrics`), judged on its
-    first rank with GPU activity (the straggler finding uses all ranks). Verdict as for live runs
-    (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured ``bound``), else
-    ``device_bound``; ``unknown`` when no rank has GPU activity."""
-    ranks = [r["metrics"] for r in job.get("ranks") or []]
-    m = next((r for r in ranks if r.get("has_gpu")), None)
+    """``(verdict, findings)`` for a job (:func:`whyidle.analysis.trace_job.job_metrics`), judged on
+    the rank it describes (``job["described"]``: the straggler when one stands out, else the first
+    rank with GPU activity); ``imbalance`` uses all ranks, and caps the described rank's own
+    estimates at its own (the job gets no faster than the other ranks' pace, as for live runs),
+    except for causes another rank has as well (a warning there too: fixing it speeds them all;
+    nor do those name why the straggler is late).
+    Verdict as for live runs (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured
+    ``bound``), else ``device_bound``; ``unknown`` when no rank has GPU activity."""
+    from whyidle.diagnose import _cap_at_the_others_pace
+
+    ranks = job.get("ranks") or []
+    row = next((r for r in ranks if r.get("rank") == job.get("described") and r["metrics"].get("has_gpu")), None)
+    m = row["metrics"] if row else next((r["metrics"] for r in ranks if r["metrics"].get("has_gpu")), None)
     if m is None:
         f = finding("no_steps", "info", "No GPU activity in the trace",
                     "The trace holds no kernel, memcpy or memset events (a CPU-only run, or the profiler did not "
                     "record CUDA activities), so there is no GPU idle time to explain.",
-                    {"events": sum(r.get("events") or 0 for r in ranks)}, None,
+                    {"events": sum(r["metrics"].get("events") or 0 for r in ranks)}, None,
                     "Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA].",
                     "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], ...)",
                     ["https://pytorch.org/docs/stable/profiler.html"])
-        return "unknown", [f]
-    findings = [f for f in (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m),
-                            imbalance(job)) if f]
+        late = [x for x in (imbalance(job),) if x]  # CPU-only ranks (gloo) still meet at their collectives
+        return choose_verdict(late) or "unknown", late + [f]
+    findings = _own(m, loader)
+    other = next((r["metrics"] for r in ranks if r.get("rank") not in (job.get("described"), None)
+                  and r["metrics"].get("has_gpu")), None)
+    shared = frozenset(f["id"] for f in _own(other, loader) if f["severity"] != "info") if other else frozenset()
+    late = imbalance(job, [f for f in findings if f["id"] not in shared])  # what only the straggler has
+    if late:
+        _cap_at_the_others_pace(findings, late, shared)
+        findings.append(late)
     verdict = choose_verdict(findings)
     if verdict is None:
         verdict = "device_bound"

@@ -45,6 +45,7 @@ class _Args(msgspec.Struct, gc=False):
     correlation: Any = -1
     bytes: Any = -1
     cuda_sync_kind: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -101,7 +102,7 @@ class _Columns:
     def __init__(self) -> None:
         self.strings: list[str] = []
         self.index: dict[str, int] = {}
-        self.gpu = {k: [] for k in ("ts", "dur", "kind", "device", "stream", "name", "correlation", "bytes", "copy")}
+        self.gpu = {k: [] for k in ("ts", "dur", "kind", "device", "stream", "name", "correlation", "bytes", "copy", "group")}
         self.pageable: list[bool] = []
         self.runtime = {k: [] for k in ("ts", "dur", "name", "tid", "correlation")}
         self.cpu = {k: [] for k in ("ts", "dur", "name", "tid", "cat")}
@@ -164,6 +165,8 @@ class _Columns:
                             copy = i
                             break
                 gpu["copy"].append(copy)
+                group = args.group_size
+                gpu["group"].append(group if kind == KERNEL and isinstance(group, int) else -1)
                 self.pageable.append(kind == MEMCPY and "Pageable" in name)
             elif cat in RUNTIME_CATS:
                 corr = (e.args or no_args).correlation
@@ -494,9 +497,9 @@ def read_job(path: str, rank: int | None = None) -> list[TraceData]:
     return traces
 
 
-def separate_runs(traces: list[TraceData]) -> bool:
-    """Whether the traces of a folder come from separate runs, not from one job's ranks: more than
-    one, and one without a ``distributedInfo`` rank or two with the same rank (a profiler's
+def separate_runs(traces: list) -> bool:
+    """Whether the traces of a folder (anything with a ``rank``: :class:`TraceData`, rank
+    summaries) come from separate runs, not from one job's ranks: more than one, and one without a ``distributedInfo`` rank or two with the same rank (a profiler's
     ``tensorboard_trace_handler`` folder that a script wrote to twice)."""
     ranks = [t.rank for t in traces]
     return len(traces) > 1 and (None in ranks or len(set(ranks)) < len(ranks))

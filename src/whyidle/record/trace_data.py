@@ -12,7 +12,8 @@ Event groups (Kineto ``cat`` values, old and new spellings):
   :data:`MEMSET`), ``device`` (``args.device``, else ``pid``), ``stream`` (``args.stream``, -1
   unknown), ``name``, ``correlation`` (``args.correlation``, -1), ``bytes`` (``args.bytes``, -1),
   ``copy`` (memcpy direction and memory: :data:`COPY_KINDS` index from the name, e.g.
-  ``"Memcpy HtoD (Pageable -> Device)"``; -1 for others).
+  ``"Memcpy HtoD (Pageable -> Device)"``; -1 for others), ``group`` (a collective kernel's
+  ``args["Group size"]``: ranks in its process group, newer Kineto; -1 unknown).
 * ``runtime``: host-side CUDA/HIP API calls, ``cat`` ∈ ``cuda_runtime``/``Runtime``/
   ``cuda_driver``. Columns: ``ts``, ``dur``, ``name``, ``tid``, ``correlation``.
 * ``cpu``: host operators and annotations, ``cat`` ∈ ``cpu_op``/``Operator``/``user_annotation``/

@@ -148,21 +148,37 @@ def time_line(t: dict) -> str:
 MAX_RANK_LINES = 8
 
 
+def _rank_row(r: dict) -> dict:
+    """A ``ranks`` entry in the live form: a trace report's (``{rank, metrics, wait_s}``) gets
+    its step time and step shares from its ``metrics``."""
+    if "shares" in r:
+        return r
+    m = r.get("metrics") or {}
+    return {"rank": r.get("rank"), "node": None, "samples_per_s": None, "step_time_s": m.get("step_time_s") or {},
+            "shares": {k: v for k, v in (m.get("shares") or {}).items() if k != "data_wait" and v is not None},
+            "wait_s": r.get("wait_s")}
+
+
 def rank_lines(report: dict) -> list[str]:
-    """A live distributed job's ranks, one line each (rank, node, samples/s, mean step, the two
-    largest shares, its wait for the others in collectives where measured), the straggler marked; at most ``MAX_RANK_LINES``. Empty for other reports."""
-    rows = [r for r in report.get("ranks") or [] if "shares" in r]
+    """A distributed job's ranks, one line each (rank, node, samples/s, mean step, the two largest
+    shares, its wait for the others in collectives where measured), the straggler marked; at most
+    ``MAX_RANK_LINES`` (then the slowest, the fastest and the straggler; in traces, by wait)."""
+    rows = [_rank_row(r) for r in report.get("ranks") or []]
+    rows = [r for r in rows if r["step_time_s"].get("mean")]
     if len(rows) < 2:
         return []
     late = (report.get("straggler") or {}).get("rank")
+    live = report.get("source") != "trace"
     if len(rows) > MAX_RANK_LINES:
-        by_rate = sorted(rows, key=lambda r: r.get("samples_per_s") or 0.0)
+        by_rate = sorted(rows, key=lambda r: (r.get("samples_per_s") or 0.0) if live else -(r.get("wait_s") or 0.0))
         keep = {id(r) for r in by_rate[:3] + by_rate[-2:]} | {id(r) for r in rows if r["rank"] == late}
         shown = [r for r in rows if id(r) in keep]
     else:
         shown = rows
-    out = [f"[bold]ranks[/] {len(rows)} (samples/s above: their sum" + ("; * the straggler)" if late is not None else ")") + (f" (showing {len(shown)}: the slowest, the fastest and the straggler)"
-                                            if len(shown) < len(rows) else "")]
+    head = "samples/s above: their sum" if live else "a trace each"
+    which = "the slowest, the fastest" if live else "those waiting most and least"
+    out = [f"[bold]ranks[/] {len(rows)} ({head}" + ("; * the straggler)" if late is not None else ")")
+           + (f" (showing {len(shown)}: {which} and the straggler)" if len(shown) < len(rows) else "")]
     nodes = len({r.get("node") for r in rows})
     for r in shown:
         top = sorted(r["shares"].items(), key=lambda kv: -kv[1])[:2]

@@ -63,15 +63,24 @@ def _metrics(m: dict) -> dict:
 
 def build_trace_report(path: str, traces: list, job: dict, verdict: str, findings: list[dict],
                        notes: list[str] | None = None) -> dict:
-    """The report of a trace file or folder. ``traces``: the :class:`TraceData` read (for
-    metadata), ``job``: :func:`whyidle.analysis.trace.job_metrics`; ``notes``: notes to put first."""
+    """The report of a trace file or folder. ``traces``: the ranks' summaries
+    (:class:`whyidle.analysis.trace_job.RankSummary`: ``path``, ``rank``, ``device_properties``),
+    ``job``: :func:`whyidle.analysis.trace_job.job_metrics`; ``notes``: notes to put first. The
+    metrics are those of ``job["described"]``."""
     ranks = job.get("ranks") or []
-    primary = next((r for r in ranks if r["metrics"].get("has_gpu")), ranks[0] if ranks else None)
+    primary = next((r for r in ranks if r["rank"] == job.get("described")), ranks[0] if ranks else None)
     m = primary["metrics"] if primary else {}
     t0 = next((t for t in traces if t.rank == (primary or {}).get("rank")), traces[0] if traces else None)
     notes = list(notes or [])
     if len(ranks) > 1:
-        notes.append(f"{len(ranks)} ranks; the metrics are rank {primary['rank']}'s, every rank's are under `ranks`.")
+        why = " (the straggler)" if job.get("described_is_straggler") else ""
+        notes.append(f"{len(ranks)} ranks; the metrics are rank {primary['rank']}'s{why}, every rank's are under `ranks`.")
+    coll = job.get("collectives")
+    if coll and not coll.get("steps"):
+        notes.append(f"The ranks' {coll['kind']} collectives did not match in at least 2 common ProfilerSteps "
+                     f"({coll['matched']} matched, {coll['skipped']} groups differ between ranks"
+                     + (f", ranks without any: {coll['missing']}" if coll.get("missing") else "")
+                     + "): the straggler is judged by step times.")
     if job.get("steps_differ"):
         notes.append("The ranks recorded different numbers of ProfilerSteps.")
     if m and not (m.get("steps") or {}).get("count"):
@@ -89,6 +98,8 @@ def build_trace_report(path: str, traces: list, job: dict, verdict: str, finding
         "run": {"run_dir": None}, "notes": notes,
     }
     if len(ranks) > 1:
-        rep["ranks"] = [{"rank": r["rank"], "metrics": _metrics(r["metrics"])} for r in ranks]
+        rep["ranks"] = [{"rank": r["rank"], "metrics": _metrics(r["metrics"]), "collective_s": r.get("collective_s"),
+                         "wait_s": r.get("wait_s")} for r in ranks]
         rep["straggler"] = job.get("straggler")
+        rep["collectives"] = coll
     return _r(rep)
