@@ -154,7 +154,11 @@ def test_empty_trace_events_and_cpu_only_give_a_report(tmp_path):
     cpu["traceEvents"] = [e for e in cpu["traceEvents"] if e["cat"] not in ("kernel", "cuda_runtime")]
     proc, rep = trace_json(write(tmp_path / "cpu.json", cpu))
     assert proc.returncode == 0, proc.stderr
-    assert rep["verdict"] == "unknown" and rep["metrics"]["gpu"] is None
+    # CPU-only: the cores are the device; its steps still wait in the DataLoader
+    assert rep["verdict"] == "input_bound" and rep["metrics"]["gpu"] is None
+    assert "while the training waits" in rep["findings"][0]["summary"]
+    assert "pin_memory" not in rep["findings"][0]["fix"]["code"]
+    assert [f["id"] for f in rep["findings"]] == ["input_bound", "no_steps"]
     assert any("No GPU activity" in n for n in rep["notes"])
 
 

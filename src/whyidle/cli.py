@@ -115,8 +115,16 @@ def trace(path, json_path, rank, workers) -> None:
     from whyidle.record.kineto import TraceError
     from whyidle.record.writer import write_json_atomic
 
+    import contextlib
+
+    status = contextlib.nullcontext()
+    if sys.stderr.isatty():  # a folder of many ranks takes a while
+        from rich.console import Console
+
+        status = Console(stderr=True).status("reading and analyzing the trace(s)…")
     try:
-        rep = trace_report(path, rank, workers)
+        with status:
+            rep = trace_report(path, rank, workers)
     except TraceError as exc:
         _fail(str(exc), 2)
     if json_path not in (None, "-"):

@@ -154,13 +154,14 @@ def trace_report(path: str, rank: int | None = None, workers: int | None = None)
     a folder of rank traces, read in parallel processes with bounded memory:
     :mod:`whyidle.analysis.trace_job`); ``rank`` keeps only that rank's trace; ``workers``
     overrides the number of reading processes. A folder of traces that are not one job's ranks
-    (:func:`whyidle.record.kineto.separate_runs`) is reported by its newest file, with a note.
+    (:func:`whyidle.record.kineto.separate_runs`) is reported by its newest run's ranks
+    (:func:`whyidle.analysis.trace_job.newest_run`), else by its newest file, with a note.
     Rank files that cannot be read are left out with a note naming each.
 
     Errors: :class:`whyidle.record.kineto.TraceError` for an unreadable or non-Kineto trace (every
     file of a folder unreadable; the first one's reason), or no trace of ``rank``.
     """
-    from whyidle.analysis.trace_job import job_metrics, read_ranks
+    from whyidle.analysis.trace_job import job_metrics, newest_run, read_ranks
     from whyidle.diagnose.trace_rules import diagnose_trace
     from whyidle.record.kineto import TraceError, separate_runs, trace_files
     from whyidle.report.trace_report import build_trace_report
@@ -171,18 +172,30 @@ def trace_report(path: str, rank: int | None = None, workers: int | None = None)
     if not summaries:
         raise TraceError(failed[0].error)
     notes = [f"skipped (unreadable): {s.error}" for s in failed]
+    if failed:
+        notes.append(f"{len(failed)} of {len(failed) + len(summaries)} trace files could not be read: the job is "
+                     "judged on the others, and a skipped rank may be the one they wait for.")
+    if separate_runs(summaries):  # not one job's ranks: the newest run's ranks, else its newest trace
+        last = newest_run(summaries)
+        if last:
+            notes.append(f"{len(summaries)} trace files of several runs here (grouped by when their first ProfilerStep "
+                         f"began): this report is the newest run's {len(last)} rank(s); pass a file to read another.")
+            summaries = last
+        else:
+            newest = max(summaries, key=lambda s: (os.path.getmtime(s.path), s.path))
+            notes.append(f"{len(summaries)} trace files of separate runs here (ranks missing or repeated): this report "
+                         f"is the newest, {os.path.basename(newest.path)}; pass a file to read another.")
+            summaries = [newest]
     if rank is not None:
         chosen = [s for s in summaries if s.rank == rank]
         if not chosen:
             have = sorted({s.rank for s in summaries if s.rank is not None})
             raise TraceError(f"{path}: no trace of rank {rank} (ranks here: {have or 'none recorded'})")
+        if len(summaries) > 1:
+            notes.append(f"Rank {rank}'s trace alone, of {len(summaries)} ranks here: the ranks' collectives are not "
+                         "compared (leave out --rank for the job).")
         summaries = chosen
     summaries.sort(key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0, s.path))
-    if separate_runs(summaries):  # not one job's ranks: the newest run's trace
-        newest = max(summaries, key=lambda s: (os.path.getmtime(s.path), s.path))
-        notes.append(f"{len(summaries)} trace files of separate runs here (no distinct distributedInfo ranks): this "
-                     f"report is the newest, {os.path.basename(newest.path)}; pass a file to read another.")
-        summaries = [newest]
     job = job_metrics(summaries)
     verdict, findings = diagnose_trace(job, next((s.loader for s in summaries if s.loader), None))
     return build_trace_report(path, summaries, job, verdict, findings, notes)

@@ -9,7 +9,9 @@ Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP i
   storage or a costly decode), ``num_workers=0``.
 - ``--kind host``: rank 1 runs ~25 ms of Python after each optimizer step (rank-local logging or
   metric code).
-- ``--kind forward``: rank 1's forward takes 25 ms more (a slower device).
+- ``--kind forward``: rank 1's forward takes 25 ms more (a slower device; a sleep).
+- ``--kind compute``: rank 1's forward runs five more 512×512 matmuls (~23 ms of operator work on
+  one thread: a slower device, or more work on that rank).
 - ``--kind validation`` (C17): every 10 steps, before the step's forward, rank 0 alone runs a
   validation pass (512 batches under ``no_grad`` and a Python metric) while rank 1 goes on to the next step's all-reduce.
   Fixed: both ranks validate half of the data each and all-reduce the metric.
@@ -67,16 +69,21 @@ class Shard(Dataset):
 
 
 class Net(nn.Module):
-    def __init__(self, slow_s: float, width: int = 256):
+    def __init__(self, slow_s: float, width: int = 256, extra_matmuls: int = 0):
         super().__init__()
         self.body = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
         self.slow_s = slow_s
+        self.extra = extra_matmuls
+        self.a = torch.randn(512, 512) if extra_matmuls else None  # a plain tensor, not a DDP buffer
 
     def forward(self, x):
         out = self.body(x)
         if self.slow_s:
             time.sleep(self.slow_s)  # a slower device: its layers take longer
-        return out
+        m = self.a
+        for _ in range(self.extra):  # more operator work on this rank
+            m = torch.tanh(m @ self.a)
+        return out if m is None else out + 0.0 * m.mean()
 
 
 def rank_local_bookkeeping(n: int = 400_000) -> float:
@@ -103,7 +110,8 @@ def validate(model, data, indices) -> float:
 
 def main():
     p = make_parser(__doc__, steps=60)
-    p.add_argument("--kind", choices=("loader", "host", "forward", "validation", "metrics", "accum"), default="loader")
+    p.add_argument("--kind", choices=("loader", "host", "forward", "compute", "validation", "metrics", "accum"),
+                   default="loader")
     p.add_argument("--profile", metavar="DIR", default=None, help="write each rank's profiler trace to DIR")
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -115,7 +123,8 @@ def main():
     data = Shard(0.002 if late and args.kind == "loader" else 0.0)
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=args.seed), drop_last=True)
     model = DistributedDataParallel(Net(0.025 if late and args.kind == "forward" else 0.0,
-                                        2048 if args.kind == "accum" else 256))
+                                        2048 if args.kind == "accum" else 256,
+                                        5 if late and args.kind == "compute" else 0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     val_idx = list(range(8192))  # 512 batches of 16
     sums = torch.zeros(4)

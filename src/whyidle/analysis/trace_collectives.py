@@ -19,8 +19,9 @@ Collectives are matched across ranks per ``ProfilerStep#N`` (the step whose host
 collective's launch call; without one, its start): the k-th collective of a name in step N on
 one rank is the k-th on every other. A (step, name) group is compared only when every rank holds
 the same number of them (sub-sampled or partial traces differ, and guessing would pair unrelated
-collectives). The per-step sums of matched durations are a rank's seconds in collectives per
-step, which :func:`whyidle.analysis.collectives.culprit` turns into the culprit, as for live runs.
+collectives). The length of the union of a rank's matched collectives in a step (gloo runs a
+step's gradient buckets on several threads at once, NCCL may use several streams: their
+durations overlap and must not add up) is its seconds in collectives in that step, which :func:`whyidle.analysis.collectives.culprit` turns into the culprit, as for live runs.
 HTA has no such analysis; AMD's TraceLens reports "rank N arrived last X % of the time" per
 collective from start times after aligning clocks.
 """
@@ -32,7 +33,7 @@ import statistics
 
 import numpy as np
 
-from whyidle.analysis.trace import DATALOADER_NAMES, DATALOADER_PREFIX, _Cover, _lookup
+from whyidle.analysis.trace import _Cover, _lookup
 from whyidle.record.trace_data import TraceData
 
 #: GPU kernels that execute a collective: NCCL's (and RCCL's, which keeps the names).
@@ -40,6 +41,11 @@ COLLECTIVE_KERNEL = re.compile(r"^nccl(Dev)?Kernel", re.IGNORECASE)
 
 #: Host annotations that execute a gloo collective (on gloo's worker thread).
 GLOO_PREFIX = "gloo:"
+
+#: Host event categories of operators (``aten::*``, ``c10d::*``): a CPU-only rank's device work.
+#: Annotations (``user_annotation``: Lightning's ``run_training_batch``, DDP's ``forward``) and
+#: ``python_function`` events span the Python around them and are left out.
+OPERATOR_CATS = ("cpu_op", "Operator")
 
 #: Fewest steps every rank holds for a measured culprit from traces: the profiler's ``schedule``
 #: already skipped its ``wait`` and ``warmup`` steps, and traces usually hold 2–5 active steps.
@@ -59,8 +65,8 @@ def collective_table(t: TraceData, device: int | None) -> dict:
             None without GPU activity.
     Returns:
         ``{kind, rows, outside, compute_s}``: ``kind`` ``"nccl"``, ``"gloo"`` or None (no
-        collective); ``rows``: ``[(step, name, seconds)]`` in start order, for the collectives
-        inside a ``ProfilerStep`` (``outside``: how many were not); ``compute_s``: step → seconds
+        collective); ``rows``: ``[(step, name, start_us, dur_us)]`` in start order (the rank's own
+        clock), for the collectives inside a ``ProfilerStep`` (``outside``: how many were not); ``compute_s``: step → seconds
         the device ran other GPU work (union of its non-collective kernels, memcpys and memsets
         inside the step's host window), empty without GPU activity.
     """
@@ -91,9 +97,8 @@ def collective_table(t: TraceData, device: int | None) -> dict:
             ref = np.where(found, launch, ts)
     gloo = np.array([i for i, s in enumerate(S) if s.startswith(GLOO_PREFIX)], dtype=np.int64)
     if device is None and len(a):  # CPU-only: the cores are the device; its work is the operators
-        skip = np.array([i for i, s in enumerate(S) if s.startswith((GLOO_PREFIX, "ProfilerStep#", DATALOADER_PREFIX)) or any(n in s for n in DATALOADER_NAMES)], dtype=np.int64)
-        trace_cat = np.array([i for i, s in enumerate(S) if s == "Trace"], dtype=np.int64)
-        ops = ~np.isin(t.cpu["name"], skip) & ~np.isin(t.cpu["cat"], trace_cat)
+        op_cats = np.array([i for i, s in enumerate(S) if s in OPERATOR_CATS], dtype=np.int64)
+        ops = np.isin(t.cpu["cat"], op_cats)
         busy = _Cover(t.cpu["ts"][ops], t.cpu["ts"][ops] + np.maximum(t.cpu["dur"][ops], 0)).between(a, b)
         compute = {n: float(v) / 1e6 for n, v in zip(nums, busy)}
     if kind is None and len(gloo):
@@ -108,7 +113,7 @@ def collective_table(t: TraceData, device: int | None) -> dict:
     ts, dur, names, ref = ts[order], dur[order], names[order], ref[order]
     at = np.searchsorted(a, ref, side="right") - 1
     inside = (at >= 0) & (ref < b[np.maximum(at, 0)]) if len(a) else np.zeros(len(ref), dtype=bool)
-    rows = [(nums[int(i)], S[int(n)], float(d) / 1e6) for i, n, d, ok in zip(at, names, dur, inside) if ok]
+    rows = [(nums[int(i)], S[int(n)], float(x), float(d)) for i, n, x, d, ok in zip(at, names, ts, dur, inside) if ok]
     return {"kind": kind, "rows": rows, "outside": int((~inside).sum()), "compute_s": compute}
 
 
@@ -120,7 +125,8 @@ def match(tables: dict) -> dict | None:
     Returns:
         None with fewer than two ranks holding collectives, else ``{kind, waits, matched,
         skipped, missing}``: ``kind`` ``"nccl"``/``"gloo"`` (``"mixed"`` when ranks differ);
-        ``waits`` rank → (step → seconds in the matched collectives of that step), over the steps
+        ``waits`` rank → (step → seconds inside the matched collectives of that step: the length of
+        their union), over the steps
         with a matched collective (empty maps when nothing matched); ``matched``: collectives
         compared per rank; ``skipped``: (step, name) groups left out (not every rank holds the
         same number of them); ``missing``: ranks without any collective in their steps.
@@ -131,19 +137,30 @@ def match(tables: dict) -> dict | None:
     groups: dict = {}
     for r, t in tables.items():
         mine: dict = {}
-        for step, name, sec in t.get("rows") or ():
-            mine.setdefault((step, name), []).append(sec)
+        for step, name, start, dur in t.get("rows") or ():
+            mine.setdefault((step, name), []).append((start, start + dur))
         groups[r] = mine
     keys = set().union(*groups.values())
     same = [k for k in keys if len({len(m.get(k, ())) for m in groups.values()}) == 1]
-    waits: dict = {r: {} for r in groups}
+    spans: dict = {r: {} for r in groups}
     for step, name in same:
         for r, m in groups.items():
-            waits[r][step] = waits[r].get(step, 0.0) + sum(m[(step, name)])
+            spans[r].setdefault(step, []).extend(m[(step, name)])
+    waits = {r: {step: _union_s(iv) for step, iv in by_step.items()} for r, by_step in spans.items()}
     first = next(iter(groups.values()))
     return {"kind": kinds.pop() if len(kinds) == 1 else "mixed", "waits": waits,
             "matched": sum(len(first[k]) for k in same), "skipped": len(keys) - len(same),
             "missing": sorted(r for r, t in tables.items() if not t.get("rows"))}
+
+
+def _union_s(intervals: list) -> float:
+    """Seconds covered by ``(start_us, end_us)`` intervals (overlaps counted once)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total / 1e6
 
 
 def late_cause(rank, steps: list, data_s: dict, compute_s: dict, caused_s: float) -> dict | None:

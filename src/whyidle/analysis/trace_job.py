@@ -42,8 +42,9 @@ class RankSummary:
     """What the job analysis needs of one rank's trace (``metrics``:
     :func:`whyidle.analysis.trace.rank_metrics`; ``collectives``:
     :func:`whyidle.analysis.trace_collectives.collective_table`; ``loader``: the DataLoader
-    iterator its strings name, :func:`whyidle.record.kineto.loader_kind`). ``error``: why the file
-    could not be read (one line); then the other fields are empty."""
+    iterator its strings name, :func:`whyidle.record.kineto.loader_kind`; ``start_s``: wall-clock
+    seconds at which its first ``ProfilerStep`` began, None without steps). ``error``: why the
+    file could not be read (one line); then the other fields are empty."""
 
     path: str
     rank: int | None = None
@@ -54,6 +55,7 @@ class RankSummary:
     collectives: dict = field(default_factory=dict)
     loader: str | None = None
     step_numbers: tuple = ()
+    start_s: float | None = None
     error: str | None = None
 
 
@@ -65,7 +67,8 @@ def summarize(t: TraceData) -> RankSummary:
     return RankSummary(path=t.path, rank=t.rank, world_size=t.world_size, backend=t.backend,
                        device_properties=t.device_properties, metrics=m,
                        collectives=tc.collective_table(t, m["device"]), loader=loader_kind([t]),
-                       step_numbers=tuple(s[0] for s in t.steps))
+                       step_numbers=tuple(s[0] for s in t.steps),
+                       start_s=(t.base_ns or 0) / 1e9 + min(s[1] for s in t.steps) / 1e6 if t.steps else None)
 
 
 def summarize_file(path: str, workers: int | None = 1) -> RankSummary:
@@ -124,6 +127,37 @@ def read_ranks(paths: list[str], workers: int | None = None) -> list[RankSummary
     ctx = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(n, mp_context=ctx) as pool:
         return list(pool.map(summarize_file, paths, chunksize=1))
+
+
+#: Ranks of one job start profiling within a step of each other (their collectives keep them in
+#: step); traces whose first ``ProfilerStep`` began further apart than this, or than twice the
+#: longer first step, come from separate runs.
+RUN_GAP_S = 5.0
+
+
+def newest_run(summaries: list[RankSummary]) -> list[RankSummary] | None:
+    """The ranks of the newest run among traces of several runs of one script (a
+    ``tensorboard_trace_handler`` folder written to twice): the traces grouped by when their first
+    ``ProfilerStep`` began (:data:`RUN_GAP_S`), the latest group when it holds distinct ranks.
+    None when that cannot tell (a trace without rank or steps, one group, or repeated ranks in
+    the latest)."""
+    if any(s.rank is None or s.start_s is None for s in summaries):
+        return None
+
+    def first_step(s: RankSummary) -> float:
+        rows = s.metrics["steps"]["per_step"]
+        return rows[0]["dur_s"] if rows else 0.0
+
+    ordered = sorted(summaries, key=lambda s: s.start_s)
+    groups = [[ordered[0]]]
+    for prev, cur in zip(ordered, ordered[1:]):
+        if cur.start_s - prev.start_s > max(RUN_GAP_S, 2 * max(first_step(prev), first_step(cur))):
+            groups.append([])
+        groups[-1].append(cur)
+    last = groups[-1]
+    if len(groups) < 2 or len({s.rank for s in last}) < len(last):
+        return None
+    return last
 
 
 def job_metrics(summaries: list[RankSummary]) -> dict:

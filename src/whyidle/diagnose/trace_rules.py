@@ -52,13 +52,15 @@ def input_bound(m: dict, loader: str | None) -> dict | None:
     reason = {"loader_in_main_process": "batches are prepared in the training process (num_workers=0)",
               "too_few_workers": "the DataLoader workers do not keep up",
               "unknown": "the DataLoader kind is not recorded in the trace"}[cause]
+    gpu = m.get("has_gpu")
     summary = (f"Each ProfilerStep spends {_pct(raw)} of its time in the DataLoader "
-               f"({_ms(raw * step_s if step_s and raw is not None else None)} of {_ms(step_s)}), {_pct(share)} "
-               f"with the GPU idle: {reason}.")
-    fix = ("Load in worker processes (num_workers ≥ 2, persistent_workers=True, pin_memory=True, prefetch_factor=4) "
+               f"({_ms(raw * step_s if step_s and raw is not None else None)} of {_ms(step_s)})"
+               + (f", {_pct(share)} with the GPU idle" if gpu else ", while the training waits") + f": {reason}.")
+    pin = ", pin_memory=True" if gpu else ""
+    fix = (f"Load in worker processes (num_workers ≥ 2, persistent_workers=True{pin}, prefetch_factor=4) "
            "so loading overlaps the step." if cause != "too_few_workers" else
            "Raise num_workers (and prefetch_factor) until the DataLoader share is small; if all cores are busy, make "
-           "each sample cheaper (cache decoded data, augment on the GPU).")
+           "each sample cheaper (cache decoded data" + (", augment on the GPU)." if gpu else ")."))
     return finding("input_bound", "critical" if share >= T.DATA_WAIT_CRITICAL else "warning",
                    "Input-bound: the step waits for data", summary,
                    {"cause": cause, "data_wait_share": round(share, 4),
@@ -66,7 +68,8 @@ def input_bound(m: dict, loader: str | None) -> dict | None:
                     "est_speedup_if_removed": round(_speedup(share), 3)},
                    _speedup(share), fix,
                    "loader = DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True,\n"
-                   "                    pin_memory=True, prefetch_factor=4)", [DOCS_DATALOADER, DOCS_TUNING], bound=share)
+                   f"                    {'pin_memory=True, ' if gpu else ''}prefetch_factor=4)",
+                   [DOCS_DATALOADER, DOCS_TUNING], bound=share)
 
 
 def sync_bound(m: dict) -> dict | None:
@@ -229,8 +232,22 @@ def device_bound(m: dict) -> dict:
 
 
 def _own(m: dict, loader: str | None) -> list[dict]:
-    """One rank's own findings."""
-    return [f for f in (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m)) if f]
+    """One rank's own findings (without GPU activity, only ``input_bound``: the cores are the
+    device, and the GPU rules have nothing to read)."""
+    rules = (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m)) if m.get("has_gpu") else (
+        input_bound(m, loader),)
+    return [f for f in rules if f]
+
+
+def no_gpu_activity(ranks: list[dict]) -> dict:
+    """The note of a trace without GPU activity."""
+    return finding("no_steps", "info", "No GPU activity in the trace",
+                   "The trace holds no kernel, memcpy or memset events (a CPU-only run, or the profiler did not "
+                   "record CUDA activities): only the DataLoader and the ranks' collectives are judged.",
+                   {"events": sum(r["metrics"].get("events") or 0 for r in ranks)}, None,
+                   "Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA].",
+                   "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], ...)",
+                   ["https://pytorch.org/docs/stable/profiler.html"])
 
 
 def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict]]:
@@ -239,33 +256,28 @@ def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict
     rank with GPU activity); ``imbalance`` uses all ranks, and caps the described rank's own
     estimates at its own (the job gets no faster than the other ranks' pace, as for live runs),
     except for causes another rank has as well (a warning there too: fixing it speeds them all;
-    nor do those name why the straggler is late).
-    Verdict as for live runs (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured
-    ``bound``), else ``device_bound``; ``unknown`` when no rank has GPU activity."""
+    nor do those name why the straggler is late). Verdict as for live runs
+    (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured ``bound``), else
+    ``device_bound``. Without GPU activity on any rank only ``input_bound`` and ``imbalance`` are
+    judged (verdict ``unknown`` when neither qualifies), with a ``no_steps`` note."""
     from whyidle.diagnose import _cap_at_the_others_pace
 
     ranks = job.get("ranks") or []
-    row = next((r for r in ranks if r.get("rank") == job.get("described") and r["metrics"].get("has_gpu")), None)
-    m = row["metrics"] if row else next((r["metrics"] for r in ranks if r["metrics"].get("has_gpu")), None)
-    if m is None:
-        f = finding("no_steps", "info", "No GPU activity in the trace",
-                    "The trace holds no kernel, memcpy or memset events (a CPU-only run, or the profiler did not "
-                    "record CUDA activities), so there is no GPU idle time to explain.",
-                    {"events": sum(r["metrics"].get("events") or 0 for r in ranks)}, None,
-                    "Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA].",
-                    "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], ...)",
-                    ["https://pytorch.org/docs/stable/profiler.html"])
-        late = [x for x in (imbalance(job),) if x]  # CPU-only ranks (gloo) still meet at their collectives
-        return choose_verdict(late) or "unknown", late + [f]
+    gpu = any(r["metrics"].get("has_gpu") for r in ranks)
+    usable = [r for r in ranks if r["metrics"].get("has_gpu") or not gpu]
+    row = next((r for r in usable if r.get("rank") == job.get("described")), usable[0] if usable else None)
+    m = row["metrics"] if row else {}
     findings = _own(m, loader)
-    other = next((r["metrics"] for r in ranks if r.get("rank") not in (job.get("described"), None)
-                  and r["metrics"].get("has_gpu")), None)
+    other = next((r["metrics"] for r in usable if r is not row), None)
     shared = frozenset(f["id"] for f in _own(other, loader) if f["severity"] != "info") if other else frozenset()
     late = imbalance(job, [f for f in findings if f["id"] not in shared])  # what only the straggler has
     if late:
         _cap_at_the_others_pace(findings, late, shared)
         findings.append(late)
     verdict = choose_verdict(findings)
+    if not gpu:
+        verdict = verdict or "unknown"
+        return verdict, order(findings, verdict) + [no_gpu_activity(ranks)]
     if verdict is None:
         verdict = "device_bound"
         findings.insert(0, device_bound(m))

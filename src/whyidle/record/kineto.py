@@ -391,6 +391,7 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
         path=path, strings=strings, gpu=cols["gpu"], runtime=cols["runtime"], cpu=cols["cpu"], syncs=cols["syncs"],
         steps=sorted(steps, key=lambda st: st[1]), rank=dist.get("rank"), world_size=dist.get("world_size"),
         backend=dist.get("backend"), device_properties=meta.get("deviceProperties") or [], events=events,
+        base_ns=meta.get("baseTimeNanoseconds") if isinstance(meta.get("baseTimeNanoseconds"), int) else None,
         pageable=flags,
     )
 

@@ -24,7 +24,9 @@ Event groups (Kineto ``cat`` values, old and new spellings):
 * ``steps``: ``ProfilerStep#N`` annotations on the host: list of ``(N, ts, dur)``, by ``ts``.
 
 Metadata: ``rank`` and ``world_size`` from ``distributedInfo`` (None when absent),
-``device_properties`` (the trace's list, may list GPUs the job did not use), ``backend``.
+``device_properties`` (the trace's list, may list GPUs the job did not use), ``backend``,
+``base_ns`` (``baseTimeNanoseconds``: newer Kineto writes ``ts`` relative to it; older traces'
+``ts`` are wall-clock µs already).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class TraceData:
     backend: str | None = None
     device_properties: list[dict] = field(default_factory=list)
     events: int = 0  # events read (all phases), for speed figures
+    base_ns: int | None = None  # ``baseTimeNanoseconds``: wall-clock epoch of ``ts`` 0, newer Kineto
     pageable: np.ndarray | None = None  # per gpu row: True when a memcpy touches pageable memory
 
     def name(self, idx: int) -> str:
