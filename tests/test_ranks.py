@@ -13,7 +13,7 @@ from test_diagnose import assert_contract
 from test_rules_work import make_facts, make_step
 
 from whyidle.analysis import ranks as R
-from whyidle.diagnose.rules_ranks import imbalance
+from whyidle.diagnose.rules_ranks import imbalance, uneven_shards
 from whyidle.report.terminal import rank_lines
 
 SCENARIOS = os.path.join(os.path.dirname(__file__), "scenarios")
@@ -46,6 +46,25 @@ def test_the_straggler_is_the_rank_with_the_most_work_outside_backward():
     assert R.straggler(even) is None and R.lead_pid(even, None) == 100  # rank 0's report
     assert R.straggler(rows[:1]) is None and R.lead_pid(rows[:1], None) is None
     assert R.job_rate(rows, "samples_per_s") == pytest.approx(3 * 440.0) and R.job_rate(rows[:1], "samples_per_s") is None
+
+
+def test_uneven_shards_from_the_ranks_step_counts_and_a_padding_sampler():
+    rows = [dict(row(0), steps=64), dict(row(1), steps=52)]
+    f = uneven_shards(dist_facts(rows))
+    assert_contract(f)
+    assert f["severity"] == "warning" and f["evidence"]["steps_by_rank"] == {"0": 64, "1": 52}
+    assert f["est_speedup"] == pytest.approx(64 / 58, abs=1e-3) and f["bound"] == pytest.approx(1 - 58 / 64, abs=1e-3)
+    assert "rank 1 had no data" in f["summary"] and "drop_last=True" in f["fix"]["code"]
+    even = [dict(row(0), steps=64), dict(row(1), steps=63)]           # a run stopped mid-step
+    assert uneven_shards(dist_facts(even)) is None
+    pad = dist_facts(even).replace(loader={"dataset_len": 1000, "shard": {"num_replicas": 64, "drop_last": False,
+                                                                          "num_samples": 16, "total_size": 1024}})
+    f = uneven_shards(pad)
+    assert_contract(f)
+    assert f["severity"] == "info" and f["evidence"]["repeated"] == 24 and f["bound"] is None
+    big = pad.replace(loader={"dataset_len": 100_000, "shard": {"num_replicas": 64, "drop_last": False,
+                                                                 "num_samples": 1563, "total_size": 100_032}})
+    assert uneven_shards(big) is None                                  # 32 of 100,000: nothing to say
 
 
 def dist_facts(rows):

@@ -184,6 +184,8 @@ def test_match_compares_only_groups_every_rank_holds_equally_and_counts_overlaps
     assert both["waits"] == {0: {1: pytest.approx(0.010)}, 1: {1: pytest.approx(0.003)}}
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("kind, part, verdict", [("loader", "data_wait", "input_bound"), ("compute", "compute", "imbalance"),
                                                  ("host", "host", "imbalance"), ("fixed", None, None)])
 def test_real_gloo_jobs_profiled_under_torchrun(tmp_path, kind, part, verdict):
@@ -192,11 +194,13 @@ def test_real_gloo_jobs_profiled_under_torchrun(tmp_path, kind, part, verdict):
     out = tmp_path / "traces"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            os.path.join(SCENARIOS, "ddp_straggler.py"), "--kind", "host" if kind == "fixed" else kind,
-           "--steps", "24", "--profile", str(out)] + (["--fixed"] if kind == "fixed" else [])
+           "--steps", "64" if kind == "fixed" else "24", "--profile", str(out)] + (["--fixed"] if kind == "fixed" else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=200, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     rep = trace_report(str(out))
-    assert rep["collectives"]["kind"] == "gloo" and rep["collectives"]["steps"] == 20
+    # the balanced job runs longer: a lone hiccup of a shared 2-core box (30 ms once) then costs
+    # less than 1 ms per step on average
+    assert rep["collectives"]["kind"] == "gloo" and rep["collectives"]["steps"] == (60 if kind == "fixed" else 20)
     if part is None:
         assert rep["straggler"] is None and imbalance_of(rep) is None
         return

@@ -21,6 +21,9 @@ Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP i
 - ``--kind metrics`` (C28): every step each rank all-reduces 4 scalar metrics and reads them
   (``.item()``). Fixed: the metrics are summed locally and all-reduced once every 50 steps.
   Balanced either way (no straggler).
+- ``--kind uneven``: one epoch over 2,048 samples under ``model.join()``, each rank slicing its own
+  part (``indices[rank::world]``), rank 1's cut to 80 % (a shard that ends early). Fixed: a
+  ``DistributedSampler`` with ``drop_last=True`` (the same number of batches on every rank).
 - faulty: as above; fixed (``--fixed``): the ranks do the same work.
 - ``--profile DIR``: each rank writes a ``torch.profiler`` trace of its steps after the first 4
   (2 skipped, 2 warm-up) to DIR with ``tensorboard_trace_handler``, for ``whyidle trace DIR``.
@@ -47,7 +50,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from common import StepMeter, make_parser, seed_everything
 
@@ -110,7 +113,7 @@ def validate(model, data, indices) -> float:
 
 def main():
     p = make_parser(__doc__, steps=60)
-    p.add_argument("--kind", choices=("loader", "host", "forward", "compute", "validation", "metrics", "accum"),
+    p.add_argument("--kind", choices=("loader", "host", "forward", "compute", "validation", "metrics", "accum", "uneven"),
                    default="loader")
     p.add_argument("--profile", metavar="DIR", default=None, help="write each rank's profiler trace to DIR")
     args = p.parse_args()
@@ -122,6 +125,11 @@ def main():
     late = rank == 1 and faulty
     data = Shard(0.002 if late and args.kind == "loader" else 0.0)
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=args.seed), drop_last=True)
+    if args.kind == "uneven":  # one epoch; each rank its own slice, rank 1's shorter when faulty
+        part = Subset(data, range(2048))
+        mine = list(range(rank, 2048, world))[:int(1024 * 0.8) if late else None]
+        loader = (DataLoader(Subset(data, mine), batch_size=16, shuffle=True) if faulty else
+                  DataLoader(part, batch_size=16, sampler=DistributedSampler(part, seed=args.seed, drop_last=True)))
     model = DistributedDataParallel(Net(0.025 if late and args.kind == "forward" else 0.0,
                                         2048 if args.kind == "accum" else 256,
                                         5 if late and args.kind == "compute" else 0))
@@ -136,6 +144,8 @@ def main():
                                    on_trace_ready=torch.profiler.tensorboard_trace_handler(args.profile))
             if args.profile else contextlib.nullcontext())
     prof.__enter__()
+    join = model.join() if args.kind == "uneven" else contextlib.nullcontext()
+    join.__enter__()
     while step < args.steps:
         for x, y in loader:
             meter.got_batch()
@@ -182,6 +192,9 @@ def main():
                 prof.step()
             if step >= args.steps:
                 break
+        if args.kind == "uneven":
+            break  # one epoch: the ranks' shards end where they end
+    join.__exit__(None, None, None)
     prof.__exit__(None, None, None)
     res = meter.result()
     first = meter.step_times[0] if meter.step_times else 0.0

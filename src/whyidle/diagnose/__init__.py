@@ -172,8 +172,8 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
         if late:
             _cap_at_the_others_pace(findings, late)
             findings.append(late)
-        for rule in (rules_ranks.metric_collectives, rules_ranks.accumulation_all_reduce, rules_ranks.data_parallel,
-                     rules_ranks.dist_config):
+        for rule in (rules_ranks.metric_collectives, rules_ranks.accumulation_all_reduce, rules_ranks.uneven_shards,
+                     rules_ranks.data_parallel, rules_ranks.dist_config):
             f = rule(facts)
             if f:
                 findings.append(f)

@@ -189,6 +189,74 @@ NCCL_TRANSPORT_OFF = {"NCCL_P2P_DISABLE": "peer-to-peer (NVLink/PCIe P2P)", "NCC
 DOCS_NCCL_ENV = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 
 
+#: Fewest steps, and least fraction of the longest rank's steps, by which the ranks' step counts
+#: must differ to be uneven shards (a run stopped mid-step leaves one rank a step behind).
+UNEVEN_MIN_STEPS = 2
+UNEVEN_MIN_SHARE = 0.02
+
+#: Repeated samples, as a fraction of the dataset, from which a padding ``DistributedSampler`` is
+#: worth a line (a large dataset's few repeats change nothing).
+PAD_MIN_SHARE = 0.01
+
+UNEVEN_CODE = ("sampler = DistributedSampler(dataset, shuffle=True, drop_last=True)   # the same batches on every rank\n"
+               "loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler)\n"
+               "for epoch in range(epochs):\n"
+               "    sampler.set_epoch(epoch)\n"
+               "    for x, y in loader:\n"
+               "        ...")
+
+
+def uneven_shards(facts: RunFacts) -> Finding | None:
+    """The ranks' data shards differ in length.
+
+    Measured: the ranks ran different numbers of steps (``ranks[].steps`` differ by at least
+    :data:`UNEVEN_MIN_STEPS` and :data:`UNEVEN_MIN_SHARE` of the most): a rank that runs out of
+    data leaves the others' collectives without it — under ``model.join()`` it shadows them with
+    its device idle, without it DDP hangs in the next collective (the run then ends killed). A
+    warning; ``bound`` = 1 − mean/most (the share of the longest ranks' steps that even shards of
+    the same data would not need), ``est_speedup`` = most/mean. Otherwise, info when the
+    training loader's ``DistributedSampler`` pads: ``drop_last=False`` with a dataset that does
+    not split evenly repeats ``total_size − len(dataset)`` samples each epoch, at least
+    :data:`PAD_MIN_SHARE` of them (no idle time: trained on twice, and counted twice by an
+    evaluation metric); ``bound`` null. None else."""
+    counts = {str(r["rank"]): r["steps"] for r in facts.ranks or [] if isinstance(r.get("steps"), int)}
+    if len(counts) >= 2:
+        most, least = max(counts.values()), min(counts.values())
+        if most - least >= max(UNEVEN_MIN_STEPS, UNEVEN_MIN_SHARE * most):
+            mean = sum(counts.values()) / len(counts)
+            short = min(counts, key=counts.get)
+            summary = (f"The ranks ran different numbers of steps ({', '.join(f'rank {r}: {n}' for r, n in counts.items())}): "
+                       f"their data shards differ in length, so for the last {most - least} steps rank {short} had no "
+                       "data while the others trained. Under `model.join()` its device idles shadowing their "
+                       "collectives; without it DDP waits in the next collective for a rank that has stopped.")
+            text = ("Give every rank the same number of batches: a `DistributedSampler` (it pads or, with "
+                    "`drop_last=True`, trims to an even split) instead of slicing the data per rank; for an "
+                    "`IterableDataset`, a number of shards divisible by the world size "
+                    "(`datasets.distributed.split_dataset_by_node`) or stop every rank after the shortest shard's "
+                    "batches. Keep `model.join()` for what stays uneven.")
+            return finding("uneven_shards", "warning", "Uneven shards: ranks run out of data at different steps",
+                           summary, {"steps_by_rank": counts, "most": most, "least": least}, most / mean, text,
+                           UNEVEN_CODE, ["https://pytorch.org/tutorials/advanced/generic_join.html", DOCS_DDP],
+                           bound=1.0 - mean / most)
+    loader = facts.loader or {}
+    shard, n = loader.get("shard") or {}, loader.get("dataset_len")
+    total = shard.get("total_size")
+    if (shard.get("drop_last") is False and isinstance(n, int) and isinstance(total, int) and n > 0
+            and (total - n) / n >= PAD_MIN_SHARE):
+        summary = (f"The training loader's `DistributedSampler` pads {n} samples to {total} for "
+                   f"{shard.get('num_replicas')} ranks by repeating {total - n} of them every epoch "
+                   "(`drop_last=False`): each rank gets the same number, so no rank idles, but those samples "
+                   "are trained on twice, and an evaluation loader split so counts them twice in its metric.")
+        text = ("Harmless for training at this size; for evaluation, `drop_last=True` drops the tail instead "
+                "(or evaluate the remainder on one rank, or gather and de-duplicate the predictions).")
+        return finding("uneven_shards", "info", "DistributedSampler repeats samples to even the shards", summary,
+                       {"dataset_len": n, "total_size": total, "repeated": total - n,
+                        "num_replicas": shard.get("num_replicas")}, None, text,
+                       "DistributedSampler(dataset, shuffle=False, drop_last=True)",
+                       ["https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"])
+    return None
+
+
 def data_parallel(facts: RunFacts) -> Finding | None:
     """``torch.nn.DataParallel`` wraps the model (cases.md C16): one process scatters the batch,
     replicates the model on every forward and gathers the outputs on GPU 0 under one GIL (GPU 0

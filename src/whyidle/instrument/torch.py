@@ -1032,8 +1032,18 @@ def _loader_config(loader, key: int, t: int) -> dict:
         "worker_init_fn": getattr(loader, "worker_init_fn", None) is not None,
         "iterable": iterable, "sampler": type(getattr(loader, "sampler", None)).__name__,
         "collate_fn": getattr(collate, "__name__", type(collate).__name__) if collate is not None else None,
-        "drop_last": attr("drop_last"),
+        "drop_last": attr("drop_last"), "shard": _shard(getattr(loader, "sampler", None)),
     }
+
+
+def _shard(sampler) -> dict | None:
+    """A ``DistributedSampler``'s split (``num_replicas``, ``drop_last``, ``num_samples`` per rank,
+    ``total_size`` over the ranks), or None for other samplers."""
+    try:
+        fields = {k: getattr(sampler, k) for k in ("num_replicas", "drop_last", "num_samples", "total_size")}
+    except Exception:
+        return None
+    return {k: v for k, v in fields.items() if isinstance(v, (int, bool))} or None
 
 
 def install(agent, torch) -> TorchInstrument:
