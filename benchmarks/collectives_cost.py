@@ -108,39 +108,6 @@ def main(argv: list[str] | None = None) -> int:
                       "share_of_step": round(per_step_us / (args.step_ms * 1e3), 5), "step_ms": args.step_ms}))
     return 0
 
-    bucket = Bucket()
-    pg = dist.group.WORLD
-    state = C._Trampoline(default_hooks.allreduce_hook, pg)
-    hook = C._trampoline_hook(timer)
-
-    def plain_hook():
-        default_hooks.allreduce_hook(pg, bucket).wait()
-
-    def timed_hook():
-        hook(state, bucket).wait()
-        timer._clear()  # one bucket per "step": the slot is the step's first each time
-
-    def step_end():
-        timer.n, timer.ns, timer.buckets, timer.slot = 1, 1000, 1, [1, 2]
-        timer.end_step(0)
-
-    res = {
-        "wrapper_plain_ns": per_call_ns(lambda: plain_all_reduce(t), args.n),
-        "wrapper_timed_ns": per_call_ns(lambda: timed_all_reduce(t), args.n),
-        "hook_plain_ns": per_call_ns(plain_hook, args.n),
-        "hook_timed_ns": per_call_ns(timed_hook, args.n),
-        "end_step_ns": per_call_ns(step_end, args.n),
-    }
-    dist.destroy_process_group()
-    added = {"wrapper": res["wrapper_timed_ns"] - res["wrapper_plain_ns"],
-             "hook": res["hook_timed_ns"] - res["hook_plain_ns"], "end_step": res["end_step_ns"]}
-    per_step_us = (args.calls * added["wrapper"] + args.buckets * added["hook"] + added["end_step"]) / 1e3
-    print(json.dumps({k: round(v) for k, v in res.items()}))
-    print(json.dumps({"added_ns": {k: round(v) for k, v in added.items()}, "calls": args.calls,
-                      "buckets": args.buckets, "per_step_us": round(per_step_us, 2),
-                      "share_of_step": round(per_step_us / (args.step_ms * 1e3), 5), "step_ms": args.step_ms}))
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
