@@ -163,7 +163,8 @@ def newest_run(summaries: list[RankSummary]) -> list[RankSummary] | None:
 def job_metrics(summaries: list[RankSummary]) -> dict:
     """The job of every rank's summary.
 
-    Returns ``{ranks, step_s_by_rank, straggler, collectives, described, steps_differ}``:
+    Returns ``{ranks, step_s_by_rank, straggler, collectives, described, described_is_straggler,
+    steps_differ}``:
 
     * ``ranks``: ``[{rank, metrics, collective_s, wait_s}]`` (``rank``: ``distributedInfo.rank``,
       else the position; ``collective_s`` / ``wait_s``: mean seconds per compared step in matched
@@ -176,7 +177,7 @@ def job_metrics(summaries: list[RankSummary]) -> dict:
       :data:`~whyidle.analysis.trace_collectives.TRACE_MIN_STEPS` steps —
       :func:`whyidle.analysis.ranks.straggler` of the culprit
       (:func:`whyidle.analysis.collectives.culprit`: the rank whose late arrivals cost the others
-      the most, ≥ 10 % of their step), with ``cause``
+      the most, ≥ 10 % of their step and ≥ 1 ms), with ``cause``
       (:func:`~whyidle.analysis.trace_collectives.late_cause`), or None when none stands out.
       Otherwise from step times: the rank with the largest median step, ``excess_s`` = its median
       − the median of the other ranks' medians, ``excess_share`` = that / the others' median,
@@ -221,8 +222,9 @@ def job_metrics(summaries: list[RankSummary]) -> dict:
     first_gpu = next((row["rank"] for row in ranks if row["metrics"].get("has_gpu")), None)
     described = straggler["rank"] if stands_out else (first_gpu if first_gpu is not None
                                                       else (ranks[0]["rank"] if ranks else None))
-    return {"ranks": ranks, "step_s_by_rank": by_rank, "straggler": straggler,
-            "collectives": coll, "described": described, "described_is_straggler": bool(stands_out), "steps_differ": len({s.step_numbers for s in summaries}) > 1}
+    return {"ranks": ranks, "step_s_by_rank": by_rank, "straggler": straggler, "collectives": coll,
+            "described": described, "described_is_straggler": bool(stands_out),
+            "steps_differ": len({s.step_numbers for s in summaries}) > 1}
 
 
 def _step_straggler(by_rank: list[dict]) -> dict:
