@@ -17,7 +17,7 @@ from whyidle.analysis.steps import step_metrics, steps_of
 from whyidle.record.reader import load_run
 from whyidle.record.steptable import LITE_COLUMNS, StepTable, expand_lite
 
-from conftest import observe
+from conftest import observe, write_script
 
 
 MS = 1_000_000
@@ -115,3 +115,26 @@ def test_short_steps_are_thinned_the_report_says_so_and_a_periodic_cost_is_not_a
     true_other = (sum(per_step_s) / len(per_step_s) - extra) / (sum(per_step_s) / len(per_step_s))
     other = m["shares"]["other_host"]
     assert true_other * 0.5 < other < true_other * 1.6 + 0.1, (other, true_other)
+
+
+#: The training loop shares its one core with a busy loop of its own making (the same core, so
+#: the kernel's scheduler takes turns between them every few ms, wherever the loop is).
+CONTENDED = """
+import os, subprocess, sys
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {core})
+hog = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {%d}); exec('while True: pass')" % core])
+import atexit; atexit.register(hog.kill)
+"""
+
+
+def test_whyidle_own_share_is_its_cpu_not_the_turns_other_processes_take(tmp_path):
+    """The step boundary reads the thread's CPU clock; on a busy core that read is where the
+    scheduler preempts the thread (it updates the thread's run time), so the other process's
+    turns land inside the boundary. Counted as wall time they read as whyidle's own work (14–42 %
+    of the step on one core shared with busy loops) and were left out of every share; as CPU
+    time they stay the program's step time."""
+    script = write_script(tmp_path / "train.py", steps=120, pre=CONTENDED, in_step="time.sleep(0.002)")
+    proc, report, _ = observe(tmp_path, [sys.executable, script])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["metrics"]["whyidle_share"] < 0.03, report["metrics"]["whyidle_share"]

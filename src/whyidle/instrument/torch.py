@@ -346,6 +346,9 @@ class TorchInstrument:
         if self.t0 is None:
             self._begin_step(now)
             return
+        # the main thread's CPU time when this step or the next is recorded in full: this step's
+        # ``cpu`` ends and the next step's ``wi`` (below) starts here
+        cpu_now = thread_time_ns() if self.full or self.step + 1 >= self.next_full else None
         acc = self.acc
         if self.tracking:
             acc[self.phase] += now - self.t_phase
@@ -358,7 +361,7 @@ class TorchInstrument:
                 "data": acc["data"], "fwd": acc["forward"], "bwd": acc["backward"],
                 "opt": acc["optimizer"], "eval": acc["eval"],
                 "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
-                "cpu": thread_time_ns() - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
+                "cpu": cpu_now - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
                 "mb": self.micro, "ld": self.loader_key, "ph": self.ph, "wi": self.wi, "hk": hooks_ns,
             })
         elif self.tracking:  # one tuple per lite step, in LITE_COLUMNS order
@@ -385,7 +388,13 @@ class TorchInstrument:
         if self.stacks is not None:
             self.stacks.maybe_reinstall()  # a library reset the sampler's SIGURG handler (stacks.py)
         self._begin_step(now)
-        self.wi = monotonic_ns() - now  # this boundary's own cost, inside the next step's [t0, t1]
+        # this boundary's own cost, inside the next step's [t0, t1], as main-thread CPU time: the
+        # boundary's CPU-time reads are where the kernel's scheduler catches up on a busy host
+        # (reading a thread's CPU clock updates its run time and preempts it once its slice is
+        # used), so its wall time would count other processes' turns as whyidle's own work
+        if self.full:
+            self.cpu0 = thread_time_ns()
+            self.wi = self.cpu0 - cpu_now
 
     def _track(self, on: bool) -> None:
         """Puts the phase hooks in (``on``) or takes them out for lite steps (see
