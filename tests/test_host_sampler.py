@@ -7,9 +7,11 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from whyidle.analysis.host import host_metrics
+from whyidle.sampling import host as host_mod
 from whyidle.sampling.host import HostPoller, short_command
 
 
@@ -65,3 +67,56 @@ def test_a_process_niced_far_below_the_job_is_counted_apart():
     assert first is None and scan["yielding_cpu_s"] >= 0.3
     assert niced.pid in [row[0] for row in scan["yielding_procs"]]
     assert niced.pid not in [row[0] for row in scan["procs"]]
+
+
+def _sleeping_child(tmp_path):
+    """A child that burns a little CPU, reads a file, then sleeps (its counters hold still)."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"x" * 300_000)
+    code = (f"import time\nt=time.time()\nwhile time.time()-t<0.2: pass\nopen({str(data)!r},'rb').read()\n"
+            "print('ready', flush=True)\ntime.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+@pytest.mark.skipif(not host_mod._PROC_STAT, reason="reads /proc")
+def test_proc_rows_hold_the_counters_psutil_reads(tmp_path):
+    child = _sleeping_child(tmp_path)
+    try:
+        mine = host_mod._proc_row(child.pid)
+        theirs = host_mod._psutil_row(psutil.Process(child.pid))
+    finally:
+        child.kill()
+        child.wait()
+    pid, ppid, cpu, rss, threads, vol, invol, rb, rc, delay, main_delay, children = mine
+    assert (pid, ppid, threads) == (child.pid, os.getpid(), theirs[4])
+    assert cpu == pytest.approx(theirs[2], abs=0.02) and cpu >= 0.1
+    assert rss == pytest.approx(theirs[3], rel=0.02)
+    assert (vol, invol) == (theirs[5], theirs[6])
+    assert (rb, rc) == (theirs[7], theirs[8]) and rc >= 300_000
+    assert delay is not None and main_delay is not None and children == theirs[11]
+    assert host_mod._proc_row(child.pid) is None  # gone once reaped
+
+
+def test_the_tree_is_searched_every_period_and_exited_processes_leave_it(tmp_path):
+    poller = HostPoller(os.getpid(), period_s=0.25)
+    t = 10**12
+    poller.start(t)
+    poller.poll(t)
+
+    def pids(now):
+        recs = poller.poll(now)
+        return {row[0] for r in recs if r["k"] == "host" for row in r["procs"]}, recs
+
+    child = _sleeping_child(tmp_path)
+    try:
+        before, _ = pids(t + int(0.25e9))  # between two searches: not yet known
+        found, recs = pids(t + int(host_mod.TREE_SCAN_PERIOD_S * 1e9))
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in before and child.pid in found
+    assert any(r["k"] == "host_proc" and r["pid"] == child.pid and r["ppid"] == os.getpid() for r in recs)
+    after, _ = pids(t + int(host_mod.TREE_SCAN_PERIOD_S * 1e9) + int(0.25e9))
+    assert child.pid not in after and os.getpid() in after
