@@ -19,6 +19,12 @@ The first block of each kind after a switch is kept (a switch happens between st
 Printed per case and run: median and mean step time on and off, their ratios; then the medians over
 runs. Goals (issue 12): ≤ 1.05 on ~2 ms steps, ≤ 1.03 for Lightning, ≤ 1.02 on ~10 ms steps.
 
+Case ``ddp`` (issue 15): the ``10ms`` loop in ``DistributedDataParallel`` over gloo, 2 ranks under
+``torchrun`` (not pinned), both switching at the same step, rank 0's step times (goal ≤ 1.02). Off
+leaves whyidle's collective timing in (its wrappers and DDP comm hook stay registered; their cost is
+``benchmarks/collectives_cost.py``'s), and the ``whyidle run`` process polling the host: with both
+cores taken by the ranks, its CPU is taken from them, on and off alike.
+
     flock /tmp/whyidle-timing.lock python benchmarks/overhead_inproc.py [--runs 3] [--cases 2ms,lightning,10ms]
 """
 
@@ -138,11 +144,28 @@ trainer.fit(MLP(), loader)
 print("RESULT " + json.dumps(sw.result()))
 '''
 
+#: The ``10ms`` loop as 2 gloo ranks of ``DistributedDataParallel`` (under torchrun, each rank its
+#: shard); both ranks switch at the same step, rank 0 reports.
+DDP = PLAIN.replace(
+    "opt = torch.optim.SGD",
+    "torch.distributed.init_process_group('gloo')\n"
+    "model = torch.nn.parallel.DistributedDataParallel(model)\n"
+    "from torch.utils.data import DistributedSampler\n"
+    "loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data), drop_last=True)\n"
+    "opt = torch.optim.SGD",
+).replace('print("RESULT " + json.dumps(sw.result()))',
+          'if torch.distributed.get_rank() == 0:\n    print("RESULT " + json.dumps(sw.result()), flush=True)\n'
+          'del model, opt\nimport gc; gc.collect()\ntorch.distributed.barrier()\n'
+          'torch.distributed.destroy_process_group()')
+
 #: name -> (workload, argv after the script: steps, width, batch, block, warm-up steps)
 CASES = {"2ms": (PLAIN, [6000, 256, 32, 100, 300]),
          "lightning": (LIGHTNING, [6000, 256, 32, 100, 300]),
-         "10ms": (PLAIN, [1500, 960, 64, 50, 150])}
-GOALS = {"2ms": 1.05, "lightning": 1.03, "10ms": 1.02}
+         "10ms": (PLAIN, [1500, 960, 64, 50, 150]),
+         "ddp": (DDP, [1600, 960, 64, 40, 120])}
+GOALS = {"2ms": 1.05, "lightning": 1.03, "10ms": 1.02, "ddp": 1.02}
+#: How the ``ddp`` case is launched (instead of the CPU pin: one core per rank).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def main() -> None:
@@ -163,8 +186,9 @@ def main() -> None:
             ratios, mean_ratios = [], []
             for r in range(args.runs):
                 run_dir = os.path.join(workdir, f"{name}-{r}")
+                launch = TORCHRUN if name == "ddp" else [*pin, sys.executable]
                 cmd = [sys.executable, "-m", "whyidle", "run", "-q", "--no-html", "--stack-hz", args.stack_hz,
-                       "--out", run_dir, "--", *pin, sys.executable, script, *map(str, argv)]
+                       "--out", run_dir, "--", *launch, script, *map(str, argv)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
                 if proc.returncode != 0 or line is None:
