@@ -33,7 +33,7 @@ import statistics
 
 import numpy as np
 
-from whyidle.analysis.trace import _Cover, _lookup
+from whyidle.analysis.trace import _Cover, _lookup, _merge
 from whyidle.record.trace_data import TraceData
 
 #: GPU kernels that execute a collective: NCCL's (and RCCL's, which keeps the names).
@@ -155,12 +155,9 @@ def match(tables: dict) -> dict | None:
 
 def _union_s(intervals: list) -> float:
     """Seconds covered by ``(start_us, end_us)`` intervals (overlaps counted once)."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total / 1e6
+    iv = np.asarray(intervals, dtype=np.float64).reshape(-1, 2)
+    starts, ends = _merge(iv[:, 0], iv[:, 1])
+    return float((ends - starts).sum()) / 1e6
 
 
 def late_cause(rank, steps: list, data_s: dict, compute_s: dict, caused_s: float) -> dict | None:
