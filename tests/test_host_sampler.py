@@ -99,7 +99,12 @@ def test_proc_rows_hold_the_counters_psutil_reads(tmp_path):
     assert host_mod._proc_row(child.pid) is None  # gone once reaped
 
 
-def test_the_tree_is_searched_every_period_and_exited_processes_leave_it(tmp_path):
+def test_new_processes_join_the_tree_at_the_next_tick_and_exited_ones_leave_it(tmp_path):
+    """A child of a known process's main thread is found at the next tick (a short job's
+    DataLoader workers live less than a second); one started from another thread at the next
+    full search; an exited one is dropped."""
+    import threading
+
     poller = HostPoller(os.getpid(), period_s=0.25)
     t = 10**12
     poller.start(t)
@@ -109,14 +114,30 @@ def test_the_tree_is_searched_every_period_and_exited_processes_leave_it(tmp_pat
         recs = poller.poll(now)
         return {row[0] for r in recs if r["k"] == "host" for row in r["procs"]}, recs
 
-    child = _sleeping_child(tmp_path)
+    main_child = _sleeping_child(tmp_path)
+    box, started, done = [], threading.Event(), threading.Event()
+
+    def spawn():  # the thread stays alive: an exiting thread's children pass to the main thread
+        box.append(_sleeping_child(tmp_path))
+        started.set()
+        done.wait(30)
+
+    spawner = threading.Thread(target=spawn)
+    spawner.start()
+    started.wait(30)
+    thread_child = box[0]
     try:
-        before, _ = pids(t + int(0.25e9))  # between two searches: not yet known
-        found, recs = pids(t + int(host_mod.TREE_SCAN_PERIOD_S * 1e9))
+        tick, recs = pids(t + int(0.25e9))  # between two full searches
+        full, _ = pids(t + int(host_mod.TREE_SCAN_PERIOD_S * 1e9))
     finally:
-        child.kill()
-        child.wait()
-    assert child.pid not in before and child.pid in found
-    assert any(r["k"] == "host_proc" and r["pid"] == child.pid and r["ppid"] == os.getpid() for r in recs)
+        done.set()
+        spawner.join()
+        for child in (main_child, thread_child):
+            child.kill()
+            child.wait()
+    if os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        assert main_child.pid in tick and thread_child.pid not in tick
+        assert any(r["k"] == "host_proc" and r["pid"] == main_child.pid and r["ppid"] == os.getpid() for r in recs)
+    assert {main_child.pid, thread_child.pid} <= full
     after, _ = pids(t + int(host_mod.TREE_SCAN_PERIOD_S * 1e9) + int(0.25e9))
-    assert child.pid not in after and os.getpid() in after
+    assert main_child.pid not in after and thread_child.pid not in after and os.getpid() in after

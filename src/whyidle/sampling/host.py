@@ -17,14 +17,15 @@ import psutil
 #: Seconds between scans of all other processes for the top CPU users (a full process scan costs
 #: milliseconds, so it runs far less often than the tick; ../shared/sampling.md §4.1).
 TOP_SCAN_PERIOD_S = 2.0
-#: Seconds between two searches of the observed tree for new processes. psutil finds a process's
-#: descendants by reading every process's ``/proc/<pid>/stat`` on the machine (2.8 ms of CPU per
-#: search with 66 processes on a 2-core VM: at every 0.25 s tick, 1.1 % of a core, taken from a
-#: distributed job whose ranks fill the cores); between searches the known processes are polled.
-#: A process found late loses nothing: counters of a process born in a window count from 0
-#: (``whyidle.analysis.host``), and the CPU of a child reaped before any search reaches its
-#: parent's children time. Processes never leave the tree but by exiting: whyidle is a child
-#: subreaper, so orphans are re-parented to it.
+#: Seconds between two full searches of the observed tree for new processes. psutil finds a
+#: process's descendants by reading every process's ``/proc/<pid>/stat`` on the machine (2.8 ms of
+#: CPU per search with 66 processes on a 2-core VM: at every 0.25 s tick, 1.1 % of a core, taken
+#: from a distributed job whose ranks fill the cores). At the other ticks the children of each
+#: known process's main thread (``/proc/<pid>/task/<pid>/children``, one read per process, where
+#: the kernel has it) are added: DataLoader workers and ranks are started from there, and a short
+#: job's workers, alive for less than a second, are not missed. That file may skip a child while
+#: another exits (proc_tid_children(5)); the full search catches it. Processes never leave the
+#: tree but by exiting: whyidle is a child subreaper, so orphans are re-parented to it.
 TREE_SCAN_PERIOD_S = 1.0
 TOP_PROCESSES = 5
 #: A process niced at least this much above the job yields its core whenever the job wants it:
@@ -99,6 +100,16 @@ def _proc_row(pid: int) -> list | None:
     delay, main_delay = _schedstat_run_delay(pid)
     return [pid, ppid, round(cpu, 4), rss, threads, vol, invol, read_bytes, read_chars, delay, main_delay,
             round(children, 4)]
+
+
+def _main_thread_children(pid: int) -> list[int]:
+    """pids of the children that ``pid``'s main thread started (``/proc/<pid>/task/<pid>/children``,
+    Linux ≥ 3.5 with ``CONFIG_PROC_CHILDREN``); empty when unreadable."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _psutil_row(p: psutil.Process) -> list | None:
@@ -216,8 +227,9 @@ class HostPoller:
         }]
 
     def _tree(self, now_ns: int) -> list[psutil.Process]:
-        """The root and its known descendants, searched for new ones every
-        :data:`TREE_SCAN_PERIOD_S` (a process that exited is dropped by :meth:`poll`)."""
+        """The root and its known descendants, searched in full for new ones every
+        :data:`TREE_SCAN_PERIOD_S` and through the known processes' main-thread children at the
+        other ticks (a process that exited is dropped by :meth:`poll`)."""
         if now_ns >= self._tree_due:
             self._tree_due = now_ns + int(TREE_SCAN_PERIOD_S * 1e9)
             try:
@@ -226,8 +238,19 @@ class HostPoller:
                 children = []
             for child in children:
                 cached = self._procs.get(child.pid)
-                if cached is None or cached.create_time() != child.create_time():
-                    self._procs[child.pid] = child
+                try:
+                    if cached is None or cached.create_time() != child.create_time():
+                        self._procs[child.pid] = child
+                except psutil.Error:  # exited since the search
+                    self._procs.pop(child.pid, None)
+        elif _PROC_STAT:
+            for pid in [self.root_pid, *self._procs]:
+                for child in _main_thread_children(pid):
+                    if child not in self._procs:
+                        try:
+                            self._procs[child] = psutil.Process(child)
+                        except psutil.Error:
+                            pass
         return [self._root, *self._procs.values()]
 
     def poll(self, now_ns: int) -> list[dict]:
