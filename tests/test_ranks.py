@@ -92,6 +92,10 @@ def test_rank_lines_mark_the_straggler_and_keep_big_jobs_short():
     assert lines[0].startswith("[bold]ranks[/] 16") and "showing 6" in lines[0]
     assert any(line.startswith("  rank 9*:") for line in lines) and len(lines) == 7
     assert rank_lines({"ranks": [{"rank": 0, "metrics": {}}]}) == []  # trace reports keep their own
+    # the head points at the job's samples/s only when the report has one (no batch size read: none)
+    assert "their sum" not in lines[0] and "no samples/s" in lines[0]
+    counted = rank_lines({**report, "metrics": {"samples_per_s": 6500.0}})
+    assert "samples/s above: their sum" in counted[0]
 
 
 def job_result(proc) -> dict:

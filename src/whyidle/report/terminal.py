@@ -175,7 +175,8 @@ def rank_lines(report: dict) -> list[str]:
         shown = [r for r in rows if id(r) in keep]
     else:
         shown = rows
-    head = "samples/s above: their sum" if live else "a trace each"
+    counted = (report.get("metrics") or {}).get("samples_per_s") is not None
+    head = ("samples/s above: their sum" if counted else "no batch size read: no samples/s") if live else "a trace each"
     which = "the slowest, the fastest" if live else "those waiting most and least"
     out = [f"[bold]ranks[/] {len(rows)} ({head}" + ("; * the straggler)" if late is not None else ")")
            + (f" (showing {len(shown)}: {which} and the straggler)" if len(shown) < len(rows) else "")]
