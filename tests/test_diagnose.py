@@ -688,6 +688,18 @@ def test_no_steps_without_instrumented_process():
     assert findings[0]["evidence"] == {"instrumented_processes": 0}
 
 
+def test_no_steps_of_a_program_that_failed_names_its_exit_code_not_instrumentation():
+    """``whyidle run -- python missing.py``: Python exits 2 before importing anything; the
+    advice is its error, not to run the script under whyidle (which the user did)."""
+    facts = make_facts(None, make_host(), primary=None)
+    facts.instrumented = []
+    facts.meta = {"exit_code": 2, "signal": None}
+    verdict, findings = diagnose(facts)
+    assert verdict == "unknown" and [f["id"] for f in findings] == ["no_steps"]
+    assert "exit code 2 before its first training step" in findings[0]["summary"]
+    assert "Fix the error" in findings[0]["fix"]["text"]
+
+
 def test_no_steps_with_torch_imported():
     facts = make_facts(None, make_host(), primary=None)
     facts.instrumented = [123]

@@ -36,7 +36,7 @@ def _insufficient(facts: RunFacts) -> dict | None:
                    "before training, or it trains without torch.optim and DataLoader)")
         meta = facts.meta or {}
         code, signal = meta.get("exit_code"), meta.get("signal")
-        if facts.instrumented and (signal or (code is not None and code != 0)):
+        if signal or (code is not None and code != 0):  # a missing script fails before importing anything
             ended = f"signal {signal}" if signal else f"exit code {code}"
             return rules.finding("no_steps", "info", "No training steps seen",
                                  f"No step data was seen: the program ended with {ended} before its first training "
