@@ -29,7 +29,7 @@ def test_the_rank_with_the_least_time_in_collectives_arrived_last():
     # rank 2 arrives 20 ms late every step: ranks 0 and 1 wait 20 ms more in the all-reduce
     w = waits_of(lambda r, i: 0.0005 + (0.0 if r == 2 else 0.020) + 0.0001 * (i % 3))
     m = C.culprit(w, {0: 0.030, 1: 0.030, 2: 0.030})
-    assert m["rank"] == 2 and m["culprit_share"] == 1.0 and m["steps"] == 40 - C.SKIP_STEPS
+    assert m["rank"] == 2 and m["culprit_share"] == 1.0 and m["caused_share"] == 1.0 and m["steps"] == 40 - C.SKIP_STEPS
     assert m["late_steps"] == m["steps"] and m["wait_s_by_rank"]["0"] == pytest.approx(0.020)
     assert m["wait_s_by_rank"]["2"] == 0.0 and m["caused_s"] == pytest.approx(0.020)
     assert m["wait_share"] == pytest.approx(0.020 / 0.030)

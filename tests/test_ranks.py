@@ -132,7 +132,10 @@ def test_torchrun_the_culprit_rank_and_its_cause(tmp_path, kind, fixed, late, ve
         assert report["straggler"] is None and f is None
         return
     assert report["straggler"]["rank"] == late and report["straggler"]["measured"]
-    assert f["evidence"]["culprit_rank"] == late and f["evidence"]["culprit_share"] >= 2 / 3
+    # the gate weighs late arrivals by the wait they cause (C17: rank 0 late 8 times by 80 ms beside
+    # a few 2 ms hiccups of rank 1 is one culprit): that share passes 2/3, and it is late most often
+    assert f["evidence"]["culprit_rank"] == late and f["evidence"]["caused_share"] >= 2 / 3
+    assert f["evidence"]["culprit_share"] > 0.5
     assert f["severity"] == ("warning" if verdict == "imbalance" else "info")
     others = [r for r in report["ranks"] if r["rank"] != late]
     assert all(r["wait_s"] > 0.5 * f["evidence"]["excess_s"] for r in others)

@@ -90,12 +90,13 @@ def culprit(waits: dict, step_s: dict, skip: int = SKIP_STEPS, min_steps: int = 
     Returns:
         None when fewer than two ranks or fewer than ``min_steps`` steps (from index ``skip``)
         that every rank timed: the measurement does not decide. Else ``{rank, steps, late_steps,
-        late_at, compared, culprit_share, wait_s_by_rank, collective_s_by_rank, wait_share}``: ``rank`` is the rank
+        late_at, compared, culprit_share, caused_share, wait_s_by_rank, collective_s_by_rank, wait_share}``: ``rank`` is the rank
         whose late arrivals cost the others the most wait, when that is at least
         ``MIN_CULPRIT_SHARE`` of what all late arrivals cost (None when no step had a late rank:
         a balanced job, or when no rank's share is that large); ``late_steps`` the steps with a late rank, ``late_at`` those where ``rank`` was late
         (index → the others' wait it caused, seconds) and ``compared`` of every compared step; ``culprit_share`` the fraction
-        of those in which ``rank`` was the late one; ``wait_s_by_rank`` rank → its mean wait per
+        of those in which ``rank`` was the late one, ``caused_share`` the fraction of all late
+        arrivals' wait that its late arrivals caused (≥ ``MIN_CULPRIT_SHARE``); ``wait_s_by_rank`` rank → its mean wait per
         step (seconds, over every compared step); ``collective_s_by_rank`` rank → its mean time in
         collectives per step; ``caused_s`` the wait per step the culprit's late arrivals
         cost each other rank, less what the other ranks' late arrivals cost (the median over
@@ -136,6 +137,7 @@ def culprit(waits: dict, step_s: dict, skip: int = SKIP_STEPS, min_steps: int = 
     mean_step = statistics.fmean(step_s[r] for r in others if step_s.get(r)) if any(step_s.get(r) for r in others) else 0.0
     return {"rank": top, "steps": n, "late_steps": late_steps, "late_at": late_at.get(top, {}), "compared": steps,
             "culprit_share": late_count[top] / late_steps if top is not None else None,
+            "caused_share": caused[top] / sum(caused.values()) if top is not None else None,
             "wait_s_by_rank": {str(r): wait_sum[r] / n for r in ranks},
             "collective_s_by_rank": {str(r): sum(waits[r][i] for i in steps) / n for r in ranks},
             "caused_s": net, "wait_share": net / mean_step if mean_step > 0 else 0.0}

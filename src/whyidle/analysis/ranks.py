@@ -150,7 +150,7 @@ def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE, measured
     ``measured``: :func:`whyidle.analysis.collectives.culprit` of the ranks' timed collectives
     (host-synchronous backends, enough steps), which decides when given: its culprit is the
     straggler when the other ranks wait for it at least ``min_share`` of their step and
-    :data:`~whyidle.analysis.collectives.CAUSED_MIN_S`, else there is none. Returns ``{rank, pid, measured: True, culprit_share, late_cause, late_steps, steps,
+    :data:`~whyidle.analysis.collectives.CAUSED_MIN_S`, else there is none. Returns ``{rank, pid, measured: True, culprit_share, caused_share, late_cause, late_steps, steps,
     excess_s, excess_share, wait_s_by_rank}`` (``excess_s``: the wait per step it causes each other
     rank beyond what they cause, seconds, the culprit's ``caused_s``; ``excess_share``: as a
     fraction of their step; ``wait_s_by_rank``: other rank → its mean wait per step).
@@ -179,7 +179,7 @@ def straggler(rows: list[dict], min_share: float = STRAGGLER_MIN_SHARE, measured
             return None
         waits = {k: v for k, v in measured["wait_s_by_rank"].items() if k != str(row["rank"])}
         return {"rank": row["rank"], "pid": row["pid"], "measured": True, "culprit_share": measured["culprit_share"],
-                "late_cause": measured.get("late_cause"),
+                "caused_share": measured.get("caused_share"), "late_cause": measured.get("late_cause"),
                 "late_steps": measured["late_steps"], "steps": measured["steps"],
                 "excess_s": measured["caused_s"], "excess_share": measured["wait_share"],
                 "wait_s_by_rank": waits}

@@ -94,7 +94,7 @@ def imbalance(facts: RunFacts, findings: list[Finding]) -> Finding | None:
                 "balance them per rank, e.g. bucketing by length), its host work (rank-0-only logging or "
                 "evaluation), its device (clocks, placement) or its CPU share.")
     evidence = _round({"straggler_rank": s["rank"], "culprit_rank": s["rank"], "culprit_share": s.get("culprit_share"),
-                       "measured": bool(s.get("measured")), "excess_s": s["excess_s"], "excess_share": s["excess_share"],
+                       "caused_share": s.get("caused_share"), "measured": bool(s.get("measured")), "excess_s": s["excess_s"], "excess_share": s["excess_share"],
                        "own_s": s.get("own_s"), "others_own_s": s.get("others_own_s"), "wait_share": wait_share})
     evidence["step_s_by_rank"] = _round(steps)
     evidence["wait_s_by_rank"] = evidence["wait_s_per_step"] = _round(s["wait_s_by_rank"])

@@ -205,7 +205,7 @@ def imbalance(job: dict, own: list[dict] = ()) -> dict | None:
         est = 1.0 / (1.0 - min(s["excess_share"], 0.95))
         return finding("imbalance", "info" if strong else "warning", "Imbalance: ranks wait for a straggler", summary,
                        {"straggler_rank": s["rank"], "culprit_rank": s["rank"], "culprit_share": s["culprit_share"],
-                        "measured": True, "late_steps": s["late_steps"], "steps": s["steps"],
+                        "caused_share": s.get("caused_share"), "measured": True, "late_steps": s["late_steps"], "steps": s["steps"],
                         "excess_s": s["excess_s"], "excess_share": s["excess_share"], "cause": cause,
                         "wait_s_per_step": waits, "step_s_by_rank": by_rank, "collectives": coll},
                        est, fix, None, [DOCS_DDP], bound=s["excess_share"])
