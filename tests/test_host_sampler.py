@@ -73,7 +73,7 @@ def _sleeping_child(tmp_path):
     """A child that burns a little CPU, reads a file, then sleeps (its counters hold still)."""
     data = tmp_path / "data.bin"
     data.write_bytes(b"x" * 300_000)
-    code = (f"import time\nt=time.time()\nwhile time.time()-t<0.2: pass\nopen({str(data)!r},'rb').read()\n"
+    code = (f"import time\nwhile time.process_time()<0.2: pass\nopen({str(data)!r},'rb').read()\n"
             "print('ready', flush=True)\ntime.sleep(30)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "ready"

@@ -6,8 +6,11 @@ import json
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from whyidle.record.reader import RunData, RunDirError, load_run, read_jsonl
+from whyidle.record.steptable import StepTable, expand_lite
 from whyidle.record.writer import MAX_BUFFERED_RECORDS, JsonlWriter, write_json_atomic
 
 META = {"format": "whyidle.run/1", "tool_version": "0.1.0", "name": "t", "command": ["python", "train.py"]}
@@ -45,9 +48,9 @@ def test_writer_round_trip_keeps_order_and_values(tmp_path):
 
 def test_writer_appends_to_existing_file(tmp_path):
     path = str(tmp_path / "host.jsonl")
-    write_lines(path, ['{"k":"host","t":1}'])
+    write_lines(path, ['{"k":"host","t":1,"cpu":{},"procs":[]}'])
     w = JsonlWriter(path)
-    w.add({"k": "host", "t": 2})
+    w.add({"k": "host", "t": 2, "cpu": {}, "procs": []})
     w.close()
     got, _ = read_jsonl(path)
     assert [r["t"] for r in got] == [1, 2]
@@ -187,16 +190,42 @@ def test_truncated_multibyte_utf8_last_line_is_skipped(tmp_path):
     assert len(problems) == 1
 
 
-@pytest.mark.parametrize("bad", ['{"k":"b"', "garbage", "[1, 2]", '"a string"'])
-def test_corrupt_middle_line_raises_naming_file_and_line(tmp_path, bad):
+@pytest.mark.parametrize("bad", ['{"k":"b"', "garbage", "[1, 2]", '"a string"', "[" * 100_000])
+def test_damaged_middle_line_is_skipped_with_a_note_naming_file_and_line(tmp_path, bad):
     path = tmp_path / "host.jsonl"
     write_lines(path, ['{"k":"a","t":1}', "", bad, '{"k":"c","t":3}'])
+    records, problems = read_jsonl(str(path))
+    assert records == [{"k": "a", "t": 1}, {"k": "c", "t": 3}]
+    assert problems == ["host.jsonl: skipped 1 damaged line (line 3: not a JSON record)"]  # 1-based, blanks counted
+
+
+def test_a_file_of_mostly_damaged_lines_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "proc-1.jsonl"
+    write_lines(path, ['{"k":"a","t":1}', "garbage", "\x00\x01", "more garbage"])
     with pytest.raises(RunDirError) as err:
         read_jsonl(str(path))
     msg = str(err.value)
-    assert str(path) in msg
-    assert "line 3" in msg  # 1-based, blank lines counted
-    assert "\n" not in msg  # one line
+    assert str(path) in msg and "line 2" in msg and "\n" not in msg
+
+
+def test_records_with_unusable_values_are_left_out_and_counted(tmp_path):
+    path = tmp_path / "proc-1.jsonl"
+    good = {"k": "region", "t": 5, "kind": "checkpoint", "t0": 1, "t1": 4}
+    write_lines(path, [json.dumps(r) for r in (
+        good,
+        {**good, "t0": "1"},  # text for a number
+        {**good, "t1": 0},  # ends before it starts
+        {**good, "t0": float("nan")},  # written by Python's json: NaN
+        {"k": 7, "t": 1},  # no kind
+        {"k": "stacks", "t": 2, "sites": [["data", {"a": 1}, None, 3, 1.0]]},  # an object for a site
+        {"k": "step", "t": 9, "i": 0, "t0": 1, "t1": "x"},
+    )])
+    table = StepTable()
+    records, problems = read_jsonl(str(path), steps=table)
+    assert records == [good] and len(table) == 0
+    assert "left out 3 'region' records with unusable values (t0: text, expected a number)" in problems[0]
+    assert any("'stacks' record with unusable values (sites[0][1]: an object, expected text)" in p for p in problems)
+    assert any("1 'step' record" in p for p in problems) and any("(no record kind (k))" in p for p in problems)
 
 
 # -- load_run ------------------------------------------------------------------------------------
@@ -211,9 +240,9 @@ def make_run_dir(tmp_path, meta=META):
 
 def test_load_run_reads_every_file(tmp_path):
     d = make_run_dir(tmp_path)
-    write_lines(d / "host.jsonl", ['{"k":"host_static","t":0,"cpu_count":4}', '{"k":"host","t":1,"procs":[]}'])
+    write_lines(d / "host.jsonl", ['{"k":"host_static","t":0,"cpu_count":4}', '{"k":"host","t":1,"cpu":{},"procs":[]}'])
     write_lines(d / "gpu.jsonl", ['{"k":"gpu_notice","t":0,"msg":"no NVML"}'])
-    write_lines(d / "proc-123.jsonl", ['{"k":"proc","t":1,"pid":123}', '{"k":"step","t":2,"i":0}'])
+    write_lines(d / "proc-123.jsonl", ['{"k":"proc","t":1,"pid":123}', '{"k":"step","t":2,"i":0,"t0":1,"t1":2}'])
     write_lines(d / "proc-45.jsonl", ['{"k":"proc","t":1,"pid":45}'])
     write_lines(d / "proc-abc.jsonl", ['{"k":"proc","t":1}'])  # not a pid: ignored
     (d / "report.json").write_text("{}")
@@ -256,7 +285,7 @@ def test_load_run_step_table_reads_like_records(tmp_path):
 
 def test_load_run_collects_truncation_problems_from_all_files(tmp_path):
     d = make_run_dir(tmp_path)
-    (d / "host.jsonl").write_text('{"k":"host","t":1,"procs":[]}\n{"k":"ho')
+    (d / "host.jsonl").write_text('{"k":"host","t":1,"cpu":{},"procs":[]}\n{"k":"ho')
     (d / "proc-9.jsonl").write_text('{"k":"proc","t":1}\n{"k":"st')
     run = load_run(str(d))
     assert len(run.host) == 1 and [r["k"] for r in run.procs[9]] == ["proc"]
@@ -326,9 +355,43 @@ def test_load_run_wrong_format(tmp_path, fmt):
         load_run(str(d))
 
 
-def test_load_run_corrupt_proc_file_names_it(tmp_path):
+def test_load_run_damaged_proc_line_is_named_in_problems(tmp_path):
     d = make_run_dir(tmp_path)
     write_lines(d / "proc-77.jsonl", ['{"k":"proc","t":1}', "{broken", '{"k":"exit","t":3}'])
-    with pytest.raises(RunDirError) as err:
-        load_run(str(d))
-    assert "proc-77.jsonl" in str(err.value) and "line 2" in str(err.value)
+    run = load_run(str(d))
+    assert [r["k"] for r in run.procs[77]] == ["proc", "exit"]
+    assert run.problems == ["proc-77.jsonl: skipped 1 damaged line (line 2: not a JSON record)"]
+
+
+def test_unparsable_meta_beside_records_is_ignored_with_a_note(tmp_path):
+    d = make_run_dir(tmp_path, meta=None)
+    (d / "meta.json").write_text('{"format": "whyidle.run/1", ')
+    write_lines(d / "proc-77.jsonl", ['{"k":"proc","t":1}'])
+    run = load_run(str(d))
+    assert run.meta == {} and run.procs[77]
+    assert run.problems == ["meta.json: not valid JSON: ignored (the command, its exit code and the run's start and "
+                            "end are unknown)"]
+
+
+def test_meta_field_with_an_unusable_value_is_dropped_with_a_note(tmp_path):
+    d = make_run_dir(tmp_path, meta={**META, "cwd": 1, "command": ["python", None]})
+    run = load_run(str(d))
+    assert "cwd" not in run.meta and "command" not in run.meta
+    assert sorted(run.problems) == ["meta.json: ignored command[1]: null, expected text",
+                                    "meta.json: ignored cwd: a number, expected text"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.one_of(
+    st.lists(st.one_of(st.none(), st.integers(-5, 2 ** 64), st.booleans(), st.floats(), st.text(max_size=2)),
+             min_size=13, max_size=13),
+    st.lists(st.integers(0, 100), min_size=13, max_size=13).map(lambda r: [r[0], r[1], r[1] + r[2], *r[3:]]),
+    st.integers()), max_size=12))
+def test_steps_rows_are_read_as_their_step_records_would_be(rows):
+    """``add_lite`` (no dict per row) keeps and leaves out the same rows, with the same values,
+    as adding each row's ``step`` record (:func:`expand_lite`) one by one."""
+    fast, slow = StepTable(), StepTable()
+    bad = fast.add_lite({"k": "steps", "rows": rows})
+    steps = expand_lite({"k": "steps", "rows": rows})
+    assert bad == len(rows) - len(steps) + sum(not slow.add(s) for s in steps)
+    assert [dict(r) for r in fast.rows()] == [dict(r) for r in slow.rows()]

@@ -138,7 +138,8 @@ def test_kill_9_of_whyidle_leaves_readable_run(tmp_path):
     child = _wait_for_steps(run_dir, 10)
     proc.kill()
     proc.communicate(timeout=30)
-    # The trainer keeps going and keeps recording on its own.
+    # The trainer keeps going; its agent records on until it notices whyidle is gone (within
+    # agent.READER_CHECK_S, tests/test_faults.py), so the steps after the kill may or may not be there.
     deadline = time.time() + 60
     while time.time() < deadline:  # ended: gone, or a zombie nobody reaps (a container without an init)
         try:
@@ -151,7 +152,7 @@ def test_kill_9_of_whyidle_leaves_readable_run(tmp_path):
     assert rep.returncode == 0, rep.stderr
     with open(tmp_path / "after.json") as f:
         report = json.load(f)
-    assert _steps(report) >= 140
+    assert _steps(report) >= 10
     assert any("did not finish cleanly" in n for n in report["notes"])
 
 
@@ -257,7 +258,7 @@ def test_run_dir_that_is_a_file_fails_cleanly(tmp_path):
     (lambda p: p.mkdir(), "not a whyidle run directory"),
     (lambda p: (p.mkdir(), (p / "meta.json").write_text("{not json")), "meta.json: not valid JSON"),
     (lambda p: (p.mkdir(), (p / "meta.json").write_text('{"format": "whyidle.run/1"}'),
-                (p / "host.jsonl").write_text('{"k":"host"}\ngarbage\n{"k":"host"}\n')), "line 2 is not a JSON record"),
+                (p / "host.jsonl").write_text('{"k":"host"}\ngarbage\n\x00\x00\n')), "host.jsonl: line 2 and 1 more of 3 lines"),
 ])
 def test_report_bad_input(tmp_path, setup, text):
     target = tmp_path / "run"

@@ -115,15 +115,11 @@ def test_a_folder_written_by_two_runs_is_not_two_ranks(tmp_path):
     assert not any("ranks; the metrics are" in n for n in rep["notes"])
 
 
-@pytest.mark.parametrize("kind", ["truncated_gzip", "invalid_json", "not_a_trace", "empty_folder", "missing",
-                                  "truncated_json", "empty_file"])
+@pytest.mark.parametrize("kind", ["invalid_json", "not_a_trace", "empty_folder", "missing", "cut_in_the_head",
+                                  "empty_file", "deep_nesting", "gzip_of_nothing"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):
     path = tmp_path / "bad.json"
-    if kind == "truncated_gzip":
-        path = tmp_path / "bad.json.gz"
-        full = gzip.compress(json.dumps(synthetic_trace(steps=50)).encode())
-        path.write_bytes(full[: len(full) // 2])
-    elif kind == "invalid_json":
+    if kind == "invalid_json":
         path.write_text('{"traceEvents": [ {"ph": "X", "ts": 1,, } ]}')
     elif kind == "not_a_trace":
         path.write_text('{"hello": "world", "values": [1, 2, 3]}')
@@ -132,16 +128,62 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, kind):
         path.mkdir()
     elif kind == "missing":
         path = tmp_path / "nope.json"
-    elif kind == "truncated_json":
+    elif kind == "cut_in_the_head":  # not one event before the cut
         text = json.dumps(synthetic_trace(steps=20))
-        path.write_text(text[: len(text) // 2])
+        path.write_text(text[: text.index('"traceEvents"') + 40])
     elif kind == "empty_file":
         path.write_text("")
+    elif kind == "deep_nesting":
+        path.write_text("[" * 100_000)
+    elif kind == "gzip_of_nothing":
+        path = tmp_path / "bad.json.gz"
+        path.write_bytes(gzip.compress(b"")[:10])
     proc = (run_whyidle if kind == "invalid_json" else invoke)(["trace", str(path)])  # one as a real process
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("whyidle: "), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_trace_cut_short_is_reported_up_to_the_cut_with_a_note(tmp_path, gz):
+    """A trace written by a job killed mid-write (or a download cut short) keeps the events
+    before the cut: the report covers them and says where the events end."""
+    full = json.dumps(synthetic_trace(steps=40)).encode()
+    data = gzip.compress(full)[: len(gzip.compress(full)) * 2 // 3] if gz else full[: len(full) // 2]
+    path = tmp_path / ("cut.json.gz" if gz else "cut.json")
+    path.write_bytes(data)
+    proc, rep = trace_json(path)
+    assert proc.returncode == 0, proc.stderr
+    assert any("the events end early" in n and ("gzip" in n) == gz for n in rep["notes"]), rep["notes"]
+    assert 5 <= rep["metrics"]["steps"] < 40 and rep["verdict"] == "input_bound"
+
+
+def test_damaged_events_are_left_out_and_the_rest_is_reported(tmp_path):
+    """Events with a string ts, a negative or NaN duration, a list for a category, junk bytes and
+    invalid UTF-8 in the middle of the array: left out and counted, the other steps reported."""
+    doc = synthetic_trace(steps=30)
+    ev = doc["traceEvents"]
+    ev[5]["ts"] = "abc"
+    ev[9]["dur"] = -5
+    ev[13]["cat"] = ["kernel"]
+    ev[17]["tid"] = {"a": 1}
+    ev[21]["args"] = [1, 2]
+    ev.insert(30, 42)
+    text = json.dumps(doc).replace('"ts": ' + str(ev[40]["ts"]), '"ts": NaN', 1).encode()
+    cut = text.index(b'{"ph"', len(text) // 2)
+    text = text[:cut] + b'{"ph": "X", "name": "\xff\xfe junk' + b"\x00\x17}}}, " + text[cut:]
+    proc, rep = trace_json(write_bytes(tmp_path / "damaged.json", text))
+    assert proc.returncode == 0, proc.stderr
+    note = next(n for n in rep["notes"] if "left out" in n)
+    assert "left out 6 events or damaged pieces" in note, note
+    assert not any("end early" in n for n in rep["notes"])  # damaged, not cut short
+    assert rep["metrics"]["steps"] >= 25 and rep["verdict"] == "input_bound"
+
+
+def write_bytes(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
 
 
 def test_empty_trace_events_and_cpu_only_give_a_report(tmp_path):

@@ -24,9 +24,9 @@ def _fail(message: str, code: int) -> None:
 def _show(rep: dict, json_path: str | None) -> None:
     """Prints the report: as JSON on stdout for ``--json -``, else for a human."""
     if json_path == "-":
-        import json
+        from whyidle.jsonsafe import json_text
 
-        click.echo(json.dumps(rep, indent=1))
+        click.echo(json_text(rep))
     else:
         from whyidle.report import terminal
 
@@ -98,6 +98,9 @@ def report(run_dir, json_path, html_path) -> None:
     except OSError as exc:
         where = re.sub(r"\.tmp\d+$", "", str(exc.filename or json_path or html_path))  # not the temporary file
         _fail(f"cannot write {where}: {exc.strerror or exc}", 2)
+    except Exception as exc:  # noqa: BLE001 - the last resort: a record the readers let through
+        _fail(f"{', '.join(run_dir)}: cannot analyze ({type(exc).__name__}: {str(exc)[:200]}); the run directory "
+              "is left as it was", 2)
     _show(rep, json_path)
     if html_path and json_path != "-":
         click.echo(f"HTML report (--html): {html_path}")
@@ -204,9 +207,9 @@ def compare(run_dirs, json_path) -> None:
     except CompareError as exc:
         _fail(str(exc), 2)
     if json_path == "-":
-        import json
+        from whyidle.jsonsafe import json_text
 
-        click.echo(json.dumps(result, indent=1))
+        click.echo(json_text(result))
     else:
         if json_path:
             try:

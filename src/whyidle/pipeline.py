@@ -32,10 +32,14 @@ class Analyzed:
     findings: list[dict]
 
 
-def analyze_run(run_dir: str | list[str]) -> Analyzed:
+def analyze_run(run_dir: str | list[str], meta: dict | None = None) -> Analyzed:
     """Loads, analyzes and diagnoses one saved run directory, or the node runs of one
     multi-node job as one job (a list of several: :mod:`whyidle.record.merge`; the machine
     samples and ``meta`` are those of the node whose rank the report describes).
+
+    ``meta``: one directory's final ``meta.json`` content as ``whyidle run`` holds it, used instead
+    of the file when the file could not be rewritten at the end (a full or read-only run directory;
+    the notes say so).
 
     Errors: :class:`whyidle.record.reader.RunDirError` for a missing, older-format or corrupt
     directory, or directories that are not one job's nodes.
@@ -48,6 +52,10 @@ def analyze_run(run_dir: str | list[str]) -> Analyzed:
     dirs = [run_dir] if isinstance(run_dir, str) else list(run_dir)
     if len(dirs) == 1:
         run = load_run(dirs[0])
+        if meta is not None:
+            run.meta = dict(meta)
+            run.problems.append("meta.json could not be rewritten at the end of the run (it lacks the exit "
+                                "status); this report used whyidle's own copy.")
     else:
         runs = [load_run(d) for d in dirs]
         merged, owner = merge.merge_runs(runs)
@@ -57,15 +65,17 @@ def analyze_run(run_dir: str | list[str]) -> Analyzed:
     return Analyzed(run, facts, verdict, findings)
 
 
-def report_run(run_dir: str | list[str], json_path: str | None = None, html_path: str | None = None) -> dict:
+def report_run(run_dir: str | list[str], json_path: str | None = None, html_path: str | None = None,
+               meta: dict | None = None) -> dict:
     """The ``whyidle.report/1`` dict of a run directory; writes ``report.json``, ``report.html``
     (unless the run was made with ``--no-html``) and ``timeline.json`` into it, and the report to
     ``json_path`` / ``html_path`` when given. The page is rendered once for both HTML paths.
     Several directories (one multi-node job's node runs, :func:`analyze_run`) give the job's
     report, written only to ``json_path`` / ``html_path``: each node's directory keeps its own.
 
-    A view of the run directory that cannot be written (read-only directory, a rendering error) is
-    named in the report's ``notes``; the report never depends on it.
+    A view of the run directory that cannot be written (read-only or full directory, a rendering
+    error), ``report.json`` included, is named in the report's ``notes``; the report never depends
+    on it. ``meta``: see :func:`analyze_run`.
     Errors: :class:`whyidle.record.reader.RunDirError` for a missing or corrupt directory;
     ``OSError`` when ``json_path`` or ``html_path`` cannot be written.
     """
@@ -73,7 +83,7 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
     from whyidle.report.build import build_report
 
     dirs = [run_dir] if isinstance(run_dir, str) else list(run_dir)
-    a = analyze_run(dirs)
+    a = analyze_run(dirs, meta)
     report = build_report(a.facts, a.verdict, a.findings, a.run.problems)
     report["run"]["run_dir"] = a.run.path
     own = dirs[0] if len(dirs) == 1 else None
@@ -101,8 +111,8 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
             report["run"]["timeline"] = timeline
         try:
             write_json_atomic(os.path.join(own, "report.json"), report)
-        except OSError:
-            pass  # a read-only saved run can still be rendered
+        except OSError as exc:  # a read-only saved run can still be rendered; --json, stdout still get it
+            _note(report, "report.json", exc)
     if json_path:
         write_json_atomic(json_path, report)
     return report
@@ -175,6 +185,11 @@ def trace_report(path: str, rank: int | None = None, workers: int | None = None)
     if failed:
         notes.append(f"{len(failed)} of {len(failed) + len(summaries)} trace files could not be read: the job is "
                      "judged on the others, and a skipped rank may be the one they wait for.")
+    notes += [f"{s.path}: left out {s.skipped} event{'s' if s.skipped > 1 else ''} or damaged piece"
+              f"{'s' if s.skipped > 1 else ''} of text (not an event object, or a ts, dur or cat that is not a number "
+              "in range or text)" for s in summaries if s.skipped]
+    notes += [f"{s.path}: the events end early, at {s.cut}: the report covers the events before it"
+              for s in summaries if s.cut]
     if separate_runs(summaries):  # not one job's ranks: the newest run's ranks, else its newest trace
         last = newest_run(summaries)
         if last:
@@ -245,6 +260,8 @@ def compare(args: list[str]) -> dict:
                 runs.append(summarize_run(path))
             except (RunDirError, ValueError) as exc:
                 problems.append(f"{exc}; left out")
+            except Exception as exc:  # noqa: BLE001 - one odd run must not cost the comparison
+                problems.append(f"{path}: cannot analyze ({type(exc).__name__}: {str(exc)[:200]}); left out")
         if runs:
             groups.append(runs)
     return compare_variants(groups, problems)

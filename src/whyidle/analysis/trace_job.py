@@ -43,7 +43,9 @@ class RankSummary:
     :func:`whyidle.analysis.trace.rank_metrics`; ``collectives``:
     :func:`whyidle.analysis.trace_collectives.collective_table`; ``loader``: the DataLoader
     iterator its strings name, :func:`whyidle.record.kineto.loader_kind`; ``start_s``: wall-clock
-    seconds at which its first ``ProfilerStep`` began, None without steps). ``error``: why the
+    seconds at which its first ``ProfilerStep`` began, None without steps; ``skipped``: events
+    left out for unusable fields or damage, :attr:`TraceData.skipped`; ``cut``: where the events
+    ended early, :attr:`TraceData.cut`). ``error``: why the
     file could not be read (one line); then the other fields are empty."""
 
     path: str
@@ -57,6 +59,8 @@ class RankSummary:
     step_numbers: tuple = ()
     start_s: float | None = None
     error: str | None = None
+    skipped: int = 0
+    cut: str | None = None
 
 
 def summarize(t: TraceData) -> RankSummary:
@@ -67,7 +71,7 @@ def summarize(t: TraceData) -> RankSummary:
     return RankSummary(path=t.path, rank=t.rank, world_size=t.world_size, backend=t.backend,
                        device_properties=t.device_properties, metrics=m,
                        collectives=tc.collective_table(t, m["device"]), loader=loader_kind([t]),
-                       step_numbers=tuple(s[0] for s in t.steps),
+                       step_numbers=tuple(s[0] for s in t.steps), skipped=t.skipped, cut=t.cut,
                        start_s=(t.base_ns or 0) / 1e9 + min(s[1] for s in t.steps) / 1e6 if t.steps else None)
 
 

@@ -258,7 +258,8 @@ def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict
     except for causes another rank has as well (a warning there too: fixing it speeds them all;
     nor do those name why the straggler is late). Verdict as for live runs
     (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured ``bound``), else
-    ``device_bound``. Without GPU activity on any rank only ``input_bound`` and ``imbalance`` are
+    ``device_bound`` (``unknown`` when the device's activity spans no measurable time, e.g. one
+    instant). Without GPU activity on any rank only ``input_bound`` and ``imbalance`` are
     judged (verdict ``unknown`` when neither qualifies), with a ``no_steps`` note."""
     from whyidle.diagnose import _cap_at_the_others_pace
 
@@ -278,6 +279,8 @@ def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict
     if not gpu:
         verdict = verdict or "unknown"
         return verdict, order(findings, verdict) + [no_gpu_activity(ranks)]
+    if verdict is None and m.get("busy_share") is None:  # device activity without a span to measure
+        return "unknown", order(findings, "unknown")
     if verdict is None:
         verdict = "device_bound"
         findings.insert(0, device_bound(m))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Iterator
 
 import msgspec
@@ -86,6 +87,16 @@ CPU_ROLES = (("trainer", "trainer"), ("workers", "workers"), ("tree_other", "res
 #: k-th step only (``phase_stride``), so a million-step run stays near the size of a 100,000-step
 #: one (~100 bytes per phase slice, 6–9 slices per step).
 MAX_PHASE_STEPS = 100_000
+
+#: Step slices of one trainer at most (about): a longer run gets one slice per group of g
+#: consecutive steps, g = ⌈steps ÷ this⌉ (``step_group``; ``steps <first>–<last>``, args the
+#: group's mean times), except groups holding a step worth seeing alone (warm-up, epoch boundary,
+#: profiled, not analyzed, or slower than :data:`SLOW_STEP_FACTOR` × the median step), whose steps
+#: keep their own slices. ~250 bytes per step slice: a million 1 ms steps wrote 250 MB in a quarter
+#: of the end-of-run time before this cap (44 MB after it, benchmarks/load.py).
+MAX_STEP_SLICES = 200_000
+#: A step slower than this many times the trainer's median step keeps its own slice (see above).
+SLOW_STEP_FACTOR = 2.0
 
 #: Steps converted from numpy columns to Python values at a time, and events encoded per write.
 STEP_CHUNK = 4096
@@ -229,7 +240,7 @@ class _Timeline:
                 analyzed, info = step_analysis.select_steps(steps)
                 warmup = info.get("warmup", 0)
             c = yield from self._steps(pid, steps, analyzed, warmup)
-            c["starved_slices"] = yield from self._starved(pid, recs)
+            c["starved_slices"] = yield from self._starved(pid, recs, c.pop("_bounds"))
             self._host_regions(pid, recs)
             if pid == self.primary:
                 self._startup(pid, recs, steps)
@@ -258,11 +269,13 @@ class _Timeline:
         is_analyzed = np.isin(cols["i"], series.step_ids(analyzed))
         has = cols["has"]
         stride = -(-n_steps // MAX_PHASE_STEPS) if n_steps > MAX_PHASE_STEPS else 1
+        group = -(-n_steps // MAX_STEP_SLICES) if n_steps > MAX_STEP_SLICES else 1
         tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
         step_track, phase_track = self.track(pid, tid_s), self.track(pid, tid_p)
         stream = _sequential(cols["t0"], cols["t1"])
         phase_names = [(name + "_ms", name) for name in has]
-        n_phase = with_ph = 0
+        grouped = self._group_slices(pid, tid_s, cols, is_analyzed, warmup, group, phase_names) if group > 1 else None
+        n_phase = with_ph = n_step_slices = 0
         for a in range(0, n_steps, STEP_CHUNK):
             b = min(n_steps, a + STEP_CHUNK)
             ch = {k: cols[k][a:b].tolist() for k in ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms",
@@ -271,31 +284,44 @@ class _Timeline:
             ch_analyzed = is_analyzed[a:b].tolist()
             for m in range(b - a):
                 n = a + m
+                args = None
+                if grouped is not None and grouped[n // group] is not None:  # a step of a group slice
+                    if n % group == 0:
+                        ev = grouped[n // group](n // group)
+                        n_step_slices += 1
+                        if stream:
+                            yield step_track.put(ev)
+                        else:
+                            step_track.add(ev)
+                    if n % stride:
+                        continue
+                else:
+                    args = {"step_ms": round(ch["step_s"][m] * 1e3, 3)}
+                    if ch["samples"][m] >= 0:
+                        args["samples"] = ch["samples"][m]
+                    for key, values in ch_phases:
+                        v = values[m]
+                        if v and not math.isnan(v):  # measured (NaN: a lite step's phases were not tracked)
+                            args[key] = round(v * 1e3, 3)
+                    v = ch["other_host"][m]
+                    if v and not math.isnan(v):
+                        args["other_host_ms"] = round(v * 1e3, 3)
+                    if ch["gpu_ms"][m] == ch["gpu_ms"][m]:  # not NaN
+                        args["gpu_ms"] = round(ch["gpu_ms"][m], 3)
+                    args["analyzed"] = ch_analyzed[m]
+                    if n < warmup:
+                        args["warmup"] = True
+                    if ch["boundary"][m]:
+                        args["boundary"] = True
+                    if ch["profiled"][m]:
+                        args["profiled"] = True
                 t0, t1 = clock.us(ch["t0"][m]), clock.us(ch["t1"][m])
-                args = {"step_ms": round(ch["step_s"][m] * 1e3, 3)}
-                if ch["samples"][m] >= 0:
-                    args["samples"] = ch["samples"][m]
-                for key, values in ch_phases:
-                    v = values[m]
-                    if v:
-                        args[key] = round(v * 1e3, 3)
-                if ch["other_host"][m]:
-                    args["other_host_ms"] = round(ch["other_host"][m] * 1e3, 3)
-                if ch["gpu_ms"][m] == ch["gpu_ms"][m]:  # not NaN
-                    args["gpu_ms"] = round(ch["gpu_ms"][m], 3)
-                args["analyzed"] = ch_analyzed[m]
-                if n < warmup:
-                    args["warmup"] = True
-                if ch["boundary"][m]:
-                    args["boundary"] = True
-                if ch["profiled"][m]:
-                    args["profiled"] = True
                 ph = steps[n].get("ph")
                 if ph and n % stride:
                     args["phases"] = False  # left out to keep the file small (``phase_stride``)
                 elif ph:
                     with_ph += 1
-                    if len(ph) >= MAX_PH_VALUES:
+                    if len(ph) >= MAX_PH_VALUES and args is not None:
                         args["phases_cut"] = True  # later phase changes of this step were not recorded
                     for ts, end, phase in phase_spans(t0, t1, ph, 1):
                         ev = {"name": PHASE_NAMES[phase], "ph": "X", "ts": ts, "dur": end - ts, "pid": pid,
@@ -305,23 +331,84 @@ class _Timeline:
                             yield phase_track.put(ev)
                         else:
                             phase_track.add(ev)
+                if args is None:
+                    continue
                 ev = _slice(pid, tid_s, t0, t1, f"step {ch['i'][m]}", "step", args)
+                n_step_slices += 1
                 if stream:
                     yield step_track.put(ev)
                 else:
                     step_track.add(ev)
-        return {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": stride}
+        return {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": stride,
+                "step_slices": n_step_slices, "step_group": group,
+                "_bounds": (cols["t0"], cols["t1"], stride) if stride > 1 and stream else None}
 
-    def _starved(self, pid: int, records: list):
+    def _group_slices(self, pid: int, tid: int, cols: dict, is_analyzed, warmup: int, group: int,
+                      phase_names: list) -> list:
+        """Per group of ``group`` consecutive steps (``MAX_STEP_SLICES``): a callable making its
+        slice, or None when its steps keep their own (one of them is warm-up, an epoch boundary,
+        profiled, not analyzed or slower than ``SLOW_STEP_FACTOR`` × the median step). A group slice
+        is ``steps <first>–<last>`` with args ``steps`` (how many), ``step_ms`` (their mean),
+        ``step_ms_max``, the mean of each phase (ms) and of ``gpu_ms`` over the steps that measured
+        it, and ``analyzed``. The groups' values stay in numpy arrays (a few MB) until a slice is made."""
+        n = len(cols["i"])
+        starts = np.arange(0, n, group)
+        lasts = np.minimum(starts + group, n) - 1
+        step_s = cols["step_s"]
+        special = (~is_analyzed | cols["boundary"] | cols["profiled"]
+                   | (step_s > SLOW_STEP_FACTOR * float(np.median(step_s))))
+        special[:warmup] = True
+        alone = np.logical_or.reduceat(special, starts).tolist()
+        del special
+        count = lasts - starts + 1
+
+        def mean(x: np.ndarray) -> np.ndarray:  # per group, over the steps that measured it (not NaN); NaN if none
+            measured = ~np.isnan(x)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.add.reduceat(np.where(measured, x, 0.0), starts) / np.add.reduceat(measured, starts)
+
+        means = [(key, mean(cols[name])) for key, name in phase_names] + [("other_host_ms", mean(cols["other_host"]))]
+        columns = [count, np.add.reduceat(step_s, starts) / count, np.maximum.reduceat(step_s, starts),
+                   mean(cols["gpu_ms"]), cols["i"][starts], cols["i"][lasts], cols["t0"][starts], cols["t1"][lasts]]
+        columns += [values for _, values in means]
+        us = self.clock.us
+        block: list = [-1, []]  # the groups' values as Python lists, STEP_CHUNK groups at a time
+
+        def make(g: int) -> dict:
+            b, r = divmod(g, STEP_CHUNK)
+            if b != block[0]:
+                block[:] = [b, [c[b * STEP_CHUNK:(b + 1) * STEP_CHUNK].tolist() for c in columns]]
+            k, step_mean, step_max, gpu, first, last, t0, t1, *phase_means = (c[r] for c in block[1])
+            args = {"steps": k, "step_ms": round(step_mean * 1e3, 3), "step_ms_max": round(step_max * 1e3, 3)}
+            for (key, _), v in zip(means, phase_means):
+                if v and not math.isnan(v):
+                    args[key] = round(v * 1e3, 3)
+            if not math.isnan(gpu):
+                args["gpu_ms"] = round(gpu, 3)
+            args["analyzed"] = True
+            return _slice(pid, tid, us(t0), us(t1), f"steps {first}–{last}", "step", args)
+
+        return [None if a else make for a in alone]
+
+    def _starved(self, pid: int, records: list, bounds: tuple | None = None):
         """GPU-starved slices from the CUDA timeline (adjacent ranges of one cause merged); returns
-        their number."""
+        their number. ``bounds``: ``(t0, t1, k)`` of the trainer's steps (sequential) when its phase
+        slices are on every k-th step only (``MAX_PHASE_STEPS``): then so are these (the ranges
+        ending inside the other steps are left out; those outside any step are kept)."""
         ranges = gpu_idle_analysis.starved_ranges(records)
         if ranges is None:
             return 0
         tid = _vtid(pid, STARVED)
         track = self.track(pid, tid)
-        stream = _sequential(ranges["t0"], ranges["t1"])
         t0s, t1s, causes = ranges["t0"], ranges["t1"], ranges["cause"]
+        if bounds is not None and len(bounds[0]):
+            step_t0, step_t1, stride = bounds
+            step = np.searchsorted(step_t0, t1s, side="left") - 1  # the step a range ends in, if any
+            inside = (step >= 0) & (t1s <= step_t1[np.maximum(step, 0)])
+            keep = ~inside | (step % stride == 0)
+            t0s, t1s = t0s[keep], t1s[keep]
+            causes = [c for c, k in zip(causes, keep.tolist()) if k]
+        stream = _sequential(t0s, t1s)
         n = 0
         for a, b, cause in self._merged_ranges(t0s, t1s, causes):
             ev = _slice(pid, tid, a, b, STARVED_NAMES.get(cause, "GPU starved"), "gpu_starved", {"cause": cause})

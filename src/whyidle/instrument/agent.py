@@ -15,6 +15,7 @@ failed and says so once (a ``notice`` record and one line on stderr).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.abc
 import importlib.util
 import os
@@ -29,6 +30,16 @@ from whyidle.record.writer import JsonlWriter
 #: (docs/run-format.md promises "at most the last second").
 FLUSH_PERIOD_S = 0.5
 
+#: Environment variable naming the process that reads the run (the ``whyidle run`` process), set by
+#: :func:`whyidle.run.launcher.child_env`: ``"<pid>:<start>"``, its pid and its start time in clock
+#: ticks since boot (``/proc/<pid>/stat`` field 22), so a recycled pid is not taken for it.
+READER_ENV = "WHYIDLE_READER"
+
+#: Seconds between two looks, from the flusher thread, at the reader (one read of
+#: ``/proc/<pid>/stat``) and at ``proc-<pid>.jsonl`` (one ``stat``): once the reader is gone, or the
+#: file was removed, recording stops instead of filling the disk for the rest of a long job.
+READER_CHECK_S = 2.0
+
 #: Default stack-sampling rate of the training thread, Hz. The issue caps it at "a few hundred";
 #: 100 Hz keeps the GIL hand-offs it forces to well under 1 % of a 10 ms step (benchmarks/overhead.py).
 DEFAULT_STACK_HZ = 100.0
@@ -42,9 +53,11 @@ class Agent:
     Args:
         run_dir: the run directory (``WHYIDLE_RUN_DIR``).
         stack_hz: stack-sampling rate of the training thread in Hz; 0 disables sampling.
+        reader: the :data:`READER_ENV` token of the process reading the run; recording stops once
+            it is gone (:meth:`halt`). None: recording goes on until exit.
     """
 
-    def __init__(self, run_dir: str, stack_hz: float = DEFAULT_STACK_HZ) -> None:
+    def __init__(self, run_dir: str, stack_hz: float = DEFAULT_STACK_HZ, reader: str | None = None) -> None:
         self.run_dir = run_dir
         self.t_start = time.monotonic_ns()  # interpreter start-up (the bootstrap runs first)
         self.stack_hz = stack_hz
@@ -59,6 +72,8 @@ class Agent:
         self._threads: ThreadCPU | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.reader = reader  # the reader's READER_ENV token, or None: nothing to watch
+        self._written = False  # proc-<pid>.jsonl exists (a flush wrote to it)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
         atexit.register(self.at_exit)
@@ -75,10 +90,7 @@ class Agent:
         self._notices.add(msg)
         self.record({"k": "notice", "t": time.monotonic_ns(), "msg": msg})
         self.start_background()  # a notice is kept even when nothing else gets instrumented
-        try:
-            sys.stderr.write(f"[whyidle] {msg}\n")
-        except Exception:
-            pass
+        _say(msg)
 
     def start_background(self) -> None:
         """Starts the flusher thread (idempotent)."""
@@ -91,24 +103,61 @@ class Agent:
             self._flusher.start()
 
     def _flush_loop(self) -> None:
+        check = time.monotonic() + READER_CHECK_S
         while not self.disabled and not self._stop.wait(FLUSH_PERIOD_S):
+            if time.monotonic() >= check:
+                check = time.monotonic() + READER_CHECK_S
+                why = self._orphaned()
+                if why:
+                    self.halt(why)
+                    return
             self.flush()
 
+    def _orphaned(self) -> str | None:
+        """Why recording must stop (the reader is gone, or ``proc-<pid>.jsonl`` was removed), else None."""
+        if self.reader and not reader_alive(self.reader):
+            return (f"whyidle (pid {self.reader.split(':', 1)[0]}) is gone: recording stopped, "
+                    "the program goes on")
+        if self._written and not os.path.exists(self.writer.path):
+            return f"{self.writer.path} was removed: recording stopped, the program goes on"
+        return None
+
+    def halt(self, msg: str) -> None:
+        """Stops recording for good: writes the queued records and a last ``notice`` saying ``msg``,
+        closes ``proc-<pid>.jsonl``, says ``msg`` once on stderr; the hooks then do nothing (they
+        test :attr:`disabled`). Called from the flusher thread; never raises."""
+        if self.disabled:
+            return
+        self.disabled = True  # from here on the hooks record nothing: the notice is the last line
+        with contextlib.suppress(Exception):  # a collector that fails costs its records, not the rest
+            for collect in list(self.collectors):
+                for rec in collect():
+                    self.writer.add(rec)
+        self.writer.add({"k": "notice", "t": time.monotonic_ns(), "msg": msg})
+        with contextlib.suppress(Exception):  # said on stderr all the same
+            self.writer.close()
+        _say(msg)
+
     def flush(self) -> None:
-        """Collects pending aggregates and writes queued records; disables the agent on I/O error."""
+        """Collects pending aggregates and writes queued records; on an I/O error (a full, removed
+        or read-only run directory) stops recording for good, closes the file and says so once."""
         if self.disabled:
             return
         try:
             for collect in list(self.collectors):
                 for rec in collect():
                     self.writer.add(rec)
-            self.writer.flush()
+            if self.writer.flush():
+                self._written = True
         except Exception as exc:  # never let recording break the program
             self.disabled = True
-            try:
-                sys.stderr.write(f"[whyidle] recording stopped: {exc!r}\n")
-            except Exception:
-                pass
+            with contextlib.suppress(Exception):  # closed now: the fd is freed, the unwritable buffer dropped
+                self.writer.close()
+            if isinstance(exc, OSError):
+                _say(f"cannot write {self.writer.path} ({exc.strerror or exc}): recording stopped, "
+                     "the program goes on")
+            else:
+                _say(f"recording stopped: {exc!r}")
 
     def at_exit(self) -> None:
         """Stops the agent's threads and writes the last records at interpreter exit.
@@ -243,8 +292,9 @@ for _name in ("torch.utils.tensorboard", "wandb", "mlflow", "safetensors.torch",
 def start_from_env() -> "Agent | None":
     """Creates the process's agent from ``WHYIDLE_*`` environment variables (idempotent).
 
-    Reads ``WHYIDLE_RUN_DIR`` (required) and ``WHYIDLE_STACK_HZ`` (Hz, default
-    :data:`DEFAULT_STACK_HZ`). Returns ``None`` when ``WHYIDLE_RUN_DIR`` is unset.
+    Reads ``WHYIDLE_RUN_DIR`` (required), ``WHYIDLE_STACK_HZ`` (Hz, default
+    :data:`DEFAULT_STACK_HZ`) and :data:`READER_ENV` (the reader to watch; not watched when it
+    cannot be seen now). Returns ``None`` when ``WHYIDLE_RUN_DIR`` is unset.
     """
     global _AGENT
     if _AGENT is not None:
@@ -256,7 +306,10 @@ def start_from_env() -> "Agent | None":
         stack_hz = float(os.environ.get("WHYIDLE_STACK_HZ", DEFAULT_STACK_HZ))
     except ValueError:
         stack_hz = DEFAULT_STACK_HZ
-    _AGENT = Agent(run_dir, stack_hz)
+    reader = os.environ.get(READER_ENV) or None
+    if reader and not reader_alive(reader):
+        reader = None  # gone already, or hidden from us (/proc mounted hidepid): never stop for it
+    _AGENT = Agent(run_dir, stack_hz, reader)
     pending = {}
     for name, install in _INSTALLERS.items():
         if name in sys.modules:  # started late (e.g. by whyidle.watch()): instrument now
@@ -266,6 +319,48 @@ def start_from_env() -> "Agent | None":
     if pending:
         sys.meta_path.insert(0, _PostImportHook(pending))
     return _AGENT
+
+
+def _say(msg: str) -> None:
+    """One ``[whyidle]`` line on stderr (never on stdout: it is the program's); never raises."""
+    try:
+        sys.stderr.write(f"[whyidle] {msg}\n")
+    except Exception:
+        pass
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+
+    Returns None when there is no such process, it has exited (a zombie not yet reaped), or
+    ``/proc`` cannot be read (not Linux). One read of a small file, ~20 µs.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        if fields[0] in (b"Z", b"X"):
+            return None
+        return int(fields[19])  # field 3 (state) is fields[0]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def reader_token(pid: int | None = None) -> str | None:
+    """The :data:`READER_ENV` value naming process ``pid`` (default: this one): ``"<pid>:<start
+    ticks>"``; None where its start time cannot be read (then nothing is watched)."""
+    pid = os.getpid() if pid is None else pid
+    start = process_start_ticks(pid)
+    return None if start is None else f"{pid}:{start}"
+
+
+def reader_alive(token: str) -> bool:
+    """Whether the process a :func:`reader_token` names still runs (the same pid with the same
+    start time, not a zombie). A token that does not parse counts as alive: never stop for it."""
+    try:
+        pid, start = (int(x) for x in token.split(":"))
+    except ValueError:
+        return True
+    return process_start_ticks(pid) == start
 
 
 def current() -> "Agent | None":

@@ -45,6 +45,7 @@ from whyidle.instrument import startup
 from whyidle.instrument.hooks import defined_at
 from whyidle.instrument.user_metrics import record_epoch_logs
 from whyidle.record.steptable import MAX_PH_VALUES, PHASE_CODES
+from whyidle.redact import redact_argv
 
 #: Training batches (train-function calls) before the profiler window opens: the first call
 #: traces and compiles the function, the next ones fill tf.data's buffers and autotune
@@ -517,7 +518,8 @@ def install_keras(agent, keras) -> KerasInstrument:
     except Exception:
         pass
     inst.backend = backend
-    inst.keras_proc = {"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": list(getattr(sys, "argv", [])),
+    inst.keras_proc = {"k": "proc", "pid": os.getpid(), "ppid": os.getppid(),
+                       "argv": redact_argv(list(getattr(sys, "argv", []))),
                        "python": sys.version.split()[0], "framework": "keras",
                        "framework_version": str(getattr(keras, "__version__", "?")), "backend": backend,
                        "started": agent.t_start}
@@ -550,7 +552,7 @@ def install_tensorflow(agent, tf) -> KerasInstrument:
     inst.tf_done = True
     agent.record({
         "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
-        "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
+        "argv": redact_argv(list(getattr(sys, "argv", []))), "python": sys.version.split()[0],
         "framework": "tensorflow", "framework_version": str(getattr(tf, "__version__", "?")),
         "started": agent.t_start,
     })

@@ -56,6 +56,7 @@ from whyidle.instrument.cuda import (
     SyncWatch,
 )
 from whyidle.record.steptable import BY_CODES, MAX_PH_VALUES, PHASE_CODES
+from whyidle.redact import redact_argv
 
 #: Steps during which global forward hooks watch for top-level modules before being replaced by
 #: per-module hooks on those roots (global hooks force every submodule off PyTorch's fast path).
@@ -1076,7 +1077,7 @@ def install(agent, torch) -> TorchInstrument:
 
     agent.record({
         "k": "proc", "t": monotonic_ns(), "pid": os.getpid(), "ppid": os.getppid(),
-        "argv": list(getattr(sys, "argv", [])), "python": sys.version.split()[0],
+        "argv": redact_argv(list(getattr(sys, "argv", []))), "python": sys.version.split()[0],
         "framework": "torch", "framework_version": str(torch.__version__),
         "cuda_build": getattr(torch.version, "cuda", None), "threads": torch.get_num_threads(),
         "started": agent.t_start, "dist": dist_identity(os.environ),

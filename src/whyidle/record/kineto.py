@@ -49,19 +49,28 @@ class _Args(msgspec.Struct, gc=False):
 
 
 class _Event(msgspec.Struct, gc=False):
-    """The event fields whyidle reads; unknown keys are skipped by the decoder."""
+    """The event fields whyidle reads; unknown keys are skipped by the decoder. ``cat``, ``name``,
+    ``ts`` and ``dur`` are typed, so the decoder checks them (in C); a block with an event of
+    another shape is read leniently (:func:`_lenient`), that event left out."""
 
     ph: Any = None
-    cat: Any = None
-    name: Any = None
-    ts: Any = None
-    dur: Any = 0
+    cat: str | None = None
+    name: str | None = None
+    ts: float | None = None
+    dur: float | None = 0
     pid: Any = None
     tid: Any = None
     args: _Args | None = None
 
 
 _DECODER = msgspec.json.Decoder(list[_Event])
+#: Stands for an event that could not be read (not an object, a field of the wrong JSON type):
+#: :class:`_Columns` counts it as skipped.
+_BAD = _Event(ph="unreadable")
+#: Bounds of a usable ``ts`` (µs; epoch µs are ~1.8e15 in 2027) and ``dur`` (µs: 115 days).
+_TS_LIMIT = 1e17
+_DUR_LIMIT = 1e13
+_I64 = 2 ** 63
 
 GPU_CATS = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
             "gpu_memset": MEMSET, "Memset": MEMSET}
@@ -90,10 +99,62 @@ def trace_files(path: str) -> list[str]:
     return [path]
 
 
+#: A gzip trace may decompress to at most this many times its size once past
+#: :data:`GZIP_FREE_BYTES` (real Kineto traces: 7-30x; deflate's ceiling is ~1032x): beyond, it is
+#: refused as a decompression bomb.
+MAX_GZIP_RATIO = 200
+GZIP_FREE_BYTES = 1 << 30
+
+
 def _open(path: str):
     with open(path, "rb") as f:
         magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    return _Gunzip(path) if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+class _Gunzip:
+    """A gzip file read in blocks that keeps what was decompressed before damage: a read that
+    meets a cut-short or corrupt stream returns the bytes before it (``error`` keeps the reason)
+    and the next read raises it. Stops with :class:`TraceError` past :data:`MAX_GZIP_RATIO`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.limit = max(GZIP_FREE_BYTES, MAX_GZIP_RATIO * os.path.getsize(path))
+        self._f = gzip.open(path, "rb")  # noqa: SIM115 - closed by close()
+        self.error: BaseException | None = None
+        self.total = 0
+
+    def read(self, size: int) -> bytes:
+        if self.error is not None:
+            raise self.error
+        out: list[bytes] = []
+        n = 0
+        while n < size:
+            try:
+                chunk = self._f.read1(min(size - n, 1 << 16))
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                self.error = exc
+                break
+            if not chunk:
+                break
+            out.append(chunk)
+            n += len(chunk)
+        self.total += n
+        if self.total > self.limit:
+            raise TraceError(f"{self.path}: decompresses to over {MAX_GZIP_RATIO}x its size (more than "
+                             f"{self.total / 1e9:.1f} GB read): not a profiler trace (a decompression bomb?)")
+        if not out and self.error is not None:
+            raise self.error
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class _Columns:
@@ -109,6 +170,8 @@ class _Columns:
         self.syncs = {k: [] for k in ("ts", "dur", "name", "stream")}
         self.steps: list[tuple[int, float, float]] = []
         self.events = 0
+        self.skipped = 0  # events with unusable fields: not an object, ts/dur not a number in range
+        self.cut: str | None = None  # where the readable events end early (a file cut short), or None
         self.tids: dict = {}
 
     def intern(self, s) -> int:
@@ -120,11 +183,17 @@ class _Columns:
         return i
 
     def tid(self, t) -> int:
-        i = self.tids.get(t)
+        try:
+            i = self.tids.get(t)
+        except TypeError:  # a list or object for a thread id
+            t = repr(t)[:100]
+            i = self.tids.get(t)
         if i is None:
             try:
                 i = int(t)
-            except (TypeError, ValueError):
+                if not -_I64 < i < _I64:
+                    raise ValueError(t)
+            except (TypeError, ValueError, OverflowError):
                 i = -(len(self.tids) + 1)  # "stream 7" style thread names: a stable negative id
             self.tids[t] = i
         return i
@@ -134,30 +203,37 @@ class _Columns:
         gpu, rt, cpu, syn = self.gpu, self.runtime, self.cpu, self.syncs
         intern = self.intern
         no_args = _Args()
+        lim, dlim = _TS_LIMIT, _DUR_LIMIT
         for e in events:
             if e.ph != "X":
+                if e is _BAD:
+                    self.skipped += 1
                 continue
             cat = e.cat
             ts = e.ts
             if ts is None:
                 continue
             dur = e.dur or 0
+            if not (-lim < ts < lim and 0 <= dur < dlim):  # NaN fails too
+                self.skipped += 1
+                continue
+            name = e.name or ""
             kind = GPU_CATS.get(cat)
             if kind is not None:
                 args = e.args or no_args
-                name = e.name or ""
                 gpu["ts"].append(ts)
                 gpu["dur"].append(dur)
                 gpu["kind"].append(kind)
                 dev = args.device
-                gpu["device"].append(dev if isinstance(dev, int) else (e.pid if isinstance(e.pid, int) else 0))
+                gpu["device"].append(dev if isinstance(dev, int) and 0 <= dev < 1 << 20 else
+                                     (e.pid if isinstance(e.pid, int) and 0 <= e.pid < 1 << 20 else 0))
                 stream = args.stream
-                gpu["stream"].append(stream if isinstance(stream, int) else -1)
+                gpu["stream"].append(stream if isinstance(stream, int) and -_I64 < stream < _I64 else -1)
                 gpu["name"].append(intern(name))
                 corr = args.correlation
-                gpu["correlation"].append(corr if isinstance(corr, int) else -1)
+                gpu["correlation"].append(corr if isinstance(corr, int) and -_I64 < corr < _I64 else -1)
                 nbytes = args.bytes
-                gpu["bytes"].append(nbytes if kind != KERNEL and isinstance(nbytes, int) else -1)
+                gpu["bytes"].append(nbytes if kind != KERNEL and isinstance(nbytes, int) and 0 <= nbytes < _I64 else -1)
                 copy = -1
                 if kind == MEMCPY:
                     for i, k in enumerate(COPY_KINDS):
@@ -166,17 +242,16 @@ class _Columns:
                             break
                 gpu["copy"].append(copy)
                 group = args.group_size
-                gpu["group"].append(group if kind == KERNEL and isinstance(group, int) else -1)
+                gpu["group"].append(group if kind == KERNEL and isinstance(group, int) and 0 < group < 1 << 31 else -1)
                 self.pageable.append(kind == MEMCPY and "Pageable" in name)
             elif cat in RUNTIME_CATS:
                 corr = (e.args or no_args).correlation
                 rt["ts"].append(ts)
                 rt["dur"].append(dur)
-                rt["name"].append(intern(e.name or ""))
+                rt["name"].append(intern(name))
                 rt["tid"].append(self.tid(e.tid))
-                rt["correlation"].append(corr if isinstance(corr, int) else -1)
+                rt["correlation"].append(corr if isinstance(corr, int) and -_I64 < corr < _I64 else -1)
             elif cat in CPU_CATS:
-                name = e.name or ""
                 cpu["ts"].append(ts)
                 cpu["dur"].append(dur)
                 cpu["name"].append(intern(name))
@@ -191,9 +266,9 @@ class _Columns:
                 args = e.args or no_args
                 syn["ts"].append(ts)
                 syn["dur"].append(dur)
-                syn["name"].append(intern(args.cuda_sync_kind or e.name or ""))
+                syn["name"].append(intern(args.cuda_sync_kind or name))
                 stream = args.stream
-                syn["stream"].append(stream if isinstance(stream, int) else -1)
+                syn["stream"].append(stream if isinstance(stream, int) and -_I64 < stream < _I64 else -1)
 
     def raw(self) -> dict:
         """The columns as numpy arrays in reading order, with this reader's string and thread
@@ -203,11 +278,48 @@ class _Columns:
 
         return {"strings": self.strings, "tids": self.tids, "gpu": arrays(self.gpu), "runtime": arrays(self.runtime),
                 "cpu": arrays(self.cpu), "syncs": arrays(self.syncs),
-                "pageable": np.asarray(self.pageable, dtype=bool), "steps": self.steps, "events": self.events}
+                "pageable": np.asarray(self.pageable, dtype=bool), "steps": self.steps, "events": self.events,
+                "skipped": self.skipped, "cut": self.cut}
 
 
 def _parse_events(chunk: bytes) -> list:
-    return _DECODER.decode(b"[" + chunk + b"]")
+    """The events of ``chunk`` (the text between ``[`` and ``]``). Fast path: msgspec into
+    :class:`_Event`. Text that is valid JSON but has an event of an unexpected shape, or that holds
+    what Python's JSON reader accepts beyond the standard (NaN, Infinity) or invalid UTF-8, is read
+    leniently (:func:`_lenient`). Errors: ``msgspec.DecodeError`` when it is not JSON at all (the
+    block cutter then tries another cut)."""
+    text = b"[" + chunk + b"]"
+    try:
+        return _DECODER.decode(text)
+    except msgspec.ValidationError:
+        return _lenient(msgspec.json.decode(text))
+    except msgspec.DecodeError as exc:
+        import json
+
+        try:
+            items = json.loads(text.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            raise exc from None  # not JSON
+        return _lenient(items if isinstance(items, list) else [])
+
+
+def _lenient(items: list) -> list:
+    """Each item as an :class:`_Event`; an item that is not an event object becomes :data:`_BAD`,
+    and ``args`` that are not an object of the expected fields are dropped."""
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            out.append(_BAD)
+            continue
+        try:
+            out.append(msgspec.convert(item, _Event, str_keys=True))
+        except (msgspec.ValidationError, TypeError, ValueError, RecursionError):
+            item = {k: v for k, v in item.items() if k != "args"}
+            try:
+                out.append(msgspec.convert(item, _Event, str_keys=True))
+            except (msgspec.ValidationError, TypeError, ValueError, RecursionError):
+                out.append(_BAD)
+    return out
 
 
 def read_trace(path: str, block_bytes: int = BLOCK_BYTES, workers: int | None = None) -> TraceData:
@@ -238,6 +350,8 @@ def read_trace(path: str, block_bytes: int = BLOCK_BYTES, workers: int | None = 
         raise TraceError(f"{path}: truncated or corrupt gzip file ({exc})") from None
     except _JSONError as exc:
         raise TraceError(f"{path}: invalid JSON ({str(exc).splitlines()[0][:120]})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: invalid JSON (nested too deeply: not a profiler trace)") from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     finally:
@@ -280,7 +394,11 @@ def _scan(f, buf: bytes, cols: _Columns, block_bytes: int, path: str, stop: int 
     left = stop
     while True:
         size = block_bytes if left is None else min(block_bytes, left)
-        block = f.read(size) if size > 0 else b""
+        try:
+            block = f.read(size) if size > 0 else b""
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:  # the data before the damage is usable
+            cols.cut = f"a damaged gzip stream ({str(exc)[:80]})"
+            block = b""
         if left is not None:
             left -= len(block)
         if block:
@@ -289,10 +407,13 @@ def _scan(f, buf: bytes, cols: _Columns, block_bytes: int, path: str, stop: int 
             if stop is not None:
                 body = buf.rstrip().rstrip(b",")
                 if body.strip():
-                    cols.add(_parse_events(body))
+                    try:
+                        cols.add(_parse_events(body))
+                    except _JSONError:  # damage in this part: its events one by one
+                        cols.add(_salvage(body + b",{", cols)[0])
                 return b""
             return _finish(buf, cols, path)
-        events, rest = _take(buf, block_bytes, path)
+        events, rest = _take(buf, block_bytes, cols)
         if events is not None:
             cols.add(events)
             buf = rest
@@ -357,7 +478,8 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
     merged: dict[str, dict[str, list]] = {g: {} for g in ("gpu", "runtime", "cpu", "syncs")}
     pageable = []
     steps: list = []
-    events = 0
+    events = skipped = 0
+    cut = None
     for part in parts:
         ids = np.asarray([index.setdefault(x, len(index)) for x in part["strings"]], dtype=np.int64)
         tid_map = {}
@@ -374,6 +496,8 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
         pageable.append(part["pageable"])
         steps.extend(part["steps"])
         events += part["events"]
+        skipped += part["skipped"]
+        cut = cut or part["cut"]
     strings = [None] * len(index)
     for x, i in index.items():
         strings[i] = x
@@ -387,13 +511,20 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
     flags = np.concatenate(pageable)[gpu_order] if pageable else np.zeros(0, dtype=bool)
     meta = _meta(head, tail)
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    props = meta.get("deviceProperties")
     return TraceData(
         path=path, strings=strings, gpu=cols["gpu"], runtime=cols["runtime"], cpu=cols["cpu"], syncs=cols["syncs"],
-        steps=sorted(steps, key=lambda st: st[1]), rank=dist.get("rank"), world_size=dist.get("world_size"),
-        backend=dist.get("backend"), device_properties=meta.get("deviceProperties") or [], events=events,
-        base_ns=meta.get("baseTimeNanoseconds") if isinstance(meta.get("baseTimeNanoseconds"), int) else None,
-        pageable=flags,
+        steps=sorted(steps, key=lambda st: st[1]), rank=_count(dist.get("rank")),
+        world_size=_count(dist.get("world_size")),
+        backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        device_properties=[p for p in props if isinstance(p, dict)] if isinstance(props, list) else [], events=events,
+        base_ns=_count(meta.get("baseTimeNanoseconds")), pageable=flags, skipped=skipped, cut=cut,
     )
+
+
+def _count(v) -> int | None:
+    """``v`` when it is a non-negative int64 integer (a rank, a size, a time in ns), else None."""
+    return v if type(v) is int and 0 <= v < _I64 else None
 
 
 #: Cut candidates tried per block before reading more: a ``}, {`` inside a string (a kernel name)
@@ -401,14 +532,14 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
 MAX_CUT_TRIES = 8
 
 
-def _take(buf: bytes, block_bytes: int, path: str) -> tuple[list | None, bytes]:
+def _take(buf: bytes, block_bytes: int, cols: _Columns) -> tuple[list | None, bytes]:
     """Parses the complete events at the start of ``buf``: ``(events, the rest)``, or
     ``(None, buf)`` when no cut parses yet (more data needed).
 
     A cut is a ``}`` followed by ``,`` and the next ``{``. A candidate inside a string or a nested
     object leaves unbalanced text, which never parses, so the first candidate from the end that
-    parses is the right one. Errors: :class:`TraceError` when a buffer of many blocks holds no
-    parsable prefix (the JSON is invalid)."""
+    parses is the right one. When none of :data:`MAX_CUT_TRIES` candidates parses in a buffer of a
+    block or more, the buffer holds damage: its events are salvaged one by one (:func:`_salvage`)."""
     tries = 0
     window = min(len(buf), 1 << 20)
     pos = len(buf)
@@ -427,18 +558,71 @@ def _take(buf: bytes, block_bytes: int, path: str) -> tuple[list | None, bytes]:
                 if tries >= MAX_CUT_TRIES:
                     break
         pos = matches[0].start()
-    if len(buf) > 8 * block_bytes + (1 << 20):
-        _parse_events(buf[:max(0, buf.rfind(b"}") + 1)])  # raises the JSON error to report
-        raise TraceError(f"{path}: invalid JSON in traceEvents")
+    if len(buf) >= block_bytes and tries >= MAX_CUT_TRIES:
+        return _salvage(buf, cols)
+    if len(buf) > 8 * block_bytes + (1 << 20):  # no cut at all in 33 MB: one giant event, or not events
+        cols.skipped += 1
+        cols.cut = "an event or text over 33 MB without an event boundary"
+        return [], b""
     return None, buf
 
 
+#: Cuts merged into one event candidate at most while salvaging (a cut inside a string or a nested
+#: object); beyond it the text up to the next cut is left out as damaged.
+MAX_MERGED_CUTS = 16
+
+
+def _salvage(buf: bytes, cols: _Columns) -> tuple[list, bytes]:
+    """The events of a damaged ``buf`` (bits flipped, junk inserted), parsed from cut to cut: a
+    piece that does not parse is tried merged with the next ones (the cut was inside a string) up
+    to :data:`MAX_MERGED_CUTS` of them, else it alone is left out and counted in ``cols.skipped``.
+    Returns the events and the text after the last cut (the start of the next event)."""
+    cuts = [(m.start(), m.end()) for m in _CUT.finditer(buf)]
+    events: list = []
+    start = i = 0
+    while i < len(cuts):
+        for j in range(i, min(i + MAX_MERGED_CUTS, len(cuts))):
+            try:
+                events.extend(_parse_events(buf[start:cuts[j][0] + 1]))
+                break
+            except _JSONError:
+                continue
+        else:
+            j = i
+            cols.skipped += 1
+        start = cuts[j][1]
+        i = j + 1
+    return events, buf[start:]
+
+
 def _finish(buf: bytes, cols: _Columns, path: str) -> bytes:
-    """Parses the last events (up to the array's ``]``) and returns the text after the array."""
-    stripped = buf.rstrip()
-    if not stripped:
+    """Parses the last events (up to the array's ``]``) and returns the text after the array. A
+    damaged last block is salvaged (:func:`_salvage`); a file cut short (no ``]`` after the last
+    events: a write killed mid-way) keeps the events before the cut, and ``cols.cut`` says so."""
+    if not buf.strip():
+        if cols.events or cols.cut:
+            cols.cut = cols.cut or "the end of the file (no closing ]): cut short"
+            return b""
         raise TraceError(f"{path}: truncated trace (the traceEvents array never ends)")
-    # the array ends at a ']' followed by the rest of the object; try from the end backwards
+    tail = _close(buf, cols)
+    if tail is not None:
+        return tail
+    events, rest = _salvage(buf, cols)
+    cols.add(events)
+    tail = _close(rest, cols) if rest.strip() else None
+    if tail is not None:
+        return tail
+    if not cols.events:
+        raise TraceError(f"{path}: invalid or truncated JSON in traceEvents")
+    cols.cut = cols.cut or "the end of the file (no closing ]): cut short"
+    if rest.strip():
+        cols.skipped += 1  # the last, incomplete event
+    return b""
+
+
+def _close(buf: bytes, cols: _Columns) -> bytes | None:
+    """Adds the events of ``buf`` up to the array's closing ``]`` (tried from the end backwards)
+    and returns the text after it; None when no ``]`` closes parsable events."""
     pos = len(buf)
     for _ in range(64):
         pos = buf.rfind(b"]", 0, pos)
@@ -451,7 +635,7 @@ def _finish(buf: bytes, cols: _Columns, path: str) -> bytes:
             continue
         cols.add(events)
         return buf[pos + 1:]
-    raise TraceError(f"{path}: invalid or truncated JSON in traceEvents")
+    return None
 
 
 def _meta(head: bytes, tail: bytes) -> dict:
@@ -462,13 +646,13 @@ def _meta(head: bytes, tail: bytes) -> dict:
         body = h[1:].strip().rstrip(b",")
         try:
             out.update(_loads(b"{" + body + b"}"))
-        except _JSONError:
+        except (*_JSONError, RecursionError):
             pass
     t = tail.strip()
     if t.startswith(b","):
         try:
             out.update(_loads(b"{" + t[1:]))
-        except _JSONError:
+        except (*_JSONError, RecursionError):
             pass
     return out
 
@@ -482,6 +666,8 @@ def _check_json(text: bytes, path: str) -> None:
         _loads(s)
     except _JSONError as exc:
         raise TraceError(f"{path}: invalid JSON ({str(exc).splitlines()[0][:120]})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: invalid JSON (nested too deeply)") from None
 
 
 def read_job(path: str, rank: int | None = None) -> list[TraceData]:

@@ -1,7 +1,9 @@
 """Readers of a run directory (format in ``docs/run-format.md``).
 
-Readers accept a truncated last line (a write cut short by a kill) and report any other damage as
-:class:`RunDirError` with a one-line message naming the file and line.
+Readers skip what they cannot use and say so (``RunData.problems``): a truncated last line (a write
+cut short by a kill), damaged lines, records whose fields have unusable values
+(:mod:`whyidle.record.schema`), a ``meta.json`` that is not JSON when records are there. Input that
+holds nothing usable is a :class:`RunDirError` with a one-line message naming the file.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import json
 import os
 import re
 
+from whyidle.record import schema
 from whyidle.record.steptable import StepTable
+from whyidle.redact import redact_argv, redact_text
 
 
 class RunDirError(Exception):
@@ -50,42 +54,112 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
         steps: when given, ``step`` and ``gpu_step`` records go into this table instead of the
             returned list (keeps memory small for long runs).
     Returns:
-        (records, problems): the parsed objects in file order; problems lists skipped damage.
+        (records, problems): the parsed objects in file order; problems lists skipped damage: a
+        truncated last line, and records left out because a field the analysis reads has a value
+        it cannot use (:mod:`whyidle.record.schema`; one line per kind, with the first reason).
+        A damaged line (not a JSON object: a write cut short by a kill, a disk error) is skipped and
+        counted, wherever it is.
     Errors:
-        RunDirError: a line other than the last one is not a JSON object.
+        RunDirError: most lines are damaged (not a whyidle record file), or the file cannot be read.
     """
     records: list[dict] = []
     problems: list[str] = []
     if not os.path.exists(path):
         return records, problems
-    bad_line = None
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            if bad_line is not None:  # damage followed by more data: not a cut-off write
-                raise RunDirError(f"{path}: line {bad_line} is not a JSON record; the run directory is corrupt")
-            try:
-                obj = json.loads(raw)
+    damaged: list[int] = []  # numbers of the lines that are not JSON objects
+    lines = last = 0
+    left_out: dict[str, list] = {}  # kind -> [count, first reason]
+
+    def leave_out(kind, why: str) -> None:
+        entry = left_out.setdefault(str(kind)[:40], [0, why])
+        entry[0] += 1
+
+    adders = {} if steps is None else {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                lines += 1
+                last = number
+                try:
+                    obj = json.loads(raw)
+                except (ValueError, RecursionError):
+                    obj = None
                 if not isinstance(obj, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                bad_line = number
-                continue
-            if steps is not None and obj.get("k") in ("step", "steps", "gpu_step"):
-                {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}[obj["k"]](obj)
-            else:
+                    damaged.append(number)
+                    continue
+                kind = obj.get("k")
+                if not isinstance(kind, str):
+                    leave_out(kind, "no record kind (k)")
+                    continue
+                add = adders.get(kind)
+                if add is not None:
+                    result = add(obj)
+                    if result is False or (result is not True and result):
+                        leave_out(kind, "a field is not a number or the interval ends before it starts")
+                        if kind == "steps" and result is not False and result > 1:
+                            left_out[kind][0] += result - 1
+                    continue
+                why = schema.problem(obj)
+                if why:
+                    leave_out(kind, why)
+                    continue
                 records.append(obj)
-    if bad_line is not None:
-        problems.append(f"{os.path.basename(path)}: skipped a truncated last line")
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    name = os.path.basename(path)
+    if damaged and 2 * len(damaged) > lines and lines > 1:
+        raise RunDirError(f"{path}: line {damaged[0]} and {len(damaged) - 1} more of {lines} lines are not JSON "
+                          "records; the file is corrupt")
+    if damaged and damaged[-1] == last:
+        problems.append(f"{name}: skipped a truncated last line")
+        damaged.pop()
+    if damaged:
+        many = len(damaged) > 1
+        problems.append(f"{name}: skipped {len(damaged)} damaged line{'s' if many else ''} (line{'s' if many else ''} "
+                        f"{', '.join(map(str, damaged[:3]))}{', …' if len(damaged) > 3 else ''}: "
+                        f"{'not JSON records' if many else 'not a JSON record'})")
+    for kind, (count, why) in left_out.items():
+        problems.append(f"{os.path.basename(path)}: left out {count} {kind!r} record{'s' if count > 1 else ''} "
+                        f"with unusable values ({why[:120]})")
     return records, problems
+
+
+class _MetaUnreadable(RunDirError):
+    """``meta.json`` cannot be read or parsed (the records may still be usable)."""
+
+
+def _read_meta(meta_path: str, problems: list[str]) -> dict:
+    """``meta.json`` as a dict; a field whose value the report cannot use is dropped with a note.
+
+    Errors: :class:`RunDirError` when it is not of format ``whyidle.run/1``; ``_MetaUnreadable``
+    when it cannot be read or is not a JSON object."""
+    try:
+        with open(meta_path, encoding="utf-8", errors="replace") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError
+    except (ValueError, RecursionError):
+        raise _MetaUnreadable(f"{meta_path}: not valid JSON; the run directory is corrupt") from None
+    except OSError as exc:
+        raise _MetaUnreadable(f"{meta_path}: cannot read ({exc.strerror or exc})") from None
+    if meta.get("format") != "whyidle.run/1":
+        raise RunDirError(f"{meta_path}: unknown format {str(meta.get('format'))[:60]!r} (expected whyidle.run/1)")
+    for key, spec in schema.META.items():
+        name = key.rstrip("?")
+        if name in meta and schema.check(meta[name], spec, name):
+            problems.append(f"meta.json: ignored {schema.check(meta[name], spec, name)[:120]}")
+            del meta[name]
+    return meta
 
 
 def load_run(path: str) -> RunData:
     """Loads a run directory written by ``whyidle run``.
 
     Errors:
-        RunDirError: not a directory, no whyidle records in it, or corrupt files.
+        RunDirError: not a directory, no whyidle records in it, a ``meta.json`` of another format,
+        or files mostly damaged (:func:`read_jsonl`).
     """
     if os.path.isfile(path):
         raise RunDirError(f"{path}: a file, not a run directory (a profiler trace: whyidle trace {path})")
@@ -94,16 +168,12 @@ def load_run(path: str) -> RunData:
     meta: dict = {}
     problems: list[str] = []
     meta_path = os.path.join(path, "meta.json")
+    meta_error = None
     if os.path.exists(meta_path):
         try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-            if not isinstance(meta, dict):
-                raise ValueError
-        except ValueError:
-            raise RunDirError(f"{meta_path}: not valid JSON; the run directory is corrupt") from None
-        if meta.get("format") != "whyidle.run/1":
-            raise RunDirError(f"{meta_path}: unknown format {meta.get('format')!r} (expected whyidle.run/1)")
+            meta = _read_meta(meta_path, problems)
+        except _MetaUnreadable as exc:
+            meta_error = exc
     host, p = read_jsonl(os.path.join(path, "host.jsonl"))
     problems += p
     gpu, p = read_jsonl(os.path.join(path, "gpu.jsonl"))
@@ -120,5 +190,31 @@ def load_run(path: str) -> RunData:
         procs[int(m.group(1))] = records
         steps[int(m.group(1))] = table
     if not meta and not host and not procs:
-        raise RunDirError(f"{path}: not a whyidle run directory (no meta.json or records)")
+        raise meta_error or RunDirError(f"{path}: not a whyidle run directory (no meta.json or records)")
+    if meta_error:
+        problems.append(f"meta.json: {str(meta_error).split(': ', 1)[-1].split(';')[0]}: ignored (the command, its "
+                        "exit code and the run's start and end are unknown)")
+    redact_run(meta, host, procs)
     return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps)
+
+
+def redact_run(meta: dict, host: list[dict], procs: dict[int, list[dict]]) -> None:
+    """Redacts, in place, the command lines a run directory holds (:mod:`whyidle.redact`):
+    ``meta.json`` ``command``, ``host_proc`` ``cmdline``, ``host_top`` commands and ``proc``
+    ``argv``. ``whyidle run`` stores them redacted already; runs recorded before it did are
+    redacted here, so no report, timeline or comparison built from them shows a secret."""
+    if isinstance(meta.get("command"), list):
+        meta["command"] = redact_argv(meta["command"])
+    for rec in host:
+        k = rec.get("k")
+        if k == "host_proc" and isinstance(rec.get("cmdline"), list):
+            rec["cmdline"] = redact_argv(rec["cmdline"])
+        elif k == "host_top":
+            for key in ("procs", "yielding_procs"):
+                for row in rec.get(key) or []:
+                    if isinstance(row, list) and len(row) > 1:
+                        row[1] = redact_text(row[1])
+    for records in procs.values():
+        for rec in records:
+            if rec.get("k") == "proc" and isinstance(rec.get("argv"), list):
+                rec["argv"] = redact_argv(rec["argv"])

@@ -17,18 +17,23 @@ _BY = ("optimizer", "loader", None, "keras", "iterator")
 #: Stands for null in an int column (``cols[...]`` arrays hold int64 values).
 NULL_INT = -(2**63)
 _NONE = NULL_INT
+_INT_MAX = 2**63 - 1
 
 #: Columns of a ``steps`` record's rows (docs/run-format.md): the steps recorded with less detail
 #: when steps are short (no ``ph`` spans, CPU times or sample counts; see
 #: :mod:`whyidle.instrument.torch`, ``detail stride``). ``by`` is a code into ``_BY``.
 LITE_COLUMNS = ("i", "t0", "t1", "by", "data", "fwd", "bwd", "opt", "eval", "batches", "mb", "ld", "boundary")
 BY_CODES = _BY
+#: The int columns a ``steps`` row holds (``i``, ``t0``, ``t1`` first) and their positions in it.
+_LITE_INT = tuple(f for f in LITE_COLUMNS if f in _INT_FIELDS)
+_LITE_POS = tuple(LITE_COLUMNS.index(f) for f in _LITE_INT)
 
 
 def expand_lite(rec: dict) -> list[dict]:
     """The ``step`` dicts of a ``steps`` record (``lite: True``; a malformed row is skipped)."""
     out = []
-    for row in rec.get("rows") or []:
+    rows = rec.get("rows")
+    for row in rows if isinstance(rows, list) else []:
         if not isinstance(row, list) or len(row) != len(LITE_COLUMNS):
             continue
         step = dict(zip(LITE_COLUMNS, row))
@@ -76,38 +81,110 @@ class StepTable:
         self.gpu_ms = array.array("d")
         self.ph = array.array("q")  # all steps' ph values, concatenated
         self.ph_end = array.array("q")  # row → end of its values in ``ph`` (start = previous end)
-        self._row_of_step: dict[int, int] = {}
+        # row of a step ``i`` (for ``gpu_step``): ``i - _first`` as steps come in order, else in
+        # ``_moved`` (no dict entry per step: 1,000,000 of them took ~100 MB)
+        self._first: int | None = None
+        self._moved: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.by)
 
-    def add(self, rec: dict) -> None:
-        """Appends one ``step`` record (missing or null fields are stored as null)."""
-        for f in _INT_FIELDS:
-            v = rec.get(f)
-            self.cols[f].append(_NONE if v is None else int(v))
+    def add(self, rec: dict) -> bool:
+        """Appends one ``step`` record (missing or null fields are stored as null). A record whose
+        ``i``, ``t0`` or ``t1`` is missing, whose interval ends before it starts, or with a value
+        that is not an int64 integer (text, NaN, a list, ...) is left out: returns False."""
+        try:
+            values = [_NONE if (v := rec.get(f)) is None else int(v) for f in _INT_FIELDS]
+            ph = rec.get("ph")
+            ph = [int(v) for v in ph] if isinstance(ph, list) and len(ph) % 2 == 0 else []
+            step = int(rec["i"])
+            t0, t1 = int(rec["t0"]), int(rec["t1"])
+        except (TypeError, ValueError, OverflowError, KeyError):
+            return False
+        if t1 < t0 or min(values) < _NONE or max(values) > _INT_MAX or any(v < _NONE or v > _INT_MAX for v in ph):
+            return False
+        for f, v in zip(_INT_FIELDS, values):
+            self.cols[f].append(v)
         by = rec.get("by")
-        self.by.append(_BY.index(by) if by in _BY else 2)
+        self.by.append(_BY.index(by) if isinstance(by, str) and by in _BY else 2)
         self.boundary.append(1 if rec.get("boundary") else 0)
         self.profiled.append(1 if rec.get("profiled") else 0)
         self.lite.append(1 if rec.get("lite") else 0)
         self.gpu_ms.append(math.nan)
-        ph = rec.get("ph")
-        if isinstance(ph, list) and len(ph) % 2 == 0:
-            self.ph.extend(int(v) for v in ph)
+        self.ph.extend(ph)
         self.ph_end.append(len(self.ph))
-        self._row_of_step[int(rec.get("i", len(self.by) - 1))] = len(self.by) - 1
+        self._index(step)
+        return True
 
-    def add_lite(self, rec: dict) -> None:
-        """Appends the rows of one ``steps`` record (:func:`expand_lite`)."""
-        for step in expand_lite(rec):
-            self.add(step)
+    def _index(self, step: int) -> None:
+        """Remembers the row of step ``i`` = ``step`` just appended (see :meth:`row_of`)."""
+        row = len(self.by) - 1
+        if self._first is None:
+            self._first = step - row
+        if step - self._first != row:
+            self._moved[step] = row
+        elif self._moved:
+            self._moved.pop(step, None)  # the latest row of a step wins
 
-    def add_gpu(self, rec: dict) -> None:
-        """Attaches a ``gpu_step`` record's ``gpu_ms`` to its step (ignored if the step is unknown)."""
-        row = self._row_of_step.get(int(rec.get("i", -1)))
-        if row is not None and rec.get("gpu_ms") is not None:
-            self.gpu_ms[row] = float(rec["gpu_ms"])
+    def row_of(self, step: int) -> int | None:
+        """The (latest) row of step ``i`` = ``step``, or None."""
+        row = self._moved.get(step)
+        if row is None and self._first is not None:
+            row = step - self._first
+            if not (0 <= row < len(self.by) and self.cols["i"][row] == step):
+                row = None
+        return row
+
+    def add_lite(self, rec: dict) -> int:
+        """Appends the rows of one ``steps`` record (the steps :func:`expand_lite` reads, without
+        building a dict per row: at 1 kHz these are 19 of 20 steps); returns the number of rows
+        left out (not a row of :data:`LITE_COLUMNS`, or as :meth:`add` leaves out)."""
+        rows = rec.get("rows")
+        if not isinstance(rows, list):
+            return 1
+        bad = 0
+        lite = [self.cols[f] for f in _LITE_INT]
+        empty = [self.cols[f] for f in _INT_FIELDS if f not in _LITE_INT]
+        n = len(LITE_COLUMNS)
+        for row in rows:
+            if type(row) is not list or len(row) != n:
+                bad += 1
+                continue
+            try:
+                values = [_NONE if (v := row[p]) is None else int(v) for p in _LITE_POS]
+            except (TypeError, ValueError, OverflowError):
+                bad += 1
+                continue
+            if _NONE in values[:3] or values[2] < values[1] or min(values) < _NONE or max(values) > _INT_MAX:
+                bad += 1
+                continue
+            for col, v in zip(lite, values):
+                col.append(v)
+            for col in empty:
+                col.append(_NONE)
+            by = row[3]
+            self.by.append(by if type(by) is int and 0 <= by < len(_BY) else 2)
+            self.boundary.append(1 if row[12] else 0)
+            self.profiled.append(0)
+            self.lite.append(1)
+            self.gpu_ms.append(math.nan)
+            self.ph_end.append(len(self.ph))
+            self._index(values[0])
+        return bad
+
+    def add_gpu(self, rec: dict) -> bool:
+        """Attaches a ``gpu_step`` record's ``gpu_ms`` to its step (ignored if the step is unknown);
+        False when its ``i`` or ``gpu_ms`` is not a number."""
+        try:
+            row = self.row_of(int(rec.get("i", -1)))
+            gpu_ms = None if rec.get("gpu_ms") is None else float(rec["gpu_ms"])
+        except (TypeError, ValueError, OverflowError):
+            return False
+        if gpu_ms is not None and not math.isfinite(gpu_ms):
+            return False
+        if row is not None and gpu_ms is not None:
+            self.gpu_ms[row] = gpu_ms
+        return True
 
     def rows(self) -> list["StepView"]:
         """All rows as :class:`StepView` objects, in file order."""

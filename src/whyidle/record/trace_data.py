@@ -59,6 +59,8 @@ class TraceData:
     events: int = 0  # events read (all phases), for speed figures
     base_ns: int | None = None  # ``baseTimeNanoseconds``: wall-clock epoch of ``ts`` 0, newer Kineto
     pageable: np.ndarray | None = None  # per gpu row: True when a memcpy touches pageable memory
+    skipped: int = 0  # events left out: not an event object, ts/dur/cat unusable, damaged text (record/kineto.py)
+    cut: str | None = None  # where the readable events ended early (a file cut short, damaged gzip), or None
 
     def name(self, idx: int) -> str:
         """The string of an interned index."""

@@ -13,13 +13,19 @@ import contextlib
 import json
 import os
 
+from whyidle.jsonsafe import json_text
+
 #: Records held in memory at most before new ones are dropped (and counted): bounds memory if the
 #: disk stalls. 100,000 small records are ~20 MB of Python objects at worst.
 MAX_BUFFERED_RECORDS = 100_000
+#: Mode of the files whyidle creates (before the umask): readable by their owner only, since they
+#: describe the user's program, paths and machine (docs/run-format.md, "Permissions").
+FILE_MODE = 0o600
 
 
 class JsonlWriter:
-    """Appends JSON objects, one per line, to ``path``; the file is created on first flush.
+    """Appends JSON objects, one per line, to ``path``; the file is created on first flush, with
+    mode :data:`FILE_MODE` (less what the umask takes away).
 
     Args:
         path: file to append to.
@@ -61,7 +67,8 @@ class JsonlWriter:
         if not lines:
             return 0
         if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")
+            self._file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE), "a",
+                                   encoding="utf-8")
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
         return len(lines)
@@ -85,13 +92,18 @@ class JsonlWriter:
 def atomic_file(path: str, mode: str = "wb"):
     """Opens a temporary file beside ``path`` for writing (``mode`` ``"wb"`` or ``"w"``, UTF-8);
     when the block ends without an error it replaces ``path`` (``os.replace``), otherwise it is
-    removed and ``path`` is left as it was.
+    removed and ``path`` is left as it was. The temporary file is created anew with mode
+    :data:`FILE_MODE` (less the umask), so ``path`` ends up with it too, even where it existed
+    with a wider mode (a ``--json FILE`` the user names included).
 
     Errors: ``OSError`` when the directory is not writable.
     """
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with contextlib.suppress(FileNotFoundError):  # a leftover of a killed run with this pid
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
         os.replace(tmp, path)
     except BaseException:
@@ -101,10 +113,11 @@ def atomic_file(path: str, mode: str = "wb"):
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
-    """Writes ``obj`` as JSON to ``path`` atomically (:func:`atomic_file`).
+    """Writes ``obj`` as strict JSON (:func:`json_text`) to ``path`` atomically (:func:`atomic_file`).
 
     Errors: ``OSError`` when the directory is not writable.
     """
+    text = json_text(obj)
     with atomic_file(path, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
+        f.write(text)
         f.write("\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import whyidle
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.ranks import job_rate
+from whyidle.redact import redact_argv
 
 SCHEMA = "whyidle.report/1"
 
@@ -234,7 +235,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "schema": SCHEMA,
         "tool_version": whyidle.__version__,
         "source": "run",
-        "command": meta.get("command") or [],
+        "command": redact_argv(meta.get("command") or []),  # already redacted when read; kept for callers' meta
         "name": meta.get("name"),
         "framework": (facts.framework or "none"),
         "api": api_of(facts),

@@ -14,7 +14,6 @@ evaluated.
 from __future__ import annotations
 
 import json
-import math
 import pkgutil
 import re
 import secrets
@@ -26,6 +25,7 @@ import plotly
 from markupsafe import Markup, escape
 
 from whyidle.analysis.series import RunSeries
+from whyidle.jsonsafe import finite
 from whyidle.report import plots
 from whyidle.report.build import framework_text, logged_text, option_gain, verdict_line
 
@@ -85,26 +85,14 @@ def _figure_json(fig: dict) -> str:
     try:
         text = json.dumps(fig, separators=(",", ":"), allow_nan=False, default=_plain)
     except ValueError:  # a NaN got past the builders
-        text = json.dumps(_finite(fig), separators=(",", ":"), allow_nan=False, default=_plain)
+        text = json.dumps(finite(fig), separators=(",", ":"), allow_nan=False, default=_plain)
     return safe_json(text)
 
 
 def _plain(obj):
     if isinstance(obj, (np.ndarray, np.generic)):
-        return _finite(obj.tolist())
+        return finite(obj.tolist())
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
-
-
-def _finite(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, (np.ndarray, np.generic)):
-        return _finite(obj.tolist())
-    return obj
 
 
 def _pct(x) -> str:

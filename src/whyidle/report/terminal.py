@@ -68,6 +68,9 @@ def _render_gpu(console: Console, gpu: dict) -> None:
     """GPU lines: NVML utilization beside GPM SM activity, memory, then the measured starvation
     by cause, the source lines holding the GPU idle, and syncs per step."""
     if gpu.get("source") == "trace":
+        if gpu.get("busy_share") is None:  # no span of device activity to measure (one instant)
+            console.print(f"[bold]GPU[/] activity traced, but no measurable span ({gpu.get('window_s') or 0:.2f} s)")
+            return
         console.print(f"[bold]GPU[/] busy {gpu['busy_share']:.0%} of the traced time (kernels "
                       f"{gpu['compute_busy_share']:.0%}), {gpu['window_s']:.2f} s traced")
         by = gpu.get("idle_s_by_cause") or {}

@@ -17,6 +17,8 @@ import subprocess
 import sys
 
 import whyidle
+from whyidle.record.writer import atomic_file
+from whyidle.redact import redact_argv
 
 BOOTSTRAP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap", "sitecustomize.py")
 PACKAGE_DIR = os.path.dirname(os.path.abspath(whyidle.__file__))
@@ -48,15 +50,16 @@ def resolve_command(cmd: list[str]) -> str:
         LaunchError: exit code 127 when not found (as a shell does), 126 when not executable.
     """
     name = cmd[0]
+    shown = redact_argv([name])[0]  # ``whyidle run -- HF_TOKEN=x python t.py`` names no secret
     if os.sep in name:
         if not os.path.exists(name):
-            raise LaunchError(f"command not found: {name}", 127)
+            raise LaunchError(f"command not found: {shown}", 127)
         if os.path.isdir(name) or not os.access(name, os.X_OK):
-            raise LaunchError(f"permission denied (not an executable file): {name}", 126)
+            raise LaunchError(f"permission denied (not an executable file): {shown}", 126)
         return name
     path = shutil.which(name)
     if path is None:
-        raise LaunchError(f"command not found: {name}", 127)
+        raise LaunchError(f"command not found: {shown}", 127)
     return path
 
 
@@ -69,8 +72,9 @@ def prepare_bootstrap(run_dir: str) -> str:
     directory (``cd src && python train.py``) must still find it.
     """
     boot = os.path.join(os.path.abspath(run_dir), ".bootstrap")
-    os.makedirs(boot, exist_ok=True)
-    shutil.copyfile(BOOTSTRAP_FILE, os.path.join(boot, "sitecustomize.py"))
+    os.makedirs(boot, mode=0o700, exist_ok=True)
+    with open(BOOTSTRAP_FILE, "rb") as src, atomic_file(os.path.join(boot, "sitecustomize.py")) as dst:
+        shutil.copyfileobj(src, dst)  # created 0600 like every file of the run directory
     link = os.path.join(boot, "whyidle")
     if not os.path.lexists(link):
         os.symlink(PACKAGE_DIR, link)
@@ -80,14 +84,22 @@ def prepare_bootstrap(run_dir: str) -> str:
 def child_env(run_dir: str, bootstrap_dir: str, stack_hz: float, base: dict | None = None) -> dict:
     """The command's environment: ``base`` (default ``os.environ``) plus the bootstrap.
 
-    Sets ``WHYIDLE_RUN_DIR`` and ``WHYIDLE_STACK_HZ`` (Hz) and prepends ``bootstrap_dir`` to
-    ``PYTHONPATH``, keeping the user's entries after it.
+    Sets ``WHYIDLE_RUN_DIR``, ``WHYIDLE_STACK_HZ`` (Hz) and ``WHYIDLE_READER`` (this process, the
+    run's reader: the agents stop recording once it is gone, :data:`whyidle.instrument.agent.READER_ENV`)
+    and prepends ``bootstrap_dir`` to ``PYTHONPATH``, keeping the user's entries after it.
     """
+    from whyidle.instrument.agent import READER_ENV, reader_token
+
     env = dict(os.environ if base is None else base)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.path.abspath(bootstrap_dir) + (os.pathsep + old if old else "")
     env["WHYIDLE_RUN_DIR"] = os.path.abspath(run_dir)
     env["WHYIDLE_STACK_HZ"] = str(stack_hz)
+    reader = reader_token()
+    if reader:
+        env[READER_ENV] = reader
+    else:  # not Linux: nothing to watch (an inherited value would name another whyidle)
+        env.pop(READER_ENV, None)
     return env
 
 

@@ -9,20 +9,25 @@ Used by ``whyidle run`` and ``whyidle demo`` (the same code path).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
-import json
 import os
 import socket
 import sys
 import time
 
 import whyidle
-from whyidle.record.writer import JsonlWriter, write_json_atomic
+from whyidle.jsonsafe import json_text
+from whyidle.record.writer import FILE_MODE, JsonlWriter, write_json_atomic
+from whyidle.redact import redact_argv
 from whyidle.run import launcher
 from whyidle.run.launcher import ChildExit, LaunchError
 
 DEFAULT_RUNS_DIR = "whyidle-runs"
+#: Mode of a run directory whyidle creates (before the umask): its owner's only, as its files
+#: (:data:`whyidle.record.writer.FILE_MODE`) describe the user's program, paths and machine.
+RUN_DIR_MODE = 0o700
 #: NVML's sample buffer is drained at most this often (seconds); its own period is 1/6–1 s, so
 #: faster polling only re-reads the same samples (../shared/sampling.md §1.2, §5).
 GPU_POLL_MIN_S = 1.0
@@ -91,6 +96,10 @@ def _safe(name: str) -> str:
 def prepare_run_dir(cmd: list[str], opts: RunOptions) -> str:
     """Creates the run directory and checks it is writable.
 
+    A directory it creates gets mode :data:`RUN_DIR_MODE` (less the umask); folders above it that
+    it creates (``./whyidle-runs``) get the usual mode, and an existing directory (``--out`` an
+    existing folder) keeps its own: whyidle changes no folder it did not make.
+
     Errors: LaunchError (exit 2) when it cannot be created or written, or already holds a run.
     """
     name = _safe(opts.name or default_name(cmd))
@@ -104,12 +113,11 @@ def prepare_run_dir(cmd: list[str], opts: RunOptions) -> str:
             n += 1
             path = os.path.join(DEFAULT_RUNS_DIR, f"{stamp}-{name}-{n}")
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=RUN_DIR_MODE, exist_ok=True)
         if os.path.exists(os.path.join(path, "meta.json")):
             raise LaunchError(f"run directory already holds a run: {path}", 2)
         probe = os.path.join(path, ".write-test")
-        with open(probe, "w") as f:
-            f.write("ok")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE))
         os.remove(probe)
     except OSError as exc:
         raise LaunchError(f"run directory not writable: {path} ({exc.strerror or exc})", 2) from None
@@ -152,15 +160,20 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         check_writable_file(opts.json_path)
     run_dir = prepare_run_dir(cmd, opts)
     name = _safe(opts.name or default_name(cmd))
-    boot = launcher.prepare_bootstrap(run_dir)
+    try:
+        boot = launcher.prepare_bootstrap(run_dir)
+    except OSError as exc:  # e.g. a full disk: the write probe of prepare_run_dir writes no data
+        raise LaunchError(f"run directory not writable: {run_dir} ({exc.strerror or exc})", 2) from None
     meta = {
-        "format": "whyidle.run/1", "tool_version": whyidle.__version__, "name": name, "command": list(cmd),
+        "format": "whyidle.run/1", "tool_version": whyidle.__version__, "name": name, "command": redact_argv(cmd),
         "run_dir": run_dir, "cwd": os.getcwd(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
         "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "anchors": [_anchor()], "interval_s": opts.interval_s, "stack_hz": opts.stack_hz,
         "whyidle_pid": os.getpid(), "python": sys.version.split()[0], "html": opts.html,
     }
-    write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+    problem = _write_meta(run_dir, meta)
+    if problem:
+        raise LaunchError(f"run directory not writable: {run_dir} ({problem})", 2)
 
     launcher.become_subreaper()
     pollers = [HostPoller(os.getpid(), opts.interval_s)]
@@ -171,7 +184,8 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     if gpu is None:
         notes = JsonlWriter(os.path.join(run_dir, "gpu.jsonl"))
         notes.add({"k": "gpu_notice", "t": time.monotonic_ns(), "msg": gpu_reason or "no GPU"})
-        notes.close()
+        with contextlib.suppress(OSError):  # the sampler meets the same problem and says it
+            notes.close()
     sampler.start()
 
     env = launcher.child_env(run_dir, boot, opts.stack_hz)
@@ -183,7 +197,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         sampler.stop()
         raise LaunchError(f"cannot execute {cmd[0]}: {exc.strerror or exc}", 126) from None
     meta["root_pid"] = child.pid
-    write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+    _write_meta(run_dir, meta)  # from now on nothing whyidle cannot write may stop the command
 
     live = None
     if not opts.quiet:
@@ -191,26 +205,55 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         from whyidle.report.live import LiveStatus
 
         live = LiveStatus(StepTail(run_dir), sampler, stream, tty=stream.isatty())
+    told = False
     try:
         while not child.wait(1.0):
             launcher.reap_orphans(child.pid)
             if live:
                 live.tick()
+            told = _tell_problem(sampler, stream, told)
     finally:
         if live:
             live.close()
     meta["exit_t"] = time.monotonic_ns()
     status = child.exit_status()
     try:
-        return _finish(run_dir, meta, status, sampler, child, opts, stream, t_start)
+        return _finish(run_dir, meta, status, sampler, child, opts, stream, t_start, told)
     finally:
         child.restore_signals()
 
 
-def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start):
-    """After the command ended: stop sampling, finalize meta.json, build and show the report."""
+def _write_meta(run_dir: str, meta: dict) -> str | None:
+    """Writes ``RUN_DIR/meta.json`` atomically; returns None, or why it could not (an errno text)."""
+    try:
+        write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _tell_problem(sampler, stream, told: bool) -> bool:
+    """Says the sampler's :attr:`~whyidle.sampling.loop.SamplerLoop.problem` (a run directory that
+    cannot be written) in one line, once; returns whether it was said."""
+    if told or sampler.problem is None:
+        return told
+    try:
+        stream.write(f"whyidle: {sampler.problem}\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+    return True
+
+
+def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start, told=False):
+    """After the command ended: stop sampling, finalize meta.json, build and show the report.
+
+    A run directory that cannot be written any more costs neither the exit status nor a
+    traceback: the report is built from what was recorded, with whyidle's own copy of meta.json,
+    and the views it cannot write are named in its notes."""
     sampler.stop()
     launcher.reap_orphans(child.pid)
+    _tell_problem(sampler, stream, told)
 
     meta.update({
         "ended_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -218,20 +261,24 @@ def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start):
         "exit_code": status.exit_code, "signal": status.signal, "interrupted": status.interrupted,
     })
     meta["anchors"].append(_anchor())
-    write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
+    stale = _write_meta(run_dir, meta)
 
     try:
         from whyidle.pipeline import report_run
 
-        report = report_run(run_dir, opts.json_path if opts.json_path != "-" else None)
+        report = report_run(run_dir, opts.json_path if opts.json_path != "-" else None,
+                            meta=meta if stale else None)
     except Exception as exc:  # never lose the command's exit status to a reporting problem
-        stream.write(f"whyidle: could not build the report ({exc}); the recorded data is in {run_dir}\n")
+        if not os.path.isdir(run_dir):
+            stream.write(f"whyidle: no report: the run directory {run_dir} was removed during the run\n")
+        else:
+            stream.write(f"whyidle: could not build the report ({exc}); the recorded data is in {run_dir}\n")
         return None, status, run_dir
     if not opts.quiet and opts.show_report:
         from whyidle.report import terminal
 
         terminal.render(report, file=stream)
     if opts.json_path == "-":  # after the command: its stdout is done by now
-        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        sys.stdout.write(json_text(report) + "\n")
         sys.stdout.flush()
     return report, status, run_dir

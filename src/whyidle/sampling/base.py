@@ -35,3 +35,8 @@ class Poller(Protocol):
 
     def close(self) -> None:
         """Releases handles (e.g. ``nvmlShutdown``). Must not raise."""
+
+
+class SamplerStopped(Exception):
+    """Raised by a poller's ``start`` or ``poll`` to stop itself for good (e.g. its GPU is lost); the
+    loop records ``str(exc)`` as the poller's one ``*_notice`` and closes it."""

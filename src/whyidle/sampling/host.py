@@ -14,6 +14,8 @@ import platform
 
 import psutil
 
+from whyidle.redact import redact_argv
+
 #: Seconds between scans of all other processes for the top CPU users (a full process scan costs
 #: milliseconds, so it runs far less often than the tick; ../shared/sampling.md §4.1).
 TOP_SCAN_PERIOD_S = 2.0
@@ -148,17 +150,38 @@ def _psi_some_total_us(resource: str) -> int | None:
 
 
 def short_command(cmdline: list[str], name: str | None = None, limit: int = 80) -> str:
-    """A readable command for a report: paths shortened to their last part, at most ``limit``
-    characters (``python burn.py 2 60`` rather than a 300-character interpreter line)."""
+    """A readable command for a report: secrets redacted (:func:`whyidle.redact.redact_argv`),
+    paths shortened to their last part, at most ``limit`` characters (``python burn.py 2 60``
+    rather than a 300-character interpreter line)."""
     if not cmdline:
         return name or "?"
     words = []
-    for arg in cmdline[:6]:
+    for arg in redact_argv(cmdline)[:6]:
         if os.sep in arg and not arg.startswith("-") and " " not in arg:
             arg = os.path.basename(arg.rstrip(os.sep)) or arg
         words.append(arg if len(arg) <= 40 else arg[:37] + "...")
     text = " ".join(words)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def process_label(cmdline: list[str], name: str | None, uid: int | None, own_uid: int | None = None) -> str:
+    """How a process outside the observed tree is named in ``host_top`` (and so in the
+    ``cpu_contention`` finding): its :func:`short_command` (secrets redacted) when it belongs to
+    ``own_uid`` (default: whyidle's real user id), else only its program name (``name``, the
+    kernel's ``comm``, else the last part of ``cmdline[0]``). Another user's command line is
+    theirs: it may hold their secrets and paths, and a shared report is not the place for it.
+
+    Args:
+        cmdline: the process's arguments.
+        name: its program name (psutil ``name()``), None when unknown.
+        uid: its real user id, None when unreadable (treated as another user's).
+        own_uid: the user whose processes are shown in full (tests pass one).
+    """
+    if own_uid is None:
+        own_uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and uid == own_uid:
+        return short_command(cmdline, name)
+    return name or (os.path.basename(cmdline[0]) if cmdline else "") or "?"
 
 
 def cpu_model() -> str | None:
@@ -175,10 +198,16 @@ def cpu_model() -> str | None:
 
 
 def _command_of(proc: psutil.Process) -> str:
-    """:func:`short_command` of a process, ``"?"`` once it is gone or unreadable."""
+    """:func:`process_label` of a process, ``"?"`` once it is gone or unreadable."""
     try:
         with proc.oneshot():
-            return short_command(proc.cmdline(), proc.name())
+            name = proc.name()
+            try:
+                uid = proc.uids().real
+            except (psutil.Error, AttributeError):
+                uid = None
+            own = hasattr(os, "getuid") and uid == os.getuid()  # another user's arguments are not read
+            return process_label(proc.cmdline() if own else [], name, uid)
     except psutil.Error:
         return "?"
 
@@ -265,7 +294,7 @@ class HostPoller:
                 self._seen.add(p.pid)
                 try:
                     with p.oneshot():
-                        name, cmdline = p.name(), p.cmdline()[:12]
+                        name, cmdline = p.name(), redact_argv(p.cmdline())[:12]
                 except psutil.Error:
                     name, cmdline = None, []
                 out.append({"k": "host_proc", "t": now_ns, "pid": p.pid, "ppid": row[1], "name": name,

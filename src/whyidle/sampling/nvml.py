@@ -17,7 +17,10 @@ What is read, and why (see ``/work/shared/sampling.md``):
 
 Every NVML call goes through :meth:`GpuPoller._call`: a function the device or driver does not offer
 (not supported, no permission, missing symbol, library mismatch) yields ``None`` and is never called
-again for that device. GPM has its own guard: any failure stops GPM on that device with one notice
+again for that device. A device that is gone (:data:`_GONE`: a lost GPU, an unloaded or upgraded
+driver) is no longer read; when no device is left, or every call failed in :data:`DEAD_POLLS` polls in
+a row (``NVML_ERROR_UNKNOWN`` from some point on), the poller stops for good with one ``gpu_notice``
+(it raises :class:`~whyidle.sampling.base.SamplerStopped`); the samples before it stay. GPM has its own guard: any failure stops GPM on that device with one notice
 (:meth:`GpuPoller._gpm_fail`). Nothing expensive is called per tick (no
 ``nvmlDeviceGetPcieThroughput``, which blocks ~20 ms, no process enumeration: sampling.md §1.4, §1.9).
 
@@ -37,6 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pynvml
+
+from whyidle.sampling.base import SamplerStopped
 
 #: Sample types drained from the driver's buffer, with the ``type`` name used in ``gpu_util``.
 SAMPLE_TYPES: dict[str, int] = {
@@ -58,6 +63,19 @@ _UNAVAILABLE = (
     pynvml.NVMLError_ArgumentVersionMismatch,
     pynvml.NVMLLibraryMismatchError,  # not an NVMLError subclass (sampling.md §6)
 )
+
+#: ``nvmlReturn_t`` codes after which a device gives nothing any more until the driver is reloaded:
+#: it fell off the bus, the driver was unloaded, or upgraded under the running process.
+_GONE = {
+    pynvml.NVML_ERROR_GPU_IS_LOST,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    pynvml.NVML_ERROR_UNINITIALIZED,
+}
+
+#: Polls in a row in which every NVML call failed (and none succeeded) after which the GPU sampler
+#: stops: ~3 s at the default 1 s period. A single failing poll (a timeout) is not the end.
+DEAD_POLLS = 3
 
 #: nvml.h (GPM functions): "The interval between two nvmlGpmSampleGet() calls should be greater than
 #: 100ms due to the internal sample refresh rate". A poll sooner than this after the previous GPM
@@ -273,6 +291,10 @@ class GpuPoller:
             dev: list(THROTTLE_COUNTER_FIELDS.values()) for dev, _ in handles}
         self._pending: list[dict] = []  # records read at start, written at the first poll
         self._closed = False
+        self._lost: dict[int, str] = {}  # device (-1: the driver) -> why it is gone (_GONE)
+        self._ok = self._failed = 0  # NVML calls of the current poll that succeeded / failed
+        self._dead = 0  # polls in a row in which every call failed
+        self._held: list[str] = []  # notices of those polls: said only if a poll succeeds again
 
     # -- NVML call wrapper -----------------------------------------------------------------------
 
@@ -285,18 +307,59 @@ class GpuPoller:
         fields, whose ``null`` already says it.
         """
         key = (dev, what)
-        if key in self._disabled:
+        if key in self._disabled or dev in self._lost or -1 in self._lost:
             return None
         try:
-            return fn(*args)
+            out = fn(*args)
         except _UNAVAILABLE as e:
             self._disabled.add(key)
             if notice:
                 self._notice(what, f"GPU {dev}: {what} not available ({e}); no longer read")
         except pynvml.NVMLError as e:
-            if notice:
+            self._failed += 1
+            if getattr(e, "value", None) in _GONE:
+                self._lose(dev, f"{what} failed ({e})")
+            elif notice:
                 self._notice(f"{what}:{type(e).__name__}", f"GPU {dev}: {what} failed ({e})")
+        else:
+            self._ok += 1
+            return out
         return None
+
+    def _lose(self, dev: int, why: str) -> None:
+        """Stops reading device ``dev`` (-1: every device, the driver is gone) for good."""
+        if dev not in self._lost:
+            self._lost[dev] = f"GPU {dev}: {why}" if dev >= 0 else why
+            for d in [d for d in self._gpm if dev in (-1, d)]:
+                self._gpm_free(d)
+
+    def _live(self) -> list[tuple[int, Any]]:
+        """The ``(index, handle)`` pairs of the devices still read."""
+        if -1 in self._lost:
+            return []
+        return [(d, h) for d, h in self._handles if d not in self._lost]
+
+    def _check_alive(self, mark: int) -> None:
+        """Ends a poll: raises :class:`SamplerStopped` when no device is left or every call failed
+        in :data:`DEAD_POLLS` polls in a row; holds back the notices (from index ``mark`` on) of a
+        poll in which every call failed, as they would only say the same thing."""
+        if not self._live():
+            why = next(iter(self._lost.values()), "no device left")
+            raise SamplerStopped(f"GPU sampling stopped: {why}; the samples before it are kept")
+        if self._failed and not self._ok:
+            self._dead += 1
+            self._held += self._notices[mark:]
+            del self._notices[mark:]
+            if self._dead >= DEAD_POLLS:
+                raise SamplerStopped(f"GPU sampling stopped: every NVML call failed in {self._dead} polls in a "
+                                     f"row ({'; '.join(self._held[:2]) or 'no reason given'}); the samples "
+                                     "before it are kept")
+        elif self._ok:  # a poll that called nothing (a GPM window not yet due) changes nothing
+            self._dead = 0
+            self._notices[mark:mark] = self._held
+            self._held = []
+        for dev, why in self._lost.items():
+            self._notice(f"lost:{dev}", f"{why}: no longer sampled")
 
     def _notice(self, key: str, msg: str) -> None:
         if key not in self._noticed:  # one notice per kind of problem, not per tick
@@ -328,7 +391,7 @@ class GpuPoller:
         cuda = cuda_version_string(static(-1, pynvml.nvmlSystemGetCudaDriverVersion))
         devices = []
         newest = 0
-        for dev, h in self._handles:
+        for dev, h in self._live():
             cc = static(dev, pynvml.nvmlDeviceGetCudaComputeCapability, h)
             mem = self._memory_info(dev, h, notice=False)
             query = getattr(pynvml, "nvmlGpmQueryDeviceSupport", None)
@@ -354,6 +417,8 @@ class GpuPoller:
         if newest:
             self.ts_domain = detect_ts_domain(newest, nvml_clock_now_us())
         self._set_period()
+        if not self._live():
+            raise SamplerStopped(f"GPU sampling stopped: {next(iter(self._lost.values()))}")
         return [{
             "k": "gpu_static", "t": now_ns, "devices": devices, "ts_domain": self.ts_domain,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -363,21 +428,25 @@ class GpuPoller:
         """Returns one tick: on a slow tick, ``gpu_util`` records for new buffer samples, one
         ``gpu_state`` and (where the driver has the counters) one ``gpu_counters`` per device; a
         ``gpm`` record per device whose GPM window ended; ``gpu_limits`` at the first poll; and
-        ``gpu_notice`` records, first, for what just became unavailable. Never raises for NVML.
+        ``gpu_notice`` records, first, for what just became unavailable. Never raises for NVML,
+        but :class:`~whyidle.sampling.base.SamplerStopped` once no device can be read any more.
 
         Args:
             now_ns: ``time.monotonic_ns()`` at the call.
         """
         out: list[dict] = self._pending
         self._pending = []
+        mark = len(self._notices)
+        self._ok = self._failed = 0
         if self._slow_tick(now_ns):
             out += self._slow(now_ns)
-        for dev, h in self._handles:
+        for dev, h in self._live():
             if dev in self._gpm:
                 rec = self._gpm_window(dev, h)
                 if rec is not None:
                     out.append(rec)
         self._set_period()
+        self._check_alive(mark)
         return self._take_notices(now_ns) + out
 
     def _slow_tick(self, now_ns: int) -> bool:
@@ -400,7 +469,7 @@ class GpuPoller:
     def _slow(self, now_ns: int) -> list[dict]:
         """The slow tier: buffer samples, snapshots and throttle counters of every device."""
         drained: list[tuple[int, str, list[tuple[int, float]]]] = []
-        for dev, h in self._handles:
+        for dev, h in self._live():
             for type_name, stype in SAMPLE_TYPES.items():
                 samples = self._samples(dev, h, type_name, stype)
                 if samples:
@@ -421,9 +490,9 @@ class GpuPoller:
             for dev, type_name, samples in drained:
                 out.append({"k": "gpu_util", "t": now_ns, "dev": dev, "type": type_name,
                             "samples": [[ts * 1000 - offset_ns, v, ts] for ts, v in samples]})
-        for dev, h in self._handles:
+        for dev, h in self._live():
             out.append(self._state(dev, h, now_ns))
-        for dev, h in self._handles:
+        for dev, h in self._live():
             counters = self._counters(dev, h)
             if counters is not None:
                 out.append(counters)
@@ -593,8 +662,10 @@ class GpuPoller:
                 else:
                     rec[key] = max(0.0, value)
         except Exception as e:  # noqa: BLE001 -- NVMLError (a GPU lost mid-run), missing symbols, ...
-            self._gpm_fail(dev, e)
+            self._failed += 1
+            self._gpm_fail(dev, e)  # the device itself is lost by the next call that fails with _GONE
             return None
+        self._ok += 1
         if len(errors) == len(GPM_METRICS):
             self._gpm_fail(dev, pynvml.NVMLError(errors[0][1]))
             return None
