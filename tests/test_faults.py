@@ -289,6 +289,7 @@ def test_full_disk_stops_recording_not_the_command(tmp_path):
         for view in ("report.html", "timeline.json", "report.json"):
             assert any(n.startswith(f"{view} not written: No space left on device") for n in notes), notes
         assert any("meta.json could not be rewritten" in n for n in notes)
+        assert any(n.startswith("whyidle's sampler: cannot write") and "recording stopped" in n for n in notes), notes
         assert any(r["k"] == "metric" for r in _records(path))
         print(f"full disk: proc file {size} bytes, {len(_records(path))} records")
     finally:

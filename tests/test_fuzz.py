@@ -251,3 +251,27 @@ def test_a_trace_truncated_while_it_is_read_keeps_what_was_read(tmp_path, monkey
     t = kineto.read_trace(str(path), block_bytes=16 * 1024)
     assert t.cut and "cut short" in t.cut
     assert 0 < len(t.steps) < 400
+
+
+def test_a_trainer_file_cut_short_is_not_told_as_teardown(tmp_path):
+    """A proc file that ends early (a full disk, a kill, a cut copy): the report says the records
+    end before the command did, instead of calling the unrecorded training "a final evaluation or
+    save"."""
+    target = str(tmp_path / "run")
+    shutil.copytree(os.path.join(REPO, "tests", "data", "runs", "python_loop_loss"), target)
+    proc = os.path.join(target, next(f for f in os.listdir(target) if f.startswith("proc-")))
+    with open(proc, "rb") as f:
+        data = f.read()
+    with open(proc, "wb") as f:
+        f.write(data[: len(data) // 2])
+    times = [json.loads(line)["t"] for line in data.splitlines()]
+    with open(os.path.join(target, "meta.json")) as f:
+        meta = json.load(f)
+    meta.update(start_t=min(times) - 10 ** 8, exit_t=max(times))  # a current run's: the command's own times
+    with open(os.path.join(target, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    result = fuzzing.run_cli(["report", target, "--json", "-"])
+    assert result.exit_code == 0, result.stderr
+    notes = json.loads(result.stdout)["notes"]
+    assert any(n.startswith("The trainer's records end ") and "before the command did" in n for n in notes), notes
+    assert not any("a final evaluation or save" in n for n in notes)

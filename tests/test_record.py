@@ -395,3 +395,52 @@ def test_steps_rows_are_read_as_their_step_records_would_be(rows):
     steps = expand_lite({"k": "steps", "rows": rows})
     assert bad == len(rows) - len(steps) + sum(not slow.add(s) for s in steps)
     assert [dict(r) for r in fast.rows()] == [dict(r) for r in slow.rows()]
+
+
+def test_a_corrupt_host_file_beside_good_steps_is_left_out_with_a_note(tmp_path):
+    d = make_run_dir(tmp_path)
+    (d / "host.jsonl").write_bytes(b"\x00\x9f garbage\n" * 20)
+    write_lines(d / "proc-5.jsonl", ['{"k":"proc","t":1}', '{"k":"step","t":3,"i":0,"t0":1,"t1":3}'])
+    run = load_run(str(d))
+    assert run.host == [] and len(run.steps[5]) == 1
+    assert run.problems == ["host.jsonl: left out: line 1 and 19 more of 20 lines are not JSON records; the file is "
+                            "corrupt"]
+
+
+def test_a_missing_meta_is_named_in_problems(tmp_path):
+    d = make_run_dir(tmp_path, meta=None)
+    write_lines(d / "proc-5.jsonl", ['{"k":"proc","t":1}'])
+    assert load_run(str(d)).problems == ["meta.json: missing (the command, its exit code and the run's start and end "
+                                         "are unknown)"]
+
+
+def test_a_file_still_being_appended_is_read_up_to_its_size_at_the_start(tmp_path, monkeypatch):
+    """``whyidle report`` of a live run: a writer that appends a line for every line read (faster
+    than the reader) must not keep it reading forever."""
+    from whyidle.record import reader
+
+    path = tmp_path / "proc-1.jsonl"
+    write_lines(path, ['{"k":"exit","t":1}'] * 3)
+
+    class Racing:
+        def __init__(self, p, mode):
+            self.f = open(p, mode)  # noqa: SIM115 - closed in __exit__
+
+        def fileno(self):
+            return self.f.fileno()
+
+        def __iter__(self):
+            for line in self.f:
+                with open(path, "a") as w:
+                    w.write('{"k":"exit","t":2}\n')
+                yield line
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(reader, "open", Racing, raising=False)
+    records, _ = read_jsonl(str(path))
+    assert [r["t"] for r in records] == [1, 1, 1]

@@ -66,7 +66,7 @@ def analyze_run(run_dir: str | list[str], meta: dict | None = None) -> Analyzed:
 
 
 def report_run(run_dir: str | list[str], json_path: str | None = None, html_path: str | None = None,
-               meta: dict | None = None) -> dict:
+               meta: dict | None = None, notes: list[str] | None = None) -> dict:
     """The ``whyidle.report/1`` dict of a run directory; writes ``report.json``, ``report.html``
     (unless the run was made with ``--no-html``) and ``timeline.json`` into it, and the report to
     ``json_path`` / ``html_path`` when given. The page is rendered once for both HTML paths.
@@ -75,7 +75,8 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
 
     A view of the run directory that cannot be written (read-only or full directory, a rendering
     error), ``report.json`` included, is named in the report's ``notes``; the report never depends
-    on it. ``meta``: see :func:`analyze_run`.
+    on it. ``meta``: see :func:`analyze_run`; ``notes``: sentences the caller adds to the report's
+    ``notes`` (``whyidle run``: why its recording stopped early).
     Errors: :class:`whyidle.record.reader.RunDirError` for a missing or corrupt directory;
     ``OSError`` when ``json_path`` or ``html_path`` cannot be written.
     """
@@ -85,6 +86,7 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
     dirs = [run_dir] if isinstance(run_dir, str) else list(run_dir)
     a = analyze_run(dirs, meta)
     report = build_report(a.facts, a.verdict, a.findings, a.run.problems)
+    report["notes"] += notes or []
     report["run"]["run_dir"] = a.run.path
     own = dirs[0] if len(dirs) == 1 else None
     if own is None:
@@ -189,7 +191,8 @@ def trace_report(path: str, rank: int | None = None, workers: int | None = None)
               f"{'s' if s.skipped > 1 else ''} of text (not an event object, or a ts, dur or cat that is not a number "
               "in range or text)" for s in summaries if s.skipped]
     notes += [f"{s.path}: the events end early, at {s.cut}: the report covers the events before it"
-              for s in summaries if s.cut]
+              + ("" if s.metrics.get("has_gpu") else " (none of them ran on a GPU: profilers write the device's "
+                 "events after the host's, so the cut may have taken them all)") for s in summaries if s.cut]
     if separate_runs(summaries):  # not one job's ranks: the newest run's ranks, else its newest trace
         last = newest_run(summaries)
         if last:

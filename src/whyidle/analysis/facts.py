@@ -266,6 +266,9 @@ class RunFacts:
       ``graph_nodes`` (median autograd nodes per backward).
     - ``hotspots`` and ``focus`` (phase → :mod:`whyidle.analysis.stacks` results).
     - ``time``: the command's wall time by part (:func:`whyidle.analysis.accounting.time_accounting`);
+      ``records_end_s``: seconds from the trainer's last record to the command's end when its
+      records end without the agent's ``exit`` record (recording stopped early, or the process was
+      killed; :func:`whyidle.analysis.run._records_end_s`), else None;
       ``job_samples_per_s``: samples trained after the first step ÷ ``time.training_span_s`` (what
       the job achieved, evaluation, checkpoints and epoch boundaries inside the training loop
       included).
@@ -325,6 +328,7 @@ class RunFacts:
     step_rows: list[Any] | None = None
     analyzed_steps: list[Any] | None = None
     time: TimeAccounting | None = None
+    records_end_s: float | None = None
     job_samples_per_s: float | None = None
     module_loops: list[dict] | None = None
     preamble: dict | None = None

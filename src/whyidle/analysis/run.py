@@ -107,6 +107,18 @@ def job_lead(run: RunData) -> int | None:
     return _job(run.procs, step_lists)[2]
 
 
+def _records_end_s(meta: dict, recs: list[dict], rows: list) -> float | None:
+    """Seconds from the trainer's last record to the command's end (``meta.json`` ``exit_t``) when
+    its records end without the agent's ``exit`` record (written at interpreter exit): the
+    recording stopped early (a full, removed or read-only run directory, whyidle killed, a damaged
+    or cut file) or the process was killed. None when the records end normally or it is unknown."""
+    end = meta.get("exit_t")
+    if not recs or end is None or any(r.get("k") == "exit" for r in recs):
+        return None
+    last = max([r["t"] for r in recs] + ([rows[-1]["t1"]] if rows else []))
+    return max(0.0, (end - last) / 1e9)
+
+
 def analyze(run: RunData) -> RunFacts:
     """Computes the facts of a run.
 
@@ -254,6 +266,7 @@ def analyze(run: RunData) -> RunFacts:
         step_rows=rows,
         analyzed_steps=analyzed,
         time=time_parts,
+        records_end_s=_records_end_s(run.meta, recs, rows),
         job_samples_per_s=_job_samples_per_s(rows, time_parts),
         module_loops=_module_loops(_last(recs, "module_calls")),
         preamble=_preamble(_last(recs, "module_calls"), step, hotspots.get("forward") or []),

@@ -58,7 +58,9 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
         truncated last line, and records left out because a field the analysis reads has a value
         it cannot use (:mod:`whyidle.record.schema`; one line per kind, with the first reason).
         A damaged line (not a JSON object: a write cut short by a kill, a disk error) is skipped and
-        counted, wherever it is.
+        counted, wherever it is. A file still being written (``whyidle report`` of a live run) is
+        read up to its size when it was opened, so a writer faster than the reader cannot keep it
+        reading forever.
     Errors:
         RunDirError: most lines are damaged (not a whyidle record file), or the file cannot be read.
     """
@@ -77,7 +79,12 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
     adders = {} if steps is None else {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size  # a live run's writer appends: read what is there now
+            read = 0
             for number, raw in enumerate(f, start=1):
+                start, read = read, read + len(raw)
+                if start >= size or (read > size and not raw.endswith(b"\n")):
+                    break  # appended after the start, or still being written
                 if not raw.strip():
                     continue
                 lines += 1
@@ -157,9 +164,10 @@ def _read_meta(meta_path: str, problems: list[str]) -> dict:
 def load_run(path: str) -> RunData:
     """Loads a run directory written by ``whyidle run``.
 
-    Errors:
-        RunDirError: not a directory, no whyidle records in it, a ``meta.json`` of another format,
-        or files mostly damaged (:func:`read_jsonl`).
+    A file of mostly damaged lines (:func:`read_jsonl`) is left out with a note when the others
+    hold records. Errors:
+        RunDirError: not a directory, no whyidle records in it (every record file damaged or
+        absent), or a ``meta.json`` of another format.
     """
     if os.path.isfile(path):
         raise RunDirError(f"{path}: a file, not a run directory (a profiler trace: whyidle trace {path})")
@@ -174,10 +182,20 @@ def load_run(path: str) -> RunData:
             meta = _read_meta(meta_path, problems)
         except _MetaUnreadable as exc:
             meta_error = exc
-    host, p = read_jsonl(os.path.join(path, "host.jsonl"))
-    problems += p
-    gpu, p = read_jsonl(os.path.join(path, "gpu.jsonl"))
-    problems += p
+    corrupt: list[RunDirError] = []
+
+    def read(file: str, table: StepTable | None = None) -> list[dict]:
+        try:
+            records, p = read_jsonl(file, steps=table)
+        except RunDirError as exc:  # this file is left out; the others may hold the run
+            corrupt.append(exc)
+            problems.append(f"{os.path.basename(file)}: left out: {str(exc).split(': ', 1)[-1]}")
+            return []
+        problems.extend(p)
+        return records
+
+    host = read(os.path.join(path, "host.jsonl"))
+    gpu = read(os.path.join(path, "gpu.jsonl"))
     procs: dict[int, list[dict]] = {}
     steps: dict[int, StepTable] = {}
     for file in sorted(glob.glob(os.path.join(path, "proc-*.jsonl"))):
@@ -185,15 +203,17 @@ def load_run(path: str) -> RunData:
         if not m:
             continue
         table = StepTable()
-        records, p = read_jsonl(file, steps=table)
-        problems += p
-        procs[int(m.group(1))] = records
+        procs[int(m.group(1))] = read(file, table)
         steps[int(m.group(1))] = table
-    if not meta and not host and not procs:
-        raise meta_error or RunDirError(f"{path}: not a whyidle run directory (no meta.json or records)")
+    recorded = host or any(procs.values()) or any(len(t) for t in steps.values())
+    if not recorded and (corrupt or not (meta or procs)):
+        raise (corrupt[0] if corrupt else None) or meta_error or RunDirError(
+            f"{path}: not a whyidle run directory (no meta.json or records)")
     if meta_error:
         problems.append(f"meta.json: {str(meta_error).split(': ', 1)[-1].split(';')[0]}: ignored (the command, its "
                         "exit code and the run's start and end are unknown)")
+    elif not meta:
+        problems.append("meta.json: missing (the command, its exit code and the run's start and end are unknown)")
     redact_run(meta, host, procs)
     return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps)
 

@@ -163,7 +163,7 @@ class StepTable:
             for col in empty:
                 col.append(_NONE)
             by = row[3]
-            self.by.append(by if type(by) is int and 0 <= by < len(_BY) else 2)
+            self.by.append(int(by) if isinstance(by, int) and 0 <= by < len(_BY) else 2)
             self.boundary.append(1 if row[12] else 0)
             self.profiled.append(0)
             self.lite.append(1)

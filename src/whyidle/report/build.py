@@ -93,7 +93,13 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
         notes.append(f"{info['boundary_excluded']} step(s) holding {held_text} ({info['boundary_s']:.2f} s) were left "
                      "out of the steady-state shares; the wall-time split counts that time.")
     teardown = ((facts.time or {}).get("parts") or {}).get("teardown") or {}
-    if teardown.get("s", 0) >= TEARDOWN_NOTE_S and teardown.get("share", 0) >= TEARDOWN_NOTE_SHARE:
+    unrecorded = facts.records_end_s or 0.0
+    if unrecorded >= TEARDOWN_NOTE_S:
+        notes.append(f"The trainer's records end {unrecorded:.1f} s before the command did, without their last "
+                     "record: the recording stopped early (a full, removed or read-only run directory, whyidle "
+                     "killed, a damaged or cut file) or the process was killed. That time is not accounted (the "
+                     "wall-time split counts it as teardown); steps, shares and samples/s cover what was recorded.")
+    elif teardown.get("s", 0) >= TEARDOWN_NOTE_S and teardown.get("share", 0) >= TEARDOWN_NOTE_SHARE:
         top = (teardown.get("sites") or [{}])[0]
         where = (f", most of it at {top['site']}" + (f" inside {top['leaf']}" if top.get("leaf") and top["leaf"] != top["site"]
                                                     else "")) if top.get("site") else ""

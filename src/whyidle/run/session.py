@@ -267,7 +267,8 @@ def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start, told=F
         from whyidle.pipeline import report_run
 
         report = report_run(run_dir, opts.json_path if opts.json_path != "-" else None,
-                            meta=meta if stale else None)
+                            meta=meta if stale else None,
+                            notes=[f"whyidle's sampler: {sampler.problem}."] if sampler.problem else None)
     except Exception as exc:  # never lose the command's exit status to a reporting problem
         if not os.path.isdir(run_dir):
             stream.write(f"whyidle: no report: the run directory {run_dir} was removed during the run\n")
