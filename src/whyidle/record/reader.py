@@ -72,9 +72,9 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
     lines = last = 0
     left_out: dict[str, list] = {}  # kind -> [count, first reason]
 
-    def leave_out(kind, why: str) -> None:
+    def leave_out(kind, why: str, count: int = 1) -> None:
         entry = left_out.setdefault(str(kind)[:40], [0, why])
-        entry[0] += 1
+        entry[0] += count
 
     adders = {} if steps is None else {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}
     try:
@@ -101,12 +101,11 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
                     leave_out(kind, "no record kind (k)")
                     continue
                 add = adders.get(kind)
-                if add is not None:
+                if add is not None:  # add/add_gpu: kept or not; add_lite: the rows left out
                     result = add(obj)
-                    if result is False or (result is not True and result):
-                        leave_out(kind, "a field is not a number or the interval ends before it starts")
-                        if kind == "steps" and result is not False and result > 1:
-                            left_out[kind][0] += result - 1
+                    bad = int(not result) if isinstance(result, bool) else result
+                    if bad:
+                        leave_out(kind, "a field is not a number or the interval ends before it starts", bad)
                     continue
                 why = schema.problem(obj)
                 if why:
