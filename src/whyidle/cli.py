@@ -6,6 +6,7 @@ errors and unreadable input; 127 command not found; 126 not executable.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -76,6 +77,85 @@ def run(out, name, json_path, interval, stack_hz, quiet, no_html, command) -> No
     status.whyidle_exit()
 
 
+def _tries(values: tuple[str, ...]) -> dict:
+    """``--try NAME=V1,V2`` options → knob → typed values; one-line usage error otherwise."""
+    from whyidle.instrument.overrides import KNOBS, parse
+
+    out: dict = {}
+    for item in values:
+        name, _, text = item.partition("=")
+        name = name.strip()
+        kind = KNOBS.get(name)
+        if kind is None or not text:
+            _fail(f"--try {item}: expected NAME=V1[,V2...] with NAME one of {', '.join(KNOBS)}", 2)
+        for raw in text.split(","):
+            raw = raw.strip()
+            value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(raw.lower()) \
+                if kind is bool else raw if kind is str else int(raw) if raw.lstrip("-").isdigit() else None
+            if value is None or parse(json.dumps({name: value}))[1]:
+                _fail(f"--try {item}: {raw!r} is not a valid value for {name}", 2)
+            out.setdefault(name, []).append(value)
+    return out
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--budget", type=click.FloatRange(20, 86400), default=300, show_default=True, metavar="SECONDS",
+              help="Total time for the baseline and all trials (the --validate runs come on top).")
+@click.option("--trial-seconds", type=click.FloatRange(5, 3600), default=None, metavar="SECONDS",
+              help="Longest one trial may run (default: budget ÷ 8, between 15 and 90 s).")
+@click.option("--try", "tries", multiple=True, metavar="NAME=V1,V2",
+              help="Also try these values of a setting, e.g. --try num_workers=2,4 --try batch_size=64 "
+                   "(num_workers, pin_memory, persistent_workers, prefetch_factor, batch_size, threads, autocast, "
+                   "tf32, cudnn_benchmark, tfdata_parallel_map, tfdata_prefetch).")
+@click.option("--validate", is_flag=True,
+              help="Then run the baseline and the winner to the end each and compare their logged validation metrics.")
+@click.option("--out", "out", metavar="DIR", help="Tune directory (default: ./whyidle-runs/<UTC time>-tune-<name>/).")
+@click.option("--name", help="Name used in the default tune directory.")
+@click.option("--json", "json_path", metavar="FILE", help="Also write the result (whyidle.tune/1) to FILE ('-' = stdout).")
+@click.option("--html", "html_path", metavar="FILE", help="Also write the result as an HTML page to FILE.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def tune(budget, trial_seconds, tries, validate, out, name, json_path, html_path, command) -> None:
+    """Measure the fixes: run COMMAND as it is, then with the settings its diagnosis names (DataLoader
+    workers and batch size, threads, autocast, tf.data parallelism...) applied without code change;
+    rank them and print the change to make.
+
+    \b
+    Each trial re-runs the command and stops it (as Ctrl-C would) once its steady steps are measured.
+    A program that writes checkpoints or results writes them in every trial: whyidle names the files
+    trials changed. Exit code: 0 done (with or without a faster setting), 1 the command as written
+    could not be measured, 2 usage errors, 130 interrupted (the results so far are printed).
+
+    \b
+    Example:  whyidle tune --budget 300 -- python train.py --epochs 1
+    """
+    from whyidle.report.tune_terminal import Progress, render
+    from whyidle.run.launcher import LaunchError
+    from whyidle.run.session import check_writable_file
+    from whyidle.tune.session import TuneOptions, run_tune
+
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        _fail("no command given (usage: whyidle tune [OPTIONS] -- COMMAND ...)", 2)
+    opts = TuneOptions(budget_s=budget, trial_s=trial_seconds, out=out, name=name, tries=_tries(tries),
+                       validate=validate, json_path=json_path, html_path=html_path)
+    try:
+        for option, path in (("--json", json_path), ("--html", html_path)):
+            if path not in (None, "-"):
+                check_writable_file(path, option)
+        res = run_tune(cmd, opts, Progress())
+    except LaunchError as exc:
+        _fail(str(exc), exc.exit_code)
+    if json_path == "-":
+        from whyidle.jsonsafe import json_text
+
+        click.echo(json_text(res))
+    else:
+        render(res)
+    sys.exit(130 if res["interrupted"] else 1 if res["baseline"]["status"] != "ok" else 0)
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("run_dir", metavar="RUN_DIR...", nargs=-1, required=True)
 @click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
@@ -114,11 +194,11 @@ def report(run_dir, json_path, html_path) -> None:
               help="Processes reading a folder's rank files (default: one per core, fewer when memory is short).")
 def trace(path, json_path, rank, workers) -> None:
     """Diagnose an existing PyTorch profiler (Kineto) trace: a .json/.json.gz file or a folder of ranks."""
+    import contextlib
+
     from whyidle.pipeline import trace_report
     from whyidle.record.kineto import TraceError
     from whyidle.record.writer import write_json_atomic
-
-    import contextlib
 
     status = contextlib.nullcontext()
     if sys.stderr.isatty():  # a folder of many ranks takes a while

@@ -282,6 +282,8 @@ class RunFacts:
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
       ``tf_devices``, ``keras_calls``.
+    - ``overrides``: a ``whyidle tune`` trial's settings where the program took them or not
+      (:func:`whyidle.analysis.run._overrides`); None outside a trial.
     - ``threads``: the primary trainer's background Python threads and their CPU seconds
       (:mod:`whyidle.instrument.thread_cpu`: ``{name, module, cpu_s}``).
     """
@@ -324,6 +326,7 @@ class RunFacts:
     tf_devices: dict | None = None
     keras_calls: list[dict] | None = None
     threads: list[dict] | None = None
+    overrides: list[dict] | None = None
     logged: dict | None = None
     step_rows: list[Any] | None = None
     analyzed_steps: list[Any] | None = None

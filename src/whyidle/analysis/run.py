@@ -73,6 +73,21 @@ def _keras_devices(tfd: dict | None) -> list[dict]:
              "params": {on: n} if on else None, "source": "keras"}]
 
 
+def _overrides(recs: list[dict]) -> list[dict] | None:
+    """A ``whyidle tune`` trial's settings as the program took them (``override`` records,
+    docs/run-format.md): ``[{name, value, applied, was, site, why}]`` once per name, site and
+    outcome, in the order they happened; None outside a trial."""
+    seen, out = set(), []
+    for r in recs:
+        if r.get("k") != "override":
+            continue
+        key = (r["name"], r.get("site"), r["applied"])
+        if key not in seen:
+            seen.add(key)
+            out.append({k: r.get(k) for k in ("name", "value", "applied", "was", "site", "why")})
+    return out or None
+
+
 def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
     """The ``loader`` record of the DataLoader that fed the analyzed steps (the one most of them
     took their last batch from, the step's ``ld``), else the first one iterated. Lightning
@@ -258,6 +273,7 @@ def analyze(run: RunData) -> RunFacts:
         meta=run.meta,
         input_wait=input_wait,
         tfdata=_last(recs, "tfdata"),
+        overrides=_overrides(recs or [r for rs in procs.values() for r in rs]),
         host_mem_total_bytes=(_first(run.host, "host_static") or {}).get("mem_total_bytes"),
         tf_devices=_last(recs, "tf_devices"),
         keras_calls=[r for r in recs if r.get("k") == "keras_call"],

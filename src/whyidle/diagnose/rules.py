@@ -414,7 +414,8 @@ def input_bound(facts: RunFacts) -> dict | None:
     evidence = _round({
         "cause": cause, "data_wait_share": host_share, "gpu_idle_share": gpu_share,
         "data_wait_s_per_step": wait, "step_time_s_mean": mean,
-        "num_workers": nw, "suggested_num_workers": workers, "loader_cpu_busy_share": busy,
+        "num_workers": nw, "suggested_num_workers": workers,
+        "suggested_threads": model["threads"] if model else None, "loader_cpu_busy_share": busy,
         "loader_read_bytes_per_sample": per_sample, "iowait_share": iowait, "cpu_busy_share": cpu_busy,
         "cores": cores, "pin_memory": loader.get("pin_memory"),
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),

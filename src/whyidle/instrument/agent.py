@@ -67,6 +67,7 @@ class Agent:
         self.collectors: list = []  # callables returning records to write at each flush
         self.on_exit: list = []  # callables run once at exit, before the final flush
         self._notices: set[str] = set()
+        self.overrides = False  # a tune trial's settings (whyidle.instrument.overrides.from_agent); False: not looked up
         self.startup = None  # the start-up sampler (whyidle.instrument.startup), once a framework is imported
         self._flusher: threading.Thread | None = None
         self._threads: ThreadCPU | None = None
@@ -271,13 +272,29 @@ def _installer(instrument: str, function: str, label: str):
     return install
 
 
-_install_keras = _installer("keras", "install_keras", "Keras")
+def _then(*installs):
+    """One post-import hook running several installers in order (each turns its failure into a notice)."""
+
+    def install(module) -> None:
+        for one in installs:
+            one(module)
+
+    return install
+
+
+#: A ``whyidle tune`` trial's settings (:mod:`whyidle.instrument.overrides`): PyTorch's and
+#: tf.data's before their instrumentation (which then sees the program's call sites), Keras' after
+#: (its ``fit`` wrapper then records the trial's batch size).
+_override_torch = _installer("overrides", "install_torch", "Trial settings (PyTorch)")
+_override_tf = _installer("overrides", "install_tf", "Trial settings (tf.data)")
+_override_keras = _installer("overrides", "install_keras", "Trial settings (Keras)")
+_install_keras = _then(_installer("keras", "install_keras", "Keras"), _override_keras)
 _install_lightning = _installer("frameworks", "install_lightning", "Lightning")
 #: Framework modules whose import installs their instrumentation (post-import hooks). The HF
 #: ``Trainer`` is hooked at its own submodule: ``transformers`` imports it lazily, and importing it
 #: for a program that only builds models would cost seconds.
-_INSTALLERS = {"torch": _installer("torch", "install", "PyTorch"),
-               "tensorflow": _installer("keras", "install_tensorflow", "TensorFlow"),
+_INSTALLERS = {"torch": _then(_override_torch, _installer("torch", "install", "PyTorch")),
+               "tensorflow": _then(_override_tf, _installer("keras", "install_tensorflow", "TensorFlow")),
                "keras": _install_keras,
                "tf_keras": _install_keras,  # tf_keras: Keras 2 behind tf.keras with TF_USE_LEGACY_KERAS=1
                "lightning": _install_lightning,

@@ -29,7 +29,7 @@ import sys
 import threading
 from time import monotonic_ns
 
-from whyidle.instrument import saves
+from whyidle.instrument import overrides, saves
 
 KINDS = ("evaluation", "checkpoint", "logging")
 #: Slots counted apart from the wrapped calls' kinds: ``mode`` is a module's eval mode (opened by
@@ -168,6 +168,8 @@ def wrap(owner, name: str, kind: str, agent, entry: str | None = None) -> None:
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
+        if kind == "checkpoint":  # in a tune trial, to its scratch folder (from any thread)
+            args, kwargs = overrides.redirect(agent, args, kwargs, label)
         if get_ident() != regions.tid or agent.disabled:
             return orig(*args, **kwargs)
         try:

@@ -135,6 +135,7 @@ SCHEMAS: dict[str, dict] = {
                "drop_last?": _B, "shard?": opt(OBJ), "created?": opt(list_of(_T)), "args?": opt(map_of(TEXT)),
                "mp_context?": _T, "iterable?": _B, "worker_init_fn?": _B, "collate_user?": _B},
     "detail": {"step": NUM, "stride": NUM, "step_s?": _N},
+    "override": {"name": TEXT, "applied": BOOL, "value?": ANY, "was?": ANY, "site?": _T, "why?": _T},
     "api": {"name": TEXT, "entry?": _T, "site?": _T, "package?": _T, "version?": _T, "config?": opt(OBJ)},
     "iter": {"t0": NUM, "t1": NUM, "loader?": _I},
     "iter_first": {"t0": NUM, "t1": NUM, "loader?": _I},

@@ -72,7 +72,9 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     meta = facts.meta or {}
     info = facts.steps_info or {}
     notes = list(problems)
-    if meta.get("signal"):
+    if meta.get("stopped"):  # a whyidle tune trial, stopped once measured
+        notes.append(f"whyidle tune stopped the command ({meta['stopped']}); this report covers the steps before it.")
+    elif meta.get("signal"):
         notes.append(f"The command was ended by signal {meta['signal']}"
                      f"{' (Ctrl-C)' if meta.get('interrupted') else ''}; this report covers the steps before it.")
     elif meta.get("exit_code") not in (None, 0):
@@ -255,7 +257,9 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "straggler": facts.straggler,
         "logged_metrics": {name: {k: v for k, v in m.items() if k != "values"}
                            for name, m in (facts.logged or {}).items()},
-        "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
+        "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted",
+                                       "stopped")},
+        "overrides": facts.overrides,
         "notes": notes_of(facts, problems or []),
     })
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import whyidle
 from whyidle.record.writer import atomic_file
@@ -182,6 +183,12 @@ def signal_name(signum: int) -> str:
     return f"signal {signum}"
 
 
+#: Seconds a command stopped by :meth:`Child.stop` gets to end on SIGINT before SIGTERM, and
+#: on SIGTERM before SIGKILL: a training loop ends its step, runs ``finally`` blocks and atexit
+#: handlers (the agents' last flush takes at most a second) well within it.
+STOP_GRACE_S = 5.0
+
+
 class Child:
     """The running command, with signal forwarding installed while it runs.
 
@@ -191,11 +198,12 @@ class Child:
     Errors: ``OSError`` from ``subprocess.Popen`` (e.g. exec format error).
     """
 
-    def __init__(self, cmd: list[str], env: dict) -> None:
+    def __init__(self, cmd: list[str], env: dict, output=None) -> None:
         self.interrupted = False
         self._tty = _open_tty()
         self._saved = {}
-        self.proc = subprocess.Popen(cmd, env=env)
+        self._stopping: tuple[float, int] | None = None  # (when, signal sent last) once stop() was called
+        self.proc = subprocess.Popen(cmd, env=env, stdout=output, stderr=subprocess.STDOUT if output else None)
         for name in FORWARDED_SIGNALS:
             sig = getattr(signal, name, None)
             if sig is not None:
@@ -212,21 +220,44 @@ class Child:
             interactive = signal_name(signum) in _TERMINAL_SIGNALS
             if interactive and self._from_terminal():
                 return
-            targets = [self.proc.pid]
-            if interactive:
-                try:
-                    import psutil
-
-                    targets += [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-                except Exception:
-                    pass
-            for pid in targets:
-                try:
-                    os.kill(pid, signum)
-                except OSError:
-                    pass
+            self._signal_tree(signum, tree=interactive)
         except Exception:
             pass
+
+    def stop(self) -> None:
+        """Stops the command gently, as Ctrl-C would: SIGINT to it and its descendants (the program
+        ends its loop, its ``finally`` blocks and atexit handlers run and the agents write their
+        last records); :meth:`escalate` follows with SIGTERM and then SIGKILL if it lingers."""
+        self._stopping = (time.monotonic(), signal.SIGINT)
+        self._signal_tree(signal.SIGINT)
+
+    def escalate(self) -> None:
+        """After :meth:`stop`: SIGTERM once the command has had :data:`STOP_GRACE_S` seconds to
+        end on SIGINT, SIGKILL after as many more. Call it periodically; does nothing otherwise."""
+        if self._stopping is None or self.proc.poll() is not None:
+            return
+        since, sent = self._stopping
+        if time.monotonic() - since < STOP_GRACE_S or sent == signal.SIGKILL:
+            return
+        nxt = signal.SIGTERM if sent == signal.SIGINT else signal.SIGKILL
+        self._stopping = (time.monotonic(), nxt)
+        self._signal_tree(nxt)
+
+    def _signal_tree(self, signum: int, tree: bool = True) -> None:
+        """Sends ``signum`` to the command, and to its descendants too with ``tree``."""
+        targets = [self.proc.pid]
+        if tree:
+            try:
+                import psutil
+
+                targets += [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+            except Exception:
+                pass
+        for pid in targets:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
 
     def _from_terminal(self) -> bool:
         if self._tty is None:

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable
 
 import whyidle
 from whyidle.jsonsafe import json_text
@@ -45,6 +46,12 @@ class RunOptions:
     quiet: bool = False
     show_report: bool = True  # False: live status only, the caller renders the report
     html: bool = True  # write RUN_DIR/report.html (meta.json "html")
+    env: dict | None = None  # extra environment for the command (whyidle tune: its trial's settings)
+    output: str | None = None  # file for the command's stdout and stderr (default: whyidle's own)
+    #: Called about once a second while the command runs with the run directory; a text (why)
+    #: stops the command gently (:meth:`whyidle.run.launcher.Child.stop`), recorded in meta.json
+    #: ``stopped``. whyidle tune stops a trial once it has measured enough steps.
+    until: "Callable[[str], str | None] | None" = None
 
 
 #: Launchers whose script names the run (torchrun and ``python -m torch.distributed.run``).
@@ -188,11 +195,16 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
             notes.close()
     sampler.start()
 
-    env = launcher.child_env(run_dir, boot, opts.stack_hz)
+    env = launcher.child_env(run_dir, boot, opts.stack_hz, base={**os.environ, **(opts.env or {})})
     t_start = time.monotonic()
     meta["start_t"] = time.monotonic_ns()
     try:
-        child = launcher.Child(cmd, env)
+        output = open(opts.output, "ab", buffering=0) if opts.output else None  # noqa: SIM115 - closed below
+        try:
+            child = launcher.Child(cmd, env, output)
+        finally:
+            if output is not None:
+                output.close()  # the child holds its own copy
     except OSError as exc:
         sampler.stop()
         raise LaunchError(f"cannot execute {cmd[0]}: {exc.strerror or exc}", 126) from None
@@ -212,6 +224,12 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
             if live:
                 live.tick()
             told = _tell_problem(sampler, stream, told)
+            if opts.until is not None and "stopped" not in meta:
+                why = opts.until(run_dir)
+                if why:
+                    meta["stopped"] = why
+                    child.stop()
+            child.escalate()
     finally:
         if live:
             live.close()

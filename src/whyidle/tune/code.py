@@ -1,0 +1,114 @@
+"""The winning trial's settings as the code change to make, in the program's own API (pure).
+
+The baseline run's facts say how the program builds its loader (its ``DataLoader(...)`` line and
+argument texts, Lightning's ``train_dataloader`` hook, the HF ``TrainingArguments``, a tf.data
+pipeline or ``Model.fit``); the winner's ``override`` records say at which lines the settings
+took effect.
+"""
+
+from __future__ import annotations
+
+from whyidle.analysis.facts import RunFacts
+from whyidle.diagnose import fixes
+
+#: HF ``TrainingArguments`` field of each DataLoader setting.
+HF_FIELDS = {"num_workers": "dataloader_num_workers", "persistent_workers": "dataloader_persistent_workers",
+             "prefetch_factor": "dataloader_prefetch_factor", "pin_memory": "dataloader_pin_memory",
+             "batch_size": "per_device_train_batch_size"}
+LOADER = ("batch_size", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
+
+
+def _was(value, old) -> str:
+    return f"   # was {old}" if old is not None and old != value else ""
+
+
+def settings_code(facts: RunFacts, settings: dict, sites: dict[str, str] | None = None) -> str:
+    """The code change for ``settings`` (knob → value, :data:`whyidle.instrument.overrides.KNOBS`).
+
+    Args:
+        facts: the baseline run's facts (its loader, API and tf.data pipeline).
+        settings: the winning trial's settings.
+        sites: knob → ``file:line`` where the trial applied it (from its ``override`` records).
+    Returns: lines of code, each change marked with the program's value it replaces.
+    """
+    sites = sites or {}
+    name = fixes.api_name(facts)
+    lines: list[str] = []
+    if "threads" in settings:
+        lines.append(f"torch.set_num_threads({settings['threads']}){_was(settings['threads'], (facts.proc or {}).get('threads'))}")
+    if settings.get("tf32"):
+        lines.append('torch.set_float32_matmul_precision("high")   # float32 matmuls on TF32 tensor cores')
+    if "cudnn_benchmark" in settings:
+        lines.append(f"torch.backends.cudnn.benchmark = {settings['cudnn_benchmark']}")
+    knobs = {k: settings[k] for k in LOADER if k in settings}
+    if knobs and name in ("keras", "tensorflow"):
+        lines += _tf_batch(facts, knobs["batch_size"]) if "batch_size" in knobs else []
+    elif knobs and name == "hf_trainer":
+        cfg = (facts.api or {}).get("config") or {}
+        lines.append("args = TrainingArguments(")
+        lines.append("    ...,")
+        for k, v in knobs.items():
+            lines.append(f"    {HF_FIELDS[k]}={v},{_was(v, cfg.get(HF_FIELDS[k]))}")
+        lines.append(")")
+    elif knobs:
+        lines += _loader_lines(facts, knobs, sites)
+    if "autocast" in settings:
+        bf16 = settings["autocast"] == "bf16"
+        api = fixes.mixed_precision_code(facts, bf16)
+        dtype = "torch.bfloat16" if bf16 else "torch.float16"
+        device = (facts.device or {}).get("kind") or "cuda"
+        lines += [api[1]] if api else [f'with torch.autocast("{device}", dtype={dtype}):   # forward and loss',
+                                       "    loss = loss_fn(model(x), y)",
+                                       "loss.backward()   # outside autocast"
+                                       + ("" if bf16 else "; float16 needs torch.amp.GradScaler")]
+    if settings.get("tfdata_parallel_map"):
+        fn = next((s.get("fn") for s in ((facts.tfdata or {}).get("stages") or [])
+                   if s.get("op") == "map" and s.get("parallel") is None), None) or "fn"
+        where = sites.get("tfdata_parallel_map")
+        lines.append(f"ds = ds.map({fn}, num_parallel_calls=tf.data.AUTOTUNE)" + (f"   # {where}" if where else ""))
+    if settings.get("tfdata_prefetch"):
+        lines.append("ds = ds.prefetch(tf.data.AUTOTUNE)   # last stage, before model.fit(ds)")
+    return "\n".join(lines)
+
+
+def _loader_lines(facts: RunFacts, knobs: dict, sites: dict) -> list[str]:
+    """``DataLoader(...)`` with the program's own arguments and the changed ones (plain PyTorch,
+    Accelerate), or Lightning's ``train_dataloader`` returning it."""
+    loader = facts.loader or {}
+    written = loader.get("args") or {}
+    hook = fixes.api_name(facts) == "lightning" and ((facts.api or {}).get("config") or {}).get("train_dataloader")
+    args = [written.get("dataset") or ("self.train_set" if hook else "dataset")]
+    size = knobs.get("batch_size") or written.get("batch_size") or loader.get("batch_size")
+    if size:
+        args.append(f"batch_size={size}")
+    if loader.get("sampler") == "RandomSampler":
+        args.append("shuffle=True")
+    if loader.get("drop_last"):
+        args.append("drop_last=True")
+    items = [(f"{k}={v}", _was(v, loader.get(k) or (0 if k == "num_workers" else loader.get(k))))
+             for k, v in knobs.items() if k != "batch_size"]
+    where = sites.get("num_workers") or sites.get("batch_size") or fixes._created(loader)
+    if hook:
+        first, indent = f"    return DataLoader({', '.join(args)}", " " * 22
+        out = [f"def train_dataloader(self):   # {hook}"]
+    else:
+        first, indent = f"loader = DataLoader({', '.join(args)}", " " * 20
+        out = []
+    comment = f"   # {where}" if where and not hook else ""
+    if not items:
+        out.append(first + ")" + comment)
+    else:
+        out.append(first + "," + comment)
+        out += [indent + text + ("," if i < len(items) - 1 else ")") + was for i, (text, was) in enumerate(items)]
+    if "batch_size" in knobs:
+        out.append(f"# batch_size was {loader.get('batch_size')}: re-validate the learning rate and convergence "
+                   "(the linear-scaling rule is a hint, not a promise)")
+    return out
+
+
+def _tf_batch(facts: RunFacts, size: int) -> list[str]:
+    """The batch size of a Keras/TensorFlow program: ``.batch(n)`` of its tf.data pipeline, else
+    ``Model.fit(batch_size=n)``."""
+    if facts.tfdata:
+        return [f"ds = ds.batch({size})   # was {(facts.tfdata or {}).get('batch_size')}"]
+    return [f"model.fit(x, y, batch_size={size}, ...)"]
