@@ -174,7 +174,7 @@ def test_guard_names_changed_files(tmp_path):
     os.utime(tmp_path / "ckpt" / "last.pt", ns=(1, 1))
     (tmp_path / "out.txt").write_text("x")
     (tmp_path / "whyidle-runs" / "ignored").write_text("x")
-    assert guard.changed(before, guard.snapshot(str(tmp_path))) == [os.path.join("ckpt", "last.pt"), "out.txt"]
+    assert guard.changed(before, guard.snapshot(str(tmp_path))) == (["out.txt"], [os.path.join("ckpt", "last.pt")])
 
 
 def test_winner_code_in_the_programs_api():

@@ -140,3 +140,44 @@ def test_tfdata_and_fit_settings_apply_in_a_keras_program(tmp_path):
     stages = report["keras"]["pipeline"]
     assert any(s["op"] == "map" and s["parallel"] == -1 for s in stages)
     assert report["metrics"]["batch_size"] == 16
+
+
+FINITE = """\
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+from whyidle import log_metric
+
+class Reads(Dataset):
+    def __len__(self):
+        return 6400
+
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.randn(16), i % 2
+
+model = torch.nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Reads(), batch_size=16, shuffle=True):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+log_metric("val_accuracy", 0.5, n=1000)
+"""
+
+
+@pytest.mark.slow
+def test_validate_runs_baseline_and_winner_to_the_end(tmp_path):
+    script = tmp_path / "finite.py"
+    script.write_text(FINITE)
+    out = tmp_path / "tune"
+    proc = run_whyidle(["tune", "--budget", "40", "--trial-seconds", "8", "--validate", "--out", str(out), "--json",
+                        "-", "--", sys.executable, str(script)], timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    assert res["winner"] is not None, res["trials"]
+    val = res["validation"]
+    assert val["status"] == "ok" and set(val["runs"]) == {"baseline", "winner"}
+    metric = val["comparison"]["comparisons"][0]["metrics"][0]
+    assert metric["name"] == "val_accuracy" and metric["unchanged"]
+    for key in ("baseline", "winner"):  # run to the command's end, not stopped
+        meta = json.loads((out / os.path.basename(val["runs"][key]) / "meta.json").read_text())
+        assert "stopped" not in meta and meta["exit_code"] == 0

@@ -6,7 +6,7 @@ only converts one frame to float in [0, 1) and returns a dict of 4 tensors (imag
 per-sample loss weight, index): tiny per-sample work, but a large batch in bytes (64 x 3x96x96
 float32 = 7.1 MB). The collate stacks each field. A light CNN (a 4x4 stride-4 patch conv first, so
 the compute stays ~20 ms per step at batch 64) with default torch threads (2 here), weighted
-cross-entropy, SGD with momentum, batch 64, 400 steps (~10-13 s of loop).
+cross-entropy, SGD with momentum, batch 64, 400 steps (~8-11 s of loop).
 
 - faulty (as written): ``num_workers=0``. The main process spends ~20-30 % of each step in
   ``next(loader)`` doing the conversion and the collate itself (``data_cpu_share`` ~1), so a
@@ -22,19 +22,40 @@ Why workers lose here: with workers each 7 MB batch is built in a fresh shared-m
 worker (page faults in the worker), handed over as file descriptors and faulted in again by the
 training process when the first layer reads it, and the workers' CPU time competes with the
 training process's two intra-op threads for the two cores; the work they take off the main
-process (the conversion and the stack) is smaller than what they add. There is no fault to fix:
+process (the conversion and the stack) is smaller than what they add. Measured with
+``getrusage`` over 200 steps (set-up subtracted): ``--workers 0``: ~83 k minor page faults in the
+training process (~410 per step: the allocator reuses the batch's memory), 200 involuntary
+context switches; ``--workers 2 --persistent-workers``: ~390 k in the training process (~1,950
+per step, about one per 4 KB page of the batch) plus ~550 k in the workers (1.8 s user + 3.0 s system
+CPU time, mostly kernel), system time of the training process 0.9 -> 3.0 s, 7,200 involuntary
+context switches; the step p50 went from 22 to 51 ms while the data wait fell from 0.30 to 0.12
+(the compute itself slowed). There is no fault to fix:
 the expected answer of a what-if tuner is "keep ``num_workers=0``" (a diagnosis may still report
 the ~25 % data wait, but must not promise a speed-up from workers).
 
-Measured by hand on the shared 2-core dev box (AMD EPYC, quiet: load average < 1; plain
-``python``, 400 steps, >= 2 runs each, median samples/s from RESULT):
+Measured by hand on the shared 2-core dev box (AMD EPYC, 2 vCPUs, nothing else of ours running;
+the vCPUs' speed swings, so single runs spread up to 3x), plain ``python``, default 400 steps,
+5 runs each (the last four lines 2), interleaved; median samples/s from RESULT, ratio to the
+as-written setting:
 
-    setting                          samples/s   step p50   data wait   vs as written
-    --workers 0 (faulty, as written)   ~2,300     ~27 ms      ~0.27        1.00x
-    --workers 1                        see /tmp table of the measuring session
-    --workers 2 / 4 (persistent or not) ...
+    setting                                   samples/s [runs]           step p50  data wait  ratio
+    --workers 0 (faulty, as written)          2843 [2338-3258]           21.6 ms   0.28       1.00x
+    --workers 1                               1226 [622-1327]            48 ms     0.12       0.43x
+    --workers 2                                839 [414-1183]            53 ms     0.11       0.30x
+    --workers 4                               1189 [197-1245]            49 ms     0.15       0.42x
+    --workers 2 --persistent-workers          1175 [660-1696]            53 ms     0.11       0.41x
+    --workers 2 --persistent-workers
+                --threads 1                   1348 [1132-1583]           46 ms     0.12       0.47x
+    --workers 2 --pin-memory                  1215 [752-1503]            42 ms     0.14       0.43x
+    --workers 0 --pin-memory (a no-op here)   2267 [907-2484]            22 ms     0.24       0.80x (noise)
+    --workers 0 --threads 1                   2120 [1703-2404]           31 ms     0.20       0.75x
+    --variant workers (2, persistent)         1242 [1144-1341]           51 ms     0.11       0.44x
+    --workers 0 --batch-size 32               2388 [2387-2388]           13 ms     0.25       0.84x
+    --workers 0 --batch-size 128              2974 [2819-3130]           43 ms     0.29       1.05x (noise)
 
-(The table is filled in below from the measurements.)
+Every worker setting was slower than ``--workers 0`` in every interleaved repeat (1.9-2.8x slower
+in the two repeats where the box was steady). Loop ~9-11 s at ``--workers 0`` (process ~13-19 s including ~4 s of
+imports and set-up), ~20-25 s with workers.
 """
 
 import os

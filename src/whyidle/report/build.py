@@ -257,8 +257,8 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "straggler": facts.straggler,
         "logged_metrics": {name: {k: v for k, v in m.items() if k != "values"}
                            for name, m in (facts.logged or {}).items()},
-        "run": {k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted",
-                                       "stopped")},
+        "run": {**{k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
+                **({"stopped": meta["stopped"]} if meta.get("stopped") else {})},
         "overrides": facts.overrides,
         "notes": notes_of(facts, problems or []),
     })

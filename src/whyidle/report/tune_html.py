@@ -26,7 +26,8 @@ def _chart(trials: list[dict]) -> dict:
                      "color": {"faster": "#2f9e55", "slower": "#d0513d"}.get(t["claim"], "#9aa4b2"),
                      "lo": None if lo is None else round(LABEL_W + lo * scale, 1),
                      "hi": None if hi is None else round(LABEL_W + hi * scale, 1),
-                     "text": f"{t['ratio']:.2f}×"})
+                     "text": f"{t['ratio']:.2f}×",
+                     "text_x": round(max(t["ratio"], hi or 0) * scale + LABEL_W + 6, 1)})
     return {"bars": bars, "width": LABEL_W + BAR_W + 80, "height": max(ROW_H, ROW_H * len(bars)),
             "label_w": LABEL_W, "one": round(LABEL_W + scale, 1)}
 
@@ -35,10 +36,10 @@ def render_html(res: dict) -> str:
     """The page for ``res`` (``whyidle.tune/1``) as text."""
     helpers = {
         "x": lambda v: "—" if v is None else f"{v:.2f}×",
-        "ci": lambda c: f" [{c[0]:.2f}–{c[1]:.2f}]" if c else "",
+        "ci": lambda c, d=2: f" [{c[0]:.{d}f}–{c[1]:.{d}f}]" if c else "",
         "rate": lambda v: "—" if v is None else f"{v:.1f}",
         "pct": lambda v: "—" if v is None else f"{v:.0%}",
     }
     return _ENV.get_template("tune.html.j2").render(
         res=res, chart=_chart(res["trials"]), command=shlex.join(res["command"]),
-        title=res["command"][-1] if res["command"] else "", **helpers)
+        title=res.get("name") or "", **helpers)

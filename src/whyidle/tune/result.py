@@ -7,6 +7,7 @@ import os
 import time
 
 import whyidle
+from whyidle.run.session import default_name
 from whyidle.tune import plan
 
 SCHEMA = "whyidle.tune/1"
@@ -35,7 +36,7 @@ def _applied(trial_reports: list[dict | None]) -> tuple[dict, list[dict]]:
 def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
     """``whyidle.tune/1`` from a finished :class:`whyidle.tune.session.Tuner`.
 
-    Keys: ``schema``, ``tool_version``, ``command``, ``tune_dir``, ``budget_s``, ``elapsed_s``,
+    Keys: ``schema``, ``tool_version``, ``command``, ``name`` (the script's), ``tune_dir``, ``budget_s``, ``elapsed_s``,
     ``trial_limit_s``, ``cores``, ``device``, ``interrupted``, ``baseline`` (``{run_dirs, status,
     samples_per_s, steps_per_s, ci, batch_size, data_wait_share, verdict, findings}``), ``trials``
     (best first: ``{label, settings, origin, why, predicted, status, detail, run_dirs,
@@ -76,7 +77,8 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
         })
     trials.sort(key=lambda t: (t["ratio"] is None, -(t["ratio"] or 0)))
     res = {
-        "schema": SCHEMA, "tool_version": whyidle.__version__, "command": list(cmd), "tune_dir": tuner.root,
+        "schema": SCHEMA, "tool_version": whyidle.__version__, "command": list(cmd), "name": default_name(list(cmd)),
+        "tune_dir": tuner.root,
         "budget_s": tuner.opts.budget_s, "elapsed_s": round(time.monotonic() - tuner.t0, 1),
         "trial_limit_s": round(tuner.trial_s, 1), "cores": os.cpu_count(), "device": rep.get("device"),
         "interrupted": tuner.interrupted,

@@ -133,13 +133,17 @@ class Tuner:
         self.progress.done(trial, out)
 
     def repeat_baseline(self) -> bool:
+        """A second run of the baseline (the halving stage); every trial is measured again
+        against both. False when it could not run or failed."""
         trial = self._run({}, "baseline-r2")
-        if trial is None or trial.status != "ok":
+        if trial is None:
+            return False
+        self.progress.done(trial, None)
+        if trial.status != "ok":
             return False
         self.base_runs.append(trial)
         for o in self.outcomes:
             self.measure(o)
-        self.progress.done(trial, None)
         return True
 
     # --- measuring ----------------------------------------------------------------------------
