@@ -128,7 +128,10 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
             if 0 < w <= max(cores, 2) and len([c for c in out if c.origin == "input_bound"]) < MAX_PER_FINDING:
                 out.append(Candidate({"num_workers": w, "persistent_workers": True}, "input_bound",
                                      why="a neighbouring worker count"))
-    if inp and framework in ("keras", "tensorflow") and inp["evidence"].get("fit_input") == "tf.data":
+    # a tf.data pipeline given to fit (its description is recorded when fit starts; fit_input only
+    # when fit returns, which a trial stopped early never reaches)
+    tfdata = inp and (inp["evidence"].get("fit_input") == "tf.data" or (report.get("keras") or {}).get("pipeline"))
+    if inp and framework in ("keras", "tensorflow") and tfdata:
         out.append(Candidate({"tfdata_parallel_map": True, "tfdata_prefetch": True}, "input_bound",
                              inp.get("est_speedup"), "the input_bound fix as printed"))
         out.append(Candidate({"tfdata_prefetch": True}, "input_bound", why="prefetch alone"))
