@@ -223,3 +223,20 @@ def test_fit_batch_size_applies_to_arrays_only():
     gen = {"x": (i for i in range(3))}
     overrides.fit_arguments(ov, gen, "train.py:9")
     assert "batch_size" not in gen and ov.agent.records[-1]["applied"] is False
+
+
+def test_rebuilt_loader_that_took_the_batch_size_is_not_a_refusal():
+    """Accelerate's ``prepare`` rebuilds the DataLoader with a batch sampler made from the one the
+    trial's batch size applied to: not a second loader refusing the setting."""
+    class Sampler:
+        batch_size = 32
+
+    ov = _ov(batch_size=32)
+    assert overrides.loader_arguments(ov, {"dataset": [1] * 100, "batch_sampler": Sampler()}, "t.py:3") == {}
+    assert ov.agent.records == []
+
+
+def test_an_inconclusive_trial_gets_a_second_run():
+    unsure = Outcome(Candidate({"num_workers": 1}, "x"), "ok", 0.99, [0.92, 1.06], "none", ["r0"])
+    settled = Outcome(Candidate({"num_workers": 2}, "x"), "ok", 0.8, [0.75, 0.85], "slower", ["r0"])
+    assert plan.promising([unsure, settled]) == [unsure]

@@ -1,7 +1,8 @@
 """The composition root: load → analyze → diagnose → build the report → render and write.
 
 ``whyidle run`` (:mod:`whyidle.run.session`), ``report``, ``trace``, ``compare`` and ``demo`` all
-go through here; no other module wires the stages together. The stages themselves are pure:
+go through here (``tune``'s trials too: each is an observed run, compared as ``compare`` does); no
+other module wires the stages together. The stages themselves are pure:
 :mod:`whyidle.record` reads a run directory, :mod:`whyidle.analysis` turns records into facts,
 :mod:`whyidle.diagnose` turns facts into a verdict and findings, :mod:`whyidle.report` turns facts
 and findings into the report and its renderings (it never reads records), and

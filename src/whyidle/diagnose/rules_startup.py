@@ -84,12 +84,13 @@ def startup_bound(facts: RunFacts) -> Finding | None:
     null: what initializing on the device or on ``meta`` saves depends on the device and on what
     the program loads afterwards), else ``data_preparation``: run its block once and load the
     results (:func:`cache_code`; ``est_speedup`` = wall ÷ (wall − ``T.STARTUP_CACHE_SAVING`` × the
-    block's seconds, or the whole set-up's when the block is unknown)).
+    block's seconds, or the whole set-up's when the block is unknown)). Not for a ``whyidle tune``
+    trial (``meta.json`` ``stopped``), which whyidle stopped once its steps were measured.
     """
     part = part_of(facts, "startup")
     split = (part or {}).get("split")
-    if not split or not trains(facts):
-        return None
+    if not split or not trains(facts) or (facts.meta or {}).get("stopped"):
+        return None  # a whyidle tune trial: its length, so the set-up's share, was whyidle's choice
     wall = facts.time["wall_s"]
     prog = split["program_s"]
     share = prog / wall if wall > 0 else 0.0

@@ -314,7 +314,10 @@ def loader_arguments(ov: Overrides, arguments: dict, site: str | None) -> dict:
             ov.note(name, False, site=site, why="needs num_workers > 0")
     if "batch_size" in s:
         why = None
-        if arguments.get("batch_sampler") is not None:
+        sampler = arguments.get("batch_sampler")
+        if sampler is not None and getattr(sampler, "batch_size", None) == s["batch_size"]:
+            return out  # a DataLoader rebuilt from one that took the setting (Accelerate's prepare)
+        if sampler is not None:
             why = "a batch_sampler gives the batches"
         elif "batch_size" in arguments and arguments["batch_size"] is None:
             why = "the dataset yields whole batches (batch_size=None)"

@@ -12,6 +12,8 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templat
                           undefined=jinja2.StrictUndefined)
 #: Chart geometry, pixels.
 LABEL_W, BAR_W, ROW_H = 330, 520, 24
+#: Characters of a trial's label in the chart (~6.5 px each at 12 px), the rest cut to "…".
+LABEL_CHARS = 46
 
 
 def _chart(trials: list[dict]) -> dict:
@@ -22,7 +24,8 @@ def _chart(trials: list[dict]) -> dict:
     bars = []
     for i, t in enumerate(shown):
         lo, hi = t["ratio_ci"] or (None, None)
-        bars.append({"y": i * ROW_H, "label": t["label"][:48], "w": round(t["ratio"] * scale, 1),
+        text = t["label"] if len(t["label"]) <= LABEL_CHARS else t["label"][:LABEL_CHARS - 1] + "…"
+        bars.append({"y": i * ROW_H, "label": text, "w": round(t["ratio"] * scale, 1),
                      "color": {"faster": "#2f9e55", "slower": "#d0513d"}.get(t["claim"], "#9aa4b2"),
                      "lo": None if lo is None else round(LABEL_W + lo * scale, 1),
                      "hi": None if hi is None else round(LABEL_W + hi * scale, 1),

@@ -36,6 +36,8 @@ class Progress:
         import sys
 
         self.console = Console(file=file or sys.stderr, highlight=False)
+        if not self.console.is_terminal:  # a log file: one line per trial, not wrapped at 80 columns
+            self.console.width = TABLE_WIDTH
         self.status = None
         self.t_tune = time.monotonic()
         self.text = ""
@@ -43,7 +45,7 @@ class Progress:
     def start(self, k: int, n: int, label: str, budget_s: float | None, elapsed_s: float | None) -> None:
         self.k, self.n, self.label, self.budget = k, n, label, budget_s
         self.t0 = time.monotonic()
-        self.text = f"trial {k} of ≤{n}: {label}"
+        self.text = f"trial {k}: {label}"
         if self.console.is_terminal:
             self.status = self.console.status(escape(self.text))
             self.status.start()
@@ -124,6 +126,8 @@ def render(res: dict, file: IO | None = None) -> None:
         console.print(f"\nBatch size: largest that ran {batch['largest_stable']}"
                       + (f", fastest {batch['fastest']}" if batch.get("fastest") else "")
                       + (f"; failed at {', '.join(map(str, batch['failed']))}" if batch.get("failed") else "")
+                      + ("; the budget ended the ladder while samples/s still rose (a larger --budget goes on)"
+                         if batch.get("budget_ended") else "")
                       + f". {escape(batch['note'])}")
     if res["estimates"]:
         console.print("\nEstimates checked: " + "; ".join(

@@ -61,14 +61,26 @@ def settings_code(facts: RunFacts, settings: dict, sites: dict[str, str] | None 
                                        "    loss = loss_fn(model(x), y)",
                                        "loss.backward()   # outside autocast"
                                        + ("" if bf16 else "; float16 needs torch.amp.GradScaler")]
-    if settings.get("tfdata_parallel_map"):
-        fn = next((s.get("fn") for s in ((facts.tfdata or {}).get("stages") or [])
-                   if s.get("op") == "map" and s.get("parallel") is None), None) or "fn"
-        where = sites.get("tfdata_parallel_map")
-        lines.append(f"ds = ds.map({fn}, num_parallel_calls=tf.data.AUTOTUNE)" + (f"   # {where}" if where else ""))
-    if settings.get("tfdata_prefetch"):
-        lines.append("ds = ds.prefetch(tf.data.AUTOTUNE)   # last stage, before model.fit(ds)")
+    if settings.get("tfdata_parallel_map") or settings.get("tfdata_prefetch"):
+        lines += _tfdata_lines(facts, settings, sites)
     return "\n".join(lines)
+
+
+def _tfdata_lines(facts: RunFacts, settings: dict, sites: dict) -> list[str]:
+    """The tf.data stages to change, written as the stages of the pipeline's chain (where they
+    stand, ``ds = ds.map(...)`` or inside ``Dataset...map(...).batch(...)``), not as new
+    statements: a ``map`` added after ``batch`` would map whole batches."""
+    out = []
+    if settings.get("tfdata_parallel_map"):
+        fns = [s.get("fn") or "fn" for s in (facts.tfdata or {}).get("stages") or []
+               if s.get("op") == "map" and s.get("parallel") is None] or ["fn"]
+        where = sites.get("tfdata_parallel_map")
+        out.append(f"# the pipeline{' at ' + where if where else ''}: each map stage where it stands")
+        out += [f"    .map({fn}, num_parallel_calls=tf.data.AUTOTUNE)" for fn in dict.fromkeys(fns)]
+    if settings.get("tfdata_prefetch"):
+        out.append("# its last stage, before model.fit(ds):")
+        out.append("    .prefetch(tf.data.AUTOTUNE)")
+    return out
 
 
 def _loader_lines(facts: RunFacts, knobs: dict, sites: dict) -> list[str]:

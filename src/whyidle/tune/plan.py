@@ -123,7 +123,11 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
         if on_cuda and not loader.get("pin_memory"):
             fix["pin_memory"] = True
         if best != now:
-            out.append(Candidate(fix, "input_bound", inp.get("est_speedup"), "the input_bound fix as printed"))
+            # the estimate of the printed worker option (the first option may be another kind of fix)
+            option = next((o for o in (inp.get("fix") or {}).get("options") or []
+                           if "num_workers" in (o.get("code") or "")), None)
+            predicted = option.get("est_speedup") if option else inp.get("est_speedup")
+            out.append(Candidate(fix, "input_bound", predicted, "the input_bound worker fix as printed"))
         for w in sorted({1, 2, max(1, cores // 2), cores} - {now, best}, key=lambda w: abs(w - best)):
             if 0 < w <= max(cores, 2) and len([c for c in out if c.origin == "input_bound"]) < MAX_PER_FINDING:
                 out.append(Candidate({"num_workers": w, "persistent_workers": True}, "input_bound",
@@ -165,9 +169,11 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
 
 
 def ladder_start(report: dict, tries: dict[str, list] | None = None) -> int | None:
-    """The program's batch size when the batch ladder should run (a ``small_batch`` finding, not
-    overridden by the user's own ``--try batch_size=...``), else None."""
-    if "batch_size" in (tries or {}) or not _finding(report, "small_batch"):
+    """The program's batch size when the batch ladder should run (a ``small_batch`` finding of any
+    severity — an info one estimates a small gain, which the ladder measures —, not overridden by
+    the user's own ``--try batch_size=...``), else None."""
+    small = next((f for f in report.get("findings") or [] if f["id"] == "small_batch"), None)
+    if "batch_size" in (tries or {}) or small is None:  # at any severity: the ladder measures what it estimates
         return None
     size = (report.get("loader") or {}).get("batch_size") or (report.get("metrics") or {}).get("batch_size")
     return int(size) if size else None
@@ -194,8 +200,13 @@ def next_batch(start: int, ladder: list[Outcome]) -> int | None:
 
 def promising(outcomes: list[Outcome]) -> list[Outcome]:
     """The trials worth a second run: the better half (rounded up, at most :data:`MAX_REPEATS`) of
-    those that ran once and measured above the baseline, best first."""
-    up = sorted([o for o in outcomes if o.ok and o.ratio > 1 and len(o.runs) == 1], key=lambda o: -o.ratio)
+    those that ran once and may be faster than the baseline (the upper end of their interval above
+    1 + :data:`whyidle.analysis.compare.SINGLE_RUN_NOISE`: a second run narrows an inconclusive
+    one), best first."""
+    from whyidle.analysis.compare import SINGLE_RUN_NOISE
+
+    up = sorted([o for o in outcomes if o.ok and len(o.runs) == 1 and (o.ci or [0, o.ratio])[1] > 1 + SINGLE_RUN_NOISE],
+                key=lambda o: -o.ratio)
     return up[:min(MAX_REPEATS, math.ceil(len(up) / 2))]
 
 

@@ -131,10 +131,13 @@ def _batch(outcomes) -> dict | None:
         return None
     ok = [o for o in ladder if o.ok]
     failed = [o.candidate.settings["batch_size"] for o in ladder if o.status in ("oom", "memory", "failed")]
+    ran = [o for o in ladder if o.status != "skipped"]
+    rising = bool(ran) and ran[-1].ok and ran[-1].claim == "faster" and len(ran) < len(ladder) and ran[-1] is max(
+        ran, key=lambda o: o.ratio or 0)
     stable = max((o.candidate.settings["batch_size"] for o in ok), default=None)
     fastest = max(ok, key=lambda o: o.ratio, default=None)
     return {
-        "largest_stable": stable, "failed": failed,
+        "largest_stable": stable, "failed": failed, "budget_ended": rising,
         "fastest": fastest.candidate.settings["batch_size"] if fastest and fastest.claim == "faster" else None,
         "note": ("A larger batch changes the optimization: re-validate the learning rate and convergence (the "
                  "linear-scaling rule — learning rate × k for a batch k times larger, with warm-up — is a starting "
@@ -170,7 +173,7 @@ def _notes(tuner, base, win, trials, changed) -> list[str]:
     if skipped:
         notes.append(f"The budget ({tuner.opts.budget_s:.0f} s) ran out before {len(skipped)} trial(s): "
                      f"{'; '.join(skipped[:4])}. A larger --budget runs them.")
-    if trials and win is None and base is not None and base.status == "ok":
+    if any(t["status"] == "ok" for t in trials) and win is None and base is not None and base.status == "ok":
         notes.append("No trial was measurably faster than the program as written (each interval must clear the "
                      "noise floor): keep its settings.")
     for t in trials:
@@ -178,9 +181,10 @@ def _notes(tuner, base, win, trials, changed) -> list[str]:
             notes.append(f"{t['label']}: {r['name']} not applied ({r['why']}).")
     modified = sorted({p for c in changed.values() for p in c["modified"]})
     if modified:
-        notes.append(f"Trials overwrote {len(modified)} file(s) that existed before the tune ({', '.join(modified[:4])}"
-                     f"{' ...' if len(modified) > 4 else ''}): the program writes them with something other than a "
-                     "checkpoint writer whyidle redirects; restore them from a copy if they matter.")
+        notes.append(f"{len(modified)} file(s) that existed before the tune changed during it ({', '.join(modified[:4])}"
+                     f"{' ...' if len(modified) > 4 else ''}): a trial's program wrote them with something other than a "
+                     "checkpoint writer whyidle redirects (or another process did); restore them from a copy if they "
+                     "matter.")
     created = sorted({p for c in changed.values() for p in c["created"]})
     if created:
         notes.append(f"Trials created {len(created)} file(s) under the working directory ({', '.join(created[:4])}"
