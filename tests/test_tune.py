@@ -113,13 +113,23 @@ def test_stop_rule(tmp_path):
     assert trial.StopRule(max_s=100, memory=lambda: (5, 100))(short).startswith("memory")
 
 
-def _report(name):
+@pytest.fixture(scope="module")
+def _report(tmp_path_factory):
+    """The report of a recorded run, built from a copy (report_run writes report.json and
+    timeline.json beside the records)."""
+    import shutil
+
     from whyidle.pipeline import report_run
 
-    return report_run(os.path.join(RUNS, name))
+    def build(name):
+        copy = tmp_path_factory.mktemp("runs") / name
+        shutil.copytree(os.path.join(RUNS, name), copy)
+        return report_run(str(copy))
+
+    return build
 
 
-def test_candidates_follow_the_diagnosis():
+def test_candidates_follow_the_diagnosis(_report):
     rep = _report("image_decode_main")  # input_bound, loader in the main process, 2 cores
     cands = plan.candidates(rep, cores=2)
     fix = cands[0]
