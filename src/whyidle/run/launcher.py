@@ -227,9 +227,12 @@ class Child:
     def stop(self) -> None:
         """Stops the command gently, as Ctrl-C would: SIGINT to it and its descendants (the program
         ends its loop, its ``finally`` blocks and atexit handlers run and the agents write their
-        last records); :meth:`escalate` follows with SIGTERM and then SIGKILL if it lingers."""
-        self._stopping = (time.monotonic(), signal.SIGINT)
-        self._signal_tree(signal.SIGINT)
+        last records); :meth:`escalate` follows with SIGTERM and then SIGKILL if it lingers. A
+        command that ignores SIGINT (started from ``nohup`` or a background job of a script, which
+        ignore it, as its children inherit) gets SIGTERM at once."""
+        first = signal.SIGTERM if ignores(self.proc.pid, signal.SIGINT) else signal.SIGINT
+        self._stopping = (time.monotonic(), first)
+        self._signal_tree(first)
 
     def escalate(self) -> None:
         """After :meth:`stop`: SIGTERM once the command has had :data:`STOP_GRACE_S` seconds to
@@ -295,6 +298,17 @@ class Child:
             except OSError:
                 pass
             self._tty = None
+
+
+def ignores(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores signal ``signum`` (``SigIgn`` of ``/proc/<pid>/status``);
+    False when unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigIgn:")).split()[1]
+        return bool(int(mask, 16) >> (signum - 1) & 1)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
 
 
 def _open_tty() -> int | None:

@@ -170,10 +170,10 @@ def run_trial(cmd: list[str], settings: dict, run_dir: str, max_s: float, stop: 
     seconds = time.monotonic() - t0
     steps = ((report or {}).get("metrics") or {}).get("steps") or 0
     detail = None
-    if stopped and stopped.startswith("memory"):
-        state = "memory"
-    elif status.interrupted and not stopped:
+    if status.interrupted:  # whyidle itself got SIGINT: the user's Ctrl-C (its own stop signals only the command)
         state = "interrupted"
+    elif stopped and stopped.startswith("memory"):
+        state = "memory"
     elif not stopped and (status.exit_code or status.signal):
         text = _tail(os.path.join(run_dir, "output.log"))
         state = "oom" if OOM.search(text) or status.signal == 9 else "failed"
