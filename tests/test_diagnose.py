@@ -32,7 +32,7 @@ def assert_contract(f: dict) -> None:
     if f["bound"] is not None:
         assert f["est_speedup_if_removed"] == pytest.approx(rules.speedup_if_removed(f["bound"]), rel=2e-3)
     for o in f["fix"]["options"]:
-        assert set(o) == {"text", "code", "est_speedup", "condition"} and o["text"]
+        assert set(o) == {"text", "code", "est_speedup", "condition", "assumed"} and o["text"]
     if f["fix"]["options"]:  # the printed fix is the first option
         assert f["fix"]["options"][0]["text"] == f["fix"]["text"]
         assert f["fix"]["options"][0]["est_speedup"] == f["est_speedup"]
@@ -766,8 +766,12 @@ def test_analyze_then_diagnose_synthetic_run():
     ib = findings[0]
     assert ib["evidence"]["cause"] == "loader_in_main_process"
     # host unknown → 1 core: the 57 ms of loading and the 38 ms of compute are all CPU work on it,
-    # so a worker gains nothing; cheaper samples come first (their gain is not estimable)
-    assert ib["est_speedup"] is None
+    # so a worker gains nothing; cheaper samples come first, estimated (and said so) for a 2×
+    # cheaper sample: the 60 ms wait halves, 100 ms → 70 ms
+    assert ib["est_speedup"] == pytest.approx(1 / 0.7, rel=1e-3)
+    first = ib["fix"]["options"][0]
+    assert first["assumed"] and first["est_speedup"] == ib["est_speedup"]
+    assert first["condition"].startswith("estimated for a 2× cheaper sample; up to 2.5×")
     assert ib["evidence"]["est_speedup_if_removed"] == pytest.approx(2.5)  # 1 / (1 − 0.6)
     assert "Make each sample cheaper" in ib["fix"]["text"]
     workers = ib["fix"]["options"][1]
@@ -826,9 +830,14 @@ def test_saturated_machine_with_cpu_bound_workers_is_cpu_preprocessing():
     # workers busy 50 % and waiting for a core 40 %: CPU-bound; the machine is full
     host = make_host(cores=2, cpu_busy=0.97, workers=2, worker_busy=0.5)
     host["workers_run_delay_share"] = 0.4
-    f = rules.input_bound(make_facts(make_step(data=0.5, fwd=0.2, bwd=0.2, opt=0.05), host, make_loader(nw=2)))
+    facts = make_facts(make_step(data=0.5, fwd=0.2, bwd=0.2, opt=0.05), host, make_loader(nw=2))
+    f = rules.input_bound(facts)
     assert f["evidence"]["cause"] == "cpu_preprocessing"
-    assert f["est_speedup"] is None  # only cheaper samples help, by how much they get cheaper
+    # only cheaper samples help: estimated for a 2× cheaper sample, with these workers on these cores
+    # (the model's contended compute, 97.5 ms of the 100 ms step, is what is left)
+    assert f["est_speedup"] == pytest.approx(rules.loader_model(facts)["est_speedup_cheaper"], rel=1e-3)
+    assert f["est_speedup"] == pytest.approx(100 / 97.5, rel=1e-3)
+    assert f["fix"]["options"][0]["assumed"] and "2× cheaper sample" in f["fix"]["options"][0]["condition"]
     assert f["est_speedup_if_removed"] == pytest.approx(2.0)  # 1/(1 − 0.5)
     assert f["fix"]["code"] is None
 

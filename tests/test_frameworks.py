@@ -71,9 +71,11 @@ def test_lightning_input_fix_is_the_datamodules_train_dataloader(tmp_path):
     # the count is the loader model's (1 on a quiet 2-core box; tested in test_diagnose): here, that
     # the code says the count the evidence gives, in the DataModule's own method
     workers = f["evidence"]["suggested_num_workers"]
-    assert workers >= 1 and "def train_dataloader(self):" in code and f"num_workers={workers}," in code, code
-    # the arguments as the DataModule writes them, so the fix can be pasted
-    assert "return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True," in code, code
+    # the DataModule's own `return DataLoader(...)` (recorded at its call), to paste over it: the
+    # arguments as it writes them, its attributes kept with the values to give them
+    assert workers >= 1 and f"num_workers=self.num_workers,   # 0 here: make it {workers}" in code, code
+    assert "return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True," in code, code
+    assert "persistent_workers=self.persistent_workers,   # False here: make it self.num_workers > 0" in code, code
 
 
 @pytest.mark.timing

@@ -29,6 +29,31 @@ class StepTimes(TypedDict):
     max: float
 
 
+class Part(TypedDict):
+    """One optimizer stepping in the loop (:func:`whyidle.analysis.loop.parts`): ``name`` (the class
+    of the model it trains), ``cls`` (its own class), ``params`` (count), ``steps_per_step`` and
+    ``backward_per_step`` (per step of the primary optimizer)."""
+
+    name: str
+    cls: str
+    params: int
+    steps_per_step: float
+    backward_per_step: float
+
+
+class LoopFacts(TypedDict):
+    """:func:`whyidle.analysis.loop.loop_facts`: ``marker`` (what ends a step), ``trains``,
+    ``parts`` (the optimizers of a step), ``backward_per_step``, ``micro_batches_per_step`` (gradient
+    accumulation) and ``forward_calls_per_step`` (medians; None when not recorded)."""
+
+    marker: str | None
+    trains: bool
+    parts: list[Part]
+    backward_per_step: float | None
+    micro_batches_per_step: float | None
+    forward_calls_per_step: float | None
+
+
 class StepMetrics(TypedDict):
     """:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps.
 
@@ -50,6 +75,7 @@ class StepMetrics(TypedDict):
     batch_size: float | None
     batches_per_step: float
     micro_batches_per_step: float | None
+    backward_per_step: float | None
     step_time_s: StepTimes
     shares: dict[str, float]
     data_wait_s_per_step: float
@@ -250,7 +276,9 @@ class RunFacts:
       wait for: :func:`whyidle.analysis.ranks.straggler`; the primary is its process),
       ``collectives`` (the primary's own blocking collectives per step, timed on gloo/mpi:
       :func:`whyidle.analysis.collectives.program_collectives`, or None), ``accumulation``
-      (gradient reductions per micro-batch: :func:`whyidle.analysis.collectives.accumulation`).
+      (gradient reductions per micro-batch: :func:`whyidle.analysis.collectives.accumulation`);
+      ``loop`` (training or not, the step marker, the optimizers of a step, gradient accumulation:
+      :func:`whyidle.analysis.loop.loop_facts`).
     - ``steps_info`` (:func:`whyidle.analysis.steps.select_steps`), ``step``
       (:func:`whyidle.analysis.steps.step_metrics` of the analyzed steps), ``step_rows`` (every step
       of the primary trainer) and ``analyzed_steps`` (those the metrics are over).
@@ -319,6 +347,7 @@ class RunFacts:
     straggler: dict | None = None
     collectives: dict | None = None
     accumulation: dict | None = None
+    loop: LoopFacts | None = None
     meta: dict | None = None
     input_wait: InputWait | None = None
     tfdata: dict | None = None

@@ -14,6 +14,7 @@ from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import logged as logged_analysis
+from whyidle.analysis import loop as loop_analysis
 from whyidle.analysis import ranks as rank_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
@@ -163,7 +164,9 @@ def analyze(run: RunData) -> RunFacts:
     """
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
-    trainers = sorted((pid for pid, s in step_lists.items() if s), key=lambda p: -len(step_lists[p]))
+    # processes that train first (an evaluation subprocess's inference steps are not the job's), most steps first
+    trainers = sorted((pid for pid, s in step_lists.items() if s),
+                      key=lambda p: (not loop_analysis.trains(step_lists[p]), -len(step_lists[p])))
     ranks, late, lead = _job(procs, step_lists)
     if lead in trainers:  # a distributed job: the straggler's report (the others wait for it), else rank 0's
         trainers = [lead] + [p for p in trainers if p != lead]
@@ -186,6 +189,10 @@ def analyze(run: RunData) -> RunFacts:
                                  and r.get("kind") in accounting.OUTSIDE_STEP])
     step = step_analysis.step_metrics(analyzed, outside) if analyzed else None
     window = tuple(step["window"]) if step else None
+    loop = loop_analysis.loop_facts(analyzed or (step_lists[primary] if primary is not None else []),
+                                    _last(recs, "optimizers"))
+    if step and loop:
+        step["micro_batches_per_step"] = loop["micro_batches_per_step"]
 
     loader = _train_loader([r for r in recs if r.get("k") == "loader"], analyzed)
     iters = [r for r in recs if r.get("k") == "iter" and (loader is None or r.get("loader") == loader["id"])]
@@ -270,6 +277,7 @@ def analyze(run: RunData) -> RunFacts:
         straggler=late,
         collectives=coll_analysis.program_collectives(recs),
         accumulation=coll_analysis.accumulation(recs, step_lists[primary]) if primary is not None else None,
+        loop=loop,
         meta=run.meta,
         input_wait=input_wait,
         tfdata=_last(recs, "tfdata"),

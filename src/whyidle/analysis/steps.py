@@ -43,8 +43,9 @@ PHASE_KEYS = (("data_wait", "data"), ("forward", "fwd"), ("backward", "bwd"), ("
 COMPUTE_KEY = ("compute", "comp")
 
 #: Step markers, most specific first: a process that has Keras steps (``fit``'s batches) keeps
-#: only those; then optimizer steps; loader- and iterator-marked steps are what is left otherwise.
-PREFERRED_BY = ("keras", "optimizer")
+#: only those; then optimizer steps, backward-marked ones (a loop without ``torch.optim``), batches,
+#: and forward calls (inference over tensors); iterator-marked steps are what is left otherwise.
+PREFERRED_BY = ("keras", "optimizer", "backward", "loader", "forward")
 
 
 def steps_of(records) -> list:
@@ -54,7 +55,7 @@ def steps_of(records) -> list:
         records: a process's records (dicts), or a :class:`whyidle.record.steptable.StepTable`
             (what :func:`whyidle.record.reader.load_run` builds; its rows read like dicts).
     Keras-marked steps win when there are any, then optimizer-marked ones (a process that started
-    with loader-marked steps and later stepped an optimizer keeps only the optimizer ones), see
+    with loader- or backward-marked steps and later stepped an optimizer keeps only the optimizer ones), see
     ``PREFERRED_BY``; GPU times from ``gpu_step`` records are merged in as ``gpu_ms``.
     """
     if hasattr(records, "rows"):
@@ -218,7 +219,8 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         "batch_size": batch,
         "batches_per_step": percentile([s.get("batches") or 0 for s in steps if s.get("batches") is not None] or [0],
                                        50),
-        "micro_batches_per_step": percentile(micro, 50) if micro else None,
+        "micro_batches_per_step": percentile(micro, 50) if micro else None,  # loop.py refines it
+        "backward_per_step": percentile(micro, 50) if micro else None,
         "step_time_s": {
             "p50": percentile(times, 50), "p90": percentile(times, 90), "mean": total / len(times),
             "min": min(times), "max": max(times),

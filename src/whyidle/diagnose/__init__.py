@@ -11,8 +11,8 @@ and answers the question before any other bottleneck does.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import (rules, rules_device, rules_gpu, rules_job, rules_keras, rules_precision, rules_ranks,
-                              rules_startup, rules_work)
+from whyidle.diagnose import (rules, rules_device, rules_gpu, rules_job, rules_keras, rules_loop, rules_precision,
+                              rules_ranks, rules_startup, rules_work)
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.types import Finding
 from whyidle.diagnose.verdict import choose_verdict, order
@@ -32,8 +32,9 @@ def _insufficient(facts: RunFacts) -> dict | None:
                    "was seen (the program ended before training, or it feeds batches another way, e.g. NumPy "
                    "slices passed to a tf.function; only the host and GPU samples were recorded)")
         else:
-            why = ("PyTorch was imported but no optimizer step or DataLoader batch was seen (the program ended "
-                   "before training, or it trains without torch.optim and DataLoader)")
+            why = ("PyTorch was imported but no model call, backward(), optimizer step or DataLoader batch was seen "
+                   "on the main thread (the program ended before its loop, or runs it in a process or thread "
+                   "whyidle does not follow)")
         meta = facts.meta or {}
         code, signal = meta.get("exit_code"), meta.get("signal")
         if signal or (code is not None and code != 0):  # a missing script fails before importing anything
@@ -44,9 +45,11 @@ def _insufficient(facts: RunFacts) -> dict | None:
                                  {"instrumented_processes": len(facts.instrumented), "exit_code": code,
                                   "signal": signal}, None,
                                  "Fix the error that stopped the program, then run it under whyidle again.")
+        fix = ("Run the training script itself under whyidle (whyidle run -- python train.py)." if not facts.instrumented
+               else "If the program trains, run its training loop under whyidle: the loop of the command's own Python "
+                    "processes is timed (on their main thread, or the thread of the first optimizer step).")
         return rules.finding("no_steps", "info", "No training steps seen", f"No step data was seen: {why}.",
-                             {"instrumented_processes": len(facts.instrumented or [])}, None,
-                             "Run the training script itself under whyidle (whyidle run -- python train.py).")
+                             {"instrumented_processes": len(facts.instrumented or [])}, None, fix)
     if step is None or step["steps"] < T.MIN_STEPS:
         n = step["steps"] if step else 0
         return rules.finding("too_few_steps", "info", "Too few steps to judge",
@@ -89,7 +92,8 @@ def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
 
     Removing the contention would speed up both the training thread and the workers, so the
     ``cpu_contention`` estimate becomes 1/((1 − run-queue share)(1 − data-wait share)) and the
-    ``input_bound`` finding says where its time comes from.
+    ``input_bound`` finding says where its time comes from: its printed fix is the contention's,
+    with that estimate.
     """
     contention = next((f for f in findings if f["id"] == "cpu_contention"), None)
     inp = next((f for f in findings if f["id"] == "input_bound"), None)
@@ -111,9 +115,12 @@ def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
     inp["evidence"]["workers_run_delay_share"] = round(delay, 4)
     inp["evidence"]["suggested_num_workers"] = inp["evidence"]["num_workers"]
     inp["summary"] += f" The workers wait for a free core {delay:.0%} of the time (see cpu_contention)."
-    inp["fix"]["text"] = ("The workers already wait for cores: fix the CPU contention first (see cpu_contention); "
-                          "more workers would only compete for the same cores.")
-    inp["fix"]["code"] = None
+    # the printed fix becomes the contention's, with its gain; estimates made without the contention's
+    # cost (more workers, packed batches) no longer hold: only the options without one stay
+    first = rules.fix_option("The workers already wait for cores: fix the CPU contention first (see cpu_contention); "
+                             "more workers would only compete for the same cores.", contention["est_speedup"],
+                             "see cpu_contention")
+    inp["fix"]["options"] = [first] + [o for o in inp["fix"]["options"] if o["est_speedup"] is None or o["assumed"]]
 
 
 def _link_restarts_to_input(findings: list[dict]) -> None:
@@ -163,7 +170,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
                             rules_work.preprocess_in_forward(facts), rules_work.model_hooks(facts)) if f]
         if host:
             findings.append(max(host, key=lambda f: f["bound"] or 0))
-        for rule in (*rules_job.RULES, rules_startup.startup_bound):  # time outside the step: bound is a share of the wall time
+        for rule in (*rules_job.RULES, rules_startup.startup_bound, rules_loop.no_training):  # time outside the step: bound is a share of the wall time
             f = rule(facts)
             if f:
                 findings.append(f)
@@ -186,6 +193,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
     config = (rules_keras.input_pipeline_config if tf else rules.input_pipeline_config)(facts, causes)
     if config:
         findings.append(config)
+    rules.printed_fix_first(findings)
     training = ((facts.time or {}).get("parts") or {}).get("training")
     verdict = choose_verdict(findings, judged=short is None, training_s=training["s"] if training else None)
     if verdict is None:

@@ -16,6 +16,8 @@ import ast
 import re
 
 from whyidle.analysis.facts import RunFacts
+from whyidle.diagnose import loader_call
+from whyidle.diagnose.loader_call import Change
 
 #: ``prefetch_factor`` the loader fixes suggest (batches queued per worker; PyTorch's default is 2).
 PREFETCH = 4
@@ -75,42 +77,111 @@ def _batch_size(facts: RunFacts) -> int:
     return int(round(size)) if size else 32
 
 
-def _loader_args(facts: RunFacts, workers: int, prefetch: int, dataset: str) -> tuple[list[str], list[str]]:
-    """The ``DataLoader(...)`` arguments: the user's own (batch size, shuffling, a collate_fn of
-    theirs, drop_last) and the worker options, each change marked with what it was."""
+def _known_call(facts: RunFacts, lead: str, dataset: str) -> dict:
+    """A ``DataLoader(...)`` call made of what the ``loader`` record tells, for a loader whose call
+    was not recorded (no source: ``python -c``, a library built it): the program's own argument
+    texts where recorded (``args``), its batch size, shuffling, a collate_fn of its own,
+    drop_last and the worker settings it has."""
     loader = facts.loader or {}
-    written = loader.get("args") or {}  # the program's own argument texts (instrument/callsite.py)
-    args = [written.get("dataset") or dataset, f"batch_size={written.get('batch_size') or _batch_size(facts)}"]
+    texts = loader.get("args") or {}
+    pairs = [(None, texts.get("dataset") or dataset),
+             ("batch_size", texts.get("batch_size") or str(_batch_size(facts)))]
     if loader.get("sampler") == "RandomSampler":
-        args.append("shuffle=True")
+        pairs.append(("shuffle", "True"))
     collate = loader.get("collate_fn")
     if collate and collate != "default_collate" and loader.get("collate_user") is not False:
-        args.append(f"collate_fn={written.get('collate_fn') or collate}")
+        pairs.append(("collate_fn", texts.get("collate_fn") or collate))
     if loader.get("drop_last"):
-        args.append("drop_last=True")
+        pairs.append(("drop_last", "True"))
     nw = loader.get("num_workers") or 0
-    opts = [f"num_workers={workers},"
-            + (f"            # was {nw}" if workers != nw else "")]
-    if workers > 0 and loader.get("mp_context") in ("spawn", "forkserver"):  # the program chose it: keep it
-        opts.append(f'multiprocessing_context="{loader["mp_context"]}",')
+    if nw:
+        pairs.append(("num_workers", str(nw)))
+        if loader.get("mp_context") in ("spawn", "forkserver"):  # the program chose it: keep it
+            pairs.append(("multiprocessing_context", f'"{loader["mp_context"]}"'))
+        if loader.get("persistent_workers"):
+            pairs.append(("persistent_workers", "True"))
+        if loader.get("prefetch_factor"):
+            pairs.append(("prefetch_factor", str(loader["prefetch_factor"])))
+    if loader.get("pin_memory"):
+        pairs.append(("pin_memory", "True"))
+    args = [{"kind": "kw" if name else "pos", "name": name or "dataset", "text": text} for name, text in pairs]
+    return {"callee": "DataLoader", "lead": lead, "args": args, "params": ["dataset"]}
+
+
+def loader_lines(facts: RunFacts, changes: list[Change], site: str | None = None) -> list[str]:
+    """The program's ``DataLoader(...)`` statement with ``changes``, as lines of code.
+
+    Built from the call as the program wrote it where it was recorded (the ``loader`` record's
+    ``call``: every argument kept, only ``changes`` differ; :func:`whyidle.diagnose.loader_call.rewrite`),
+    to paste over it; else from what the record tells (:func:`_known_call`). Under Lightning the
+    call is the ``train_dataloader`` hook's: the recorded ``return DataLoader(...)`` statement, or
+    the hook written out. ``site``: where the change applies (default: the line that built it).
+    """
+    loader = facts.loader or {}
+    hook = api_name(facts) == "lightning" and _config(facts).get("train_dataloader")
+    call = loader.get("call")
+    if loader_call.valid(call):
+        return loader_call.rewrite(call, changes, site or (loader.get("created") or [None])[0])
+    if hook:
+        lines = loader_call.rewrite(_known_call(facts, "return ", "self.train_set"), changes)
+        return ["def train_dataloader(self):"] + ["    " + line for line in lines]
+    return loader_call.rewrite(_known_call(facts, "loader = ", "dataset"), changes, site or _created(loader))
+
+
+def loader_name(facts: RunFacts) -> str:
+    """The name the program gives its training DataLoader (``train_loader``), else ``loader``."""
+    call = (facts.loader or {}).get("call")
+    return (loader_call.target(call) if loader_call.valid(call) else None) or "loader"
+
+
+def written(facts: RunFacts, name: str) -> str | None:
+    """The source text the program passed for the DataLoader parameter ``name`` (``seed_worker`` for
+    ``worker_init_fn=seed_worker``), from its recorded call or ``args``; None when not passed or unknown."""
+    loader = facts.loader or {}
+    call = loader.get("call")
+    if loader_call.valid(call):
+        return next((a["text"] for a in call["args"] if a["kind"] in ("pos", "kw") and a.get("name") == name), None)
+    text = (loader.get("args") or {}).get(name)
+    return text if isinstance(text, str) else None
+
+
+def collate_code(facts: RunFacts, collate: str) -> str:
+    """The program's DataLoader statement with ``collate_fn=collate`` (a function the fix defines above
+    it), replacing the program's own collate_fn (marked ``# was ...``), in its API."""
+    return "\n".join(in_api(facts, loader_lines(facts, [Change("collate_fn", collate, note="", replace=True)]),
+                            tail=False))
+
+
+def worker_changes(facts: RunFacts, workers: int, prefetch: int = PREFETCH) -> list[Change]:
+    """The input-pipeline fix's settings: ``workers`` workers, kept alive across epochs, ``prefetch``
+    batches queued per worker (never fewer than the loader queues), and pinned memory (on a CPU-only
+    run only asked for when a GPU appears, and never changed where the program sets it)."""
+    loader = facts.loader or {}
+    nw = loader.get("num_workers") or 0
+    changes = [Change("num_workers", str(workers), now=nw)]
     if workers > 0:
-        opts.append("persistent_workers=True,"
-                    + ("  # keep workers alive between epochs" if not loader.get("persistent_workers") else ""))
+        changes.append(Change("persistent_workers", "True", now=bool(loader.get("persistent_workers")),
+                              note="keep workers alive between epochs", off="False"))
         pf = loader.get("prefetch_factor")
-        opts.append(f"prefetch_factor={max(prefetch, pf or 0)},"
-                    + ("         # batches queued per worker" if (pf or 2) < prefetch else ""))
-    return args, opts
+        changes.append(Change("prefetch_factor", str(max(prefetch, pf or 0)), now=pf, off="None",
+                              note="batches queued per worker" if (pf or 2) < prefetch else ""))
+    if not loader.get("pin_memory"):  # pinned memory only helps copies to a GPU
+        cuda = _on_cuda(facts)
+        changes.append(Change("pin_memory", "True" if cuda else "torch.cuda.is_available()", now=False, note="",
+                              if_absent=not cuda))
+    return changes
 
 
 def loader_code(facts: RunFacts, workers: int, prefetch: int = PREFETCH) -> str:
     """The input-pipeline fix as code for the program's API.
 
-    Plain PyTorch and Accelerate: the ``DataLoader(...)`` call with the user's settings and the
-    worker options (Accelerate adds ``DataLoaderConfiguration(non_blocking=True)`` when it is off,
-    so pinned batches are copied asynchronously by ``prepare``). Lightning: the
-    ``train_dataloader`` hook returning it (named where the program defines it). HF ``Trainer``:
-    the ``TrainingArguments`` fields that change, never the ``DataLoader`` (the ``Trainer`` builds
-    it with internal classes). An ``IterableDataset`` gets a sharding note.
+    Plain PyTorch and Accelerate: the program's ``DataLoader(...)`` statement with the worker
+    settings (:func:`worker_changes`, :func:`loader_lines`; Accelerate adds
+    ``DataLoaderConfiguration(non_blocking=True)`` when it is off, so pinned batches are copied
+    asynchronously by ``prepare``). Lightning: in the ``train_dataloader`` hook (named where the
+    program defines it). HF ``Trainer``: the ``TrainingArguments`` fields that change, never the
+    ``DataLoader`` (the ``Trainer`` builds it with internal classes). An ``IterableDataset`` gets a
+    sharding note.
     """
     loader = facts.loader or {}
     name = api_name(facts)
@@ -128,35 +199,33 @@ def loader_code(facts: RunFacts, workers: int, prefetch: int = PREFETCH) -> str:
             lines.append("    dataloader_pin_memory=True,          # was False: pinned batches copy asynchronously")
         lines.append(")")
         return "\n".join(lines)
-    hook = name == "lightning" and cfg.get("train_dataloader")
-    args, opts = _loader_args(facts, workers, prefetch, "self.train_set" if hook else "dataset")
-    # pinned memory only helps copies to a GPU (on a CPU-only run it is asked for only if one appears)
-    pin = "pin_memory=True)" if _on_cuda(facts) else "pin_memory=torch.cuda.is_available())"
-    if hook:
-        owner = cfg.get("datamodule") or cfg.get("model") or "LightningDataModule"
-        head = [f"# {owner}.train_dataloader ({hook}): Lightning calls it and moves each batch to the device",
-                "def train_dataloader(self):",
-                f"    return DataLoader({', '.join(args)},"]
-        indent = " " * 22
-        code = "\n".join(head + [indent + o for o in opts] + [indent + pin])
-    else:
-        first = f"loader = DataLoader({', '.join(args)},"
-        indent = " " * 20
-        created = _created(loader)
-        code = "\n".join([first + (f"   # {created}" if created else "")] + [indent + o for o in opts] + [indent + pin])
-        if name == "lightning":
-            code += "\ntrainer.fit(model, train_dataloaders=loader)"
-        if name == "accelerate":
-            tail = ["model, optimizer, loader = accelerator.prepare(model, optimizer, loader)"]
-            if not cfg.get("non_blocking") and _on_cuda(facts):
-                tail.insert(0, "accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))"
-                               "  # pinned batches copied asynchronously")
-            code += "\n" + "\n".join(tail)
+    code = "\n".join(in_api(facts, loader_lines(facts, worker_changes(facts, workers, prefetch))))
     if loader.get("iterable") and workers > 0:
         code = ("# IterableDataset: every worker runs __iter__; give each a shard, e.g. in __iter__:\n"
                 "#   info = torch.utils.data.get_worker_info()\n"
                 "#   items = items[info.id::info.num_workers] if info else items\n") + code
     return code
+
+
+def in_api(facts: RunFacts, lines: list[str], tail: bool = True) -> list[str]:
+    """The DataLoader statement in the program's API: under Lightning's ``train_dataloader`` hook
+    (named), else followed by what hands the loader on (``trainer.fit``, ``accelerator.prepare``)
+    where ``tail``."""
+    name = api_name(facts)
+    cfg = _config(facts)
+    hook = name == "lightning" and cfg.get("train_dataloader")
+    if hook:
+        owner = cfg.get("datamodule") or cfg.get("model") or "LightningDataModule"
+        return [f"# {owner}.train_dataloader ({hook}): Lightning calls it and moves each batch to the device"] + lines
+    var = loader_name(facts)
+    if tail and name == "lightning":
+        lines = lines + [f"trainer.fit(model, train_dataloaders={var})"]
+    if tail and name == "accelerate":
+        if not cfg.get("non_blocking") and _on_cuda(facts):
+            lines = lines + ["accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))"
+                             "  # pinned batches copied asynchronously"]
+        lines = lines + [f"model, optimizer, {var} = accelerator.prepare(model, optimizer, {var})"]
+    return lines
 
 
 def loader_where(facts: RunFacts) -> str:
@@ -194,15 +263,17 @@ def batch_code(facts: RunFacts, target: int, batch: float) -> str:
             return (f"args = TrainingArguments(..., per_device_train_batch_size={target},   # was {batch:g}\n"
                     f"                         gradient_accumulation_steps={fewer})" + same)
         return f"args = TrainingArguments(..., per_device_train_batch_size={target})   # was {batch:g}"
-    if name == "lightning":
-        code = (f"def train_dataloader(self):\n    return DataLoader(self.train_set, batch_size={target}, ...)"
-                f"   # was {batch:g}")
-        return code + (f"\ntrainer = Trainer(..., accumulate_grad_batches={fewer})" + same if accum > 1 else "")
-    code = f"loader = DataLoader(dataset, batch_size={target}, ...)  # was {batch:g}"
+    code = "\n".join(in_api(facts, loader_lines(facts, [Change("batch_size", str(target), now=_num(batch))]),
+                             tail=False))
     if accum > 1:
-        code += (f"\naccelerator = Accelerator(..., gradient_accumulation_steps={fewer})" if name == "accelerate"
-                 else f"\nACCUM_STEPS = {fewer}") + same
+        code += "\n" + {"lightning": f"trainer = Trainer(..., accumulate_grad_batches={fewer})",
+                        "accelerate": f"accelerator = Accelerator(..., gradient_accumulation_steps={fewer})"
+                        }.get(name, f"ACCUM_STEPS = {fewer}") + same
     return code
+
+
+def _num(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
 
 
 #: A logging or progress call inside a source line (what the guard in :func:`logging_code` wraps).
@@ -380,14 +451,12 @@ def pin_code(facts: RunFacts) -> str:
     name = api_name(facts)
     if name == "hf_trainer":
         return "args = TrainingArguments(..., dataloader_pin_memory=True)   # the Trainer copies with non_blocking"
+    lines = in_api(facts, loader_lines(facts, [Change("pin_memory", "True", now=False, note="")]), tail=False)
     if name == "lightning":
-        return ("def train_dataloader(self):\n"
-                "    return DataLoader(self.train_set, ..., pin_memory=True)   # Lightning copies pinned batches "
-                "with non_blocking=True")
+        return "\n".join(lines + ["# Lightning copies pinned batches with non_blocking=True"])
     if name == "accelerate":
-        return ("loader = DataLoader(dataset, ..., pin_memory=True)\n"
-                "accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))")
-    return "loader = DataLoader(dataset, batch_size=..., num_workers=..., pin_memory=True)\nx = x.to(device, non_blocking=True)"
+        return "\n".join(lines + ["accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))"])
+    return "\n".join(lines + ["x = x.to(device, non_blocking=True)"])
 
 
 def framework_output_code(facts: RunFacts) -> tuple[str, str]:

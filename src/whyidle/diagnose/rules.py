@@ -19,6 +19,7 @@ from whyidle.analysis.stacks import OUTPUT_MODULES
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.fixes import ACCUMULATE_CODE  # noqa: F401  (trace_rules imports it from here)
+from whyidle.diagnose.loader_call import Change, operand
 from whyidle.diagnose.types import Finding, FixOption
 
 DOCS_DATALOADER = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
@@ -58,11 +59,24 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
 
 
 def fix_option(text: str, est_speedup: float | None, condition: str | None = None,
-               code: str | None = None) -> FixOption:
+               code: str | None = None, assumed: bool = False) -> FixOption:
     """One fix option of a finding: ``text`` what to do, ``est_speedup`` its step-time ratio on this
-    machine (None: unknown), ``condition`` when it gains more (or when it applies), ``code``."""
+    machine (None: unknown), ``condition`` when it gains more (or when it applies), ``code``;
+    ``assumed``: the estimate rests on an assumption ``condition`` states (a 2× cheaper sample)."""
     return {"text": text, "code": code, "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
-            "condition": condition}
+            "condition": condition, "assumed": assumed}
+
+
+def printed_fix_first(findings: list[dict]) -> None:
+    """Makes every finding's printed fix its first option: ``est_speedup``, ``fix.text`` and
+    ``fix.code`` are ``fix.options[0]``'s wherever there are options, so the JSON's estimate is the
+    gain of the fix the terminal prints, whatever a rule or a later link between findings changed."""
+    for f in findings:
+        options = (f.get("fix") or {}).get("options") or []
+        if options:
+            first = options[0]
+            f["est_speedup"] = first["est_speedup"]
+            f["fix"]["text"], f["fix"]["code"] = first["text"], first["code"]
 
 
 def bound_of(est_speedup: float | None) -> float | None:
@@ -130,6 +144,8 @@ def loader_model(facts: RunFacts) -> dict:
     - ``limit``: what caps the prediction: ``cores``, ``compute`` or ``workers``;
       ``cores_for_all`` / ``est_speedup_unbounded``: the cores at which enough workers (``need``)
       would reach the compute-only step, and that gain.
+    - ``est_speedup_cheaper``: the gain of each sample costing ``T.CHEAPER_SAMPLE_COST`` × today's
+      work with today's workers (their fetch and CPU scaled; without workers the wait shrinks).
     """
     step = facts.step
     host = facts.host or {}
@@ -155,17 +171,18 @@ def loader_model(facts: RunFacts) -> dict:
     # cores the model's own compute keeps busy, measured (its intra-op threads at work)
     parallel = min(max(1.0, compute_cpu / compute), usable, float(threads))
 
-    def predict(w: int) -> tuple[float, int, str]:
+    def predict(w: int, cost: float = 1.0) -> tuple[float, int, str]:
+        """The step with ``w`` workers and each sample ``cost`` × today's work (threads, limit)."""
         t = threads
         comp = compute
         taken = w * (busy if busy is not None else 1.0)  # cores w workers keep busy at today's CPU share
         if on_cpu and w and parallel + taken > usable:  # the workers take cores the model's threads use
             t = max(1, round(usable - taken))
             comp = compute * max(1.0, parallel / t)
-        terms = {"compute": comp, "workers": fetch / w if w else fetch + comp,
-                 "cores": (loader_cpu + compute_cpu) / (usable * T.CPU_PARALLEL_EFFICIENCY)}
+        terms = {"compute": comp, "workers": fetch * cost / w if w else fetch * cost + comp,
+                 "cores": (loader_cpu * cost + compute_cpu) / (usable * T.CPU_PARALLEL_EFFICIENCY)}
         limit = max(terms, key=terms.get)
-        return min(now, terms[limit]) if w else now, t, limit
+        return min(now, terms[limit]) if w else now - fetch * (1.0 - cost), t, limit
 
     need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
     cap = min(cores if cpu_bound else max(4, 4 * cores), T.MAX_SUGGESTED_WORKERS)
@@ -187,7 +204,8 @@ def loader_model(facts: RunFacts) -> dict:
             "demand": demand, "threads": new_threads if new_threads != threads else None, "limit": limit,
             "loader_cpu_s": loader_cpu, "compute_cpu_s": compute_cpu, "usable_cores": usable,
             "cores_for_all": math.ceil(cpu_total / floor) if floor > 0 else None,
-            "est_speedup_unbounded": now / floor if floor > 0 else None}
+            "est_speedup_unbounded": now / floor if floor > 0 else None,
+            "est_speedup_cheaper": now / max(predict(nw, T.CHEAPER_SAMPLE_COST)[0], 1e-9)}
 
 
 def cpu_given(share: float | None, host: dict) -> float | None:
@@ -214,11 +232,12 @@ def _workers_condition(model: dict, cores: int) -> str | None:
 
 def rank_options(options: list[dict]) -> list[dict]:
     """Fix options, the one that gains most *here* first: options estimated at ≥
-    ``VERDICT_MIN_SPEEDUP`` by their estimate, then those that cannot be estimated (their gain
-    depends on how much cheaper the work gets), then those estimated below it."""
+    ``VERDICT_MIN_SPEEDUP`` by their estimate, then those that cannot be estimated, or only under an
+    assumption (``assumed``: their gain depends on how much cheaper the work gets), then those
+    estimated below it."""
     def key(o: dict) -> tuple[int, float]:
         est = o["est_speedup"]
-        if est is None:
+        if est is None or o.get("assumed"):
             return (1, 0.0)
         return (0 if est >= T.VERDICT_MIN_SPEEDUP else 2, -est)
     return sorted(options, key=key)
@@ -242,7 +261,7 @@ def gpu_idle_share(facts: RunFacts, cause: str) -> float | None:
 
 #: The ``many_tensors`` fix: a collate that returns a few batch tensors instead of one per sample
 #: and field (the layout of cases.md C34's merged fix).
-PACKED_COLLATE = """def collate(samples):                       # runs in the DataLoader workers
+PACKED_COLLATE = """def packed_collate(samples):                # runs in the DataLoader workers
     images = torch.stack([s[0] for s in samples])
     targets = [s[-1] for s in samples]          # per-sample dicts of small tensors
     packed = {}
@@ -254,7 +273,7 @@ PACKED_COLLATE = """def collate(samples):                       # runs in the Da
             packed[k] = torch.cat(parts)
             packed[k + "_offsets"] = torch.tensor([0] + [len(p) for p in parts]).cumsum(0)
     return images, packed                       # a few tensors per batch, the same bytes
-loader = DataLoader(dataset, ..., collate_fn=collate)"""
+"""
 
 
 #: Innermost frames of image decoding and augmentation in the data phase.
@@ -388,7 +407,7 @@ def input_bound(facts: RunFacts) -> dict | None:
             f"Pack each batch into a few tensors in the DataLoader's collate_fn{where}, which the workers run: "
             "concatenate every per-sample field across the batch, with an offsets tensor to split it again, or "
             "return NumPy arrays / one buffer per field. A higher file-descriptor limit only hides the cost.",
-            removed, None, PACKED_COLLATE))
+            removed, None, PACKED_COLLATE + fixes.collate_code(facts, "packed_collate")))
     if cause == "storage":
         options.append(fix_option("Copy the dataset to local disk or RAM (/dev/shm), or pack small files into large "
                                   "shards (tar/WebDataset, LMDB) so each read fetches many samples.", None,
@@ -404,9 +423,10 @@ def input_bound(facts: RunFacts) -> dict | None:
         name = f"`{focus['function'].split()[-1]}`" if focus else "each sample's preparation"
         lead = ("All cores are already busy preparing samples, so more workers will not help: make each sample "
                 "cheaper. " if cause == "cpu_preprocessing" else "Make each sample cheaper: ")
+        cheaper = min(model["est_speedup_cheaper"], removed) if model else None
         options.append(fix_option(lead + f"the work in {name} runs on a CPU every epoch. " + _cheaper_sample(facts),
-                                  None, f"up to {removed:.1f}× if loading cost nothing; a 2× cheaper sample roughly "
-                                  "halves the data wait"))
+                                  cheaper, f"estimated for a {1 / T.CHEAPER_SAMPLE_COST:g}× cheaper sample; up to "
+                                  f"{removed:.1f}× if loading cost nothing", assumed=True))
     if not options:
         options.append(fix_option(worker_text["unknown"], gain, None, code))
     options = rank_options(options)
@@ -758,10 +778,14 @@ def cpu_contention(facts: RunFacts) -> dict | None:
         if (threads or 1) > per:
             text = (f"Give each process at most cores ÷ processes threads ({per} here) and one thread per DataLoader "
                     "worker; set OMP_NUM_THREADS before start-up so OpenMP pools are sized right.")
-            code = (f"torch.set_num_threads({per})   # or OMP_NUM_THREADS={per} in the environment\n\n"
-                    "def one_thread(worker_id):      # a named function: it must pickle for spawned workers\n"
-                    "    torch.set_num_threads(1)\n\n"
-                    "loader = DataLoader(..., worker_init_fn=one_thread)")
+            own = fixes.written(facts, "worker_init_fn")
+            code = "\n".join([
+                f"torch.set_num_threads({per})   # or OMP_NUM_THREADS={per} in the environment\n",
+                "def one_thread(worker_id):      # a named function: it must pickle for spawned workers",
+                "    torch.set_num_threads(1)"] + ([f"    {operand(own)}(worker_id)   # the program's own worker_init_fn"]
+                                                   if own and own != "None" else []) + [""]
+                + fixes.in_api(facts, fixes.loader_lines(facts, [Change("worker_init_fn", "one_thread", note="",
+                                                                        replace=True)]), tail=False))
         elif not workers and trainers * (threads or 1) <= cores:
             # the compute threads fit the cores: the training thread takes turns with the job's other
             # threads (a tracker's writer, prefetch threads, OpenMP threads spinning after each

@@ -102,7 +102,9 @@ def _host_reads(facts: RunFacts) -> dict | None:
     sites = reads["sites"][:5]
     for site in sites:
         site["op"] = "+".join(site["ops"])
-    micro = reads.get("micro_batches_per_step")
+    # gradient accumulation as the loop defines it (analysis/loop.py: a GAN's backward calls are
+    # its optimizers' parts, not micro-batches); the audit's backward count without steps
+    micro = (facts.step or {}).get("micro_batches_per_step") or reads.get("micro_batches_per_step")
     first = sites[0]
     lines = f"{len(reads['sites'])} lines" if len(reads["sites"]) > 1 else "1 line"
     n = reads["per_step"]

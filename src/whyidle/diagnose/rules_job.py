@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from whyidle.analysis import loop as loop_analysis
 from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
@@ -25,9 +26,12 @@ def part_of(facts: RunFacts, name: str) -> dict | None:
 
 
 def trains(facts: RunFacts) -> bool:
-    """Steps were analyzed and an optimizer (or Keras ``fit``) marked them: a training job, whose
-    evaluation competes with training (an inference-only script is all evaluation by design)."""
-    return bool(facts.step) and any(r.get("by") in ("optimizer", "keras", "iterator") for r in (facts.step_rows or []))
+    """Steps were analyzed and they train (:func:`whyidle.analysis.loop.trains`: an optimizer, a
+    backward call or Keras ``fit`` marks them): a training job, whose evaluation competes with
+    training (an inference-only script is all evaluation by design)."""
+    if not facts.step:
+        return False
+    return facts.loop["trains"] if facts.loop else loop_analysis.trains(facts.step_rows or [])
 
 
 def wall_gain(facts: RunFacts, saved_s: float) -> float:

@@ -21,6 +21,7 @@ from whyidle.analysis.capability import capability_of
 from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.loader_call import Change
 from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding
 from whyidle.instrument.hooks import TRACKERS
 
@@ -490,9 +491,9 @@ def preprocess_in_forward(facts: RunFacts) -> dict | None:
         "class Preprocess:                     # the DataLoader workers run it",
         "    def __call__(self, samples):",
         "        return preprocess(samples)     # tokenizer / processor / resize -> batch tensors",
-        f"loader = DataLoader(dataset, batch_size=..., num_workers={max(workers, 2)}, collate_fn=Preprocess(),",
-        "                    persistent_workers=True)",
-    ])
+    ] + fixes.in_api(facts, fixes.loader_lines(facts, [Change("collate_fn", "Preprocess()", note="", replace=True)] + [
+        c for c in fixes.worker_changes(facts, max(workers, 2)) if c.name in ("num_workers", "persistent_workers")]),
+        tail=False))
     evidence = _round({"preamble_s_per_step": pre["s_per_step"], "preamble_share": share})
     evidence.update(kind="preprocess_in_forward", module=pre.get("cls"), site=site, num_workers=workers,
                     hotspots=pre.get("sites") or [])

@@ -60,6 +60,10 @@ CPU_PARALLEL_EFFICIENCY = 0.85
 #: hands each batch over through a pipe and shared memory (~1 ms per batch on a small machine);
 #: measured here, a 0.2 ms in-memory fetch moved to one worker made the loop 1.6× slower.
 WORKER_MIN_FETCH_S = 0.002
+#: Per-sample cost, relative to today's, at which "make each sample cheaper" is estimated: its gain
+#: depends on how much cheaper the work gets, so the estimate is stated for a 2× cheaper sample
+#: (reduced-size JPEG decode, a cached decoded array or one vectorized collate each give 2× or more).
+CHEAPER_SAMPLE_COST = 0.5
 
 #: Share of wall time the training thread sat runnable on a run-queue waiting for a core
 #: (schedstat run_delay) that makes ``cpu_contention`` a warning / critical: 10 % is what

@@ -16,6 +16,7 @@ from whyidle.diagnose.rules import (
     _pct,
     bound_of,
     finding,
+    printed_fix_first,
 )
 from whyidle.diagnose.rules import speedup_if_removed as _speedup
 from whyidle.diagnose.rules_ranks import DOCS_DDP
@@ -275,6 +276,7 @@ def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict
     if late:
         _cap_at_the_others_pace(findings, late, shared)
         findings.append(late)
+    printed_fix_first(findings)
     verdict = choose_verdict(findings)
     if not gpu:
         verdict = verdict or "unknown"

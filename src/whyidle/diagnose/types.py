@@ -17,6 +17,9 @@ class FixOption(TypedDict):
     est_speedup: float | None
     #: When the option gains more, or when it applies (e.g. "with ≥ 8 cores"); None: always.
     condition: str | None
+    #: True where ``est_speedup`` rests on an assumption ``condition`` states ("a 2× cheaper sample"):
+    #: ranked with the options that cannot be estimated.
+    assumed: bool
 
 
 class Fix(TypedDict):

@@ -300,7 +300,9 @@ _INSTALLERS = {"torch": _then(_override_torch, _installer("torch", "install", "P
                "lightning": _install_lightning,
                "pytorch_lightning": _install_lightning,
                "transformers.trainer": _installer("frameworks", "install_transformers_trainer", "Hugging Face Trainer"),
-               "accelerate": _installer("frameworks", "install_accelerate", "Accelerate")}
+               "accelerate": _installer("frameworks", "install_accelerate", "Accelerate"),
+               # torch.compile's frame evaluator: whyidle's Module.__call__ wrapper is skipped as a frame
+               "torch._dynamo": _installer("forward", "install_dynamo", "torch.compile support")}
 #: Trackers and checkpoint writers whose calls are timed as logging / checkpoint regions.
 for _name in ("torch.utils.tensorboard", "wandb", "mlflow", "safetensors.torch", "transformers.modeling_utils"):
     _INSTALLERS[_name] = _installer("frameworks", "install_regions", f"{_name} timing")

@@ -34,6 +34,7 @@ import functools
 import inspect
 import sys
 import threading
+import weakref
 from time import monotonic_ns
 
 #: The ``torch.distributed`` collectives timed when the program calls them.
@@ -270,17 +271,20 @@ def install(torch, timer: CollectiveTimer, notice) -> None:
 
     DDP._distributed_broadcast_coalesced = bcast
     hook = _trampoline_hook(timer)
+    # DDP module → its trampoline, beside the module, never on it: DDP pickles and deep-copies its
+    # attributes (less the process group and reducer), and the trampoline holds the process group
+    trampolines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     orig_init = DDP.__init__
 
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
         orig_init(self, *args, **kwargs)
-        if getattr(self, "_whyidle_comm", None) is not None or not timer.host_sync(dist):
+        if self in trampolines or not timer.host_sync(dist):
             return
         try:  # the reducer's own registration (register_comm_hook's last line), without its logging
             state = _Trampoline(default_hooks.allreduce_hook, self.process_group)
             dist._register_comm_hook(self.reducer, state, hook)
-            self._whyidle_comm = state
+            trampolines[self] = state
         except Exception as exc:
             notice(f"DDP gradient all-reduce not timed: {exc!r}")
 
@@ -288,7 +292,7 @@ def install(torch, timer: CollectiveTimer, notice) -> None:
 
     @functools.wraps(orig_register)
     def register_comm_hook(self, state, hook):
-        tramp = getattr(self, "_whyidle_comm", None)
+        tramp = trampolines.get(self)
         if tramp is None or tramp.user:
             return orig_register(self, state, hook)
         self._check_comm_hook(hook)  # the program's errors, as upstream raises them
@@ -304,7 +308,7 @@ def install(torch, timer: CollectiveTimer, notice) -> None:
 
     @functools.wraps(orig_builtin)
     def _register_builtin_comm_hook(self, comm_hook_type):
-        tramp = getattr(self, "_whyidle_comm", None)
+        tramp = trampolines.get(self)
         python = {"ALLREDUCE": default_hooks.allreduce_hook, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
         fn = python.get(getattr(comm_hook_type, "name", None))
         if tramp is None or tramp.user or fn is None:

@@ -12,11 +12,22 @@ PyTorch itself (DDP, FSDP, checkpointing), of other libraries and whyidle's own,
 objects, are left as they are. Per step the instrument takes
 the nanoseconds spent in timed hooks (:meth:`take`); at exit :meth:`record` lists the hooks by
 function and registration line. Standard library only.
+
+The timer (:class:`TimedHook`) sits in the module's or tensor's hook dict in the hook's place, so
+it must not change what the program does with its objects (issue 30): pickled (``torch.save(model)``,
+``pickle``, ``multiprocessing``) it is the program's hook itself, a process without whyidle loads
+it; ``copy.deepcopy`` gives the copy the hook, not the timer (the copy is not timed); attributes
+(``__name__``...) read through to the hook; ``torch.jit.script`` compiles the hooks themselves
+(:func:`plain_hooks` around ``torch.jit._recursive.create_script_module``); under TorchDynamo
+tracing it calls the hook and nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
+import operator
 import os
 import sys
 import types
@@ -36,6 +47,89 @@ TRACKERS = frozenset({"wandb", "tensorboard", "tensorboardX", "mlflow", "comet_m
                       "dvclive"})
 _TIMED_OWNERS = TRACKERS | {"program"}
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # whyidle's package
+#: The hook dicts of ``torch.nn.Module`` a registration method writes to.
+MODULE_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+class TimedHook:
+    """A hook of the program's, timed: calls ``hook`` and adds its time to ``timer`` and to
+    ``entry`` (``[calls, ns]``), less the checkpoint or logging regions inside it (``regions``).
+
+    Invisible to the program's objects: pickles as ``hook`` (``operator.getitem([hook], 0)``: the
+    standard library rebuilds it), deep-copies to a deep copy of ``hook`` (a function is itself, a
+    bound method is bound to the copy of its object), carries the hook's ``__name__``,
+    ``__qualname__``, ``__module__`` and ``__doc__`` and reads its other attributes through.
+    """
+
+    def __init__(self, hook, timer, entry: list, regions, is_compiling) -> None:
+        self.hook = hook
+        self.timer = timer
+        self.entry = entry
+        self.regions = regions
+        self.is_compiling = is_compiling
+        for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            try:
+                setattr(self, name, getattr(hook, name))
+            except AttributeError:  # a functools.partial has no __name__
+                pass
+
+    def __call__(self, *args, **kwargs):
+        if self.is_compiling():  # TorchDynamo traces the hook: nothing of ours in its graph
+            return self.hook(*args, **kwargs)
+        regions = self.regions
+        out0 = regions.outside_ns if regions is not None else 0
+        t0 = perf_counter_ns()
+        try:
+            return self.hook(*args, **kwargs)
+        finally:
+            d = perf_counter_ns() - t0
+            if regions is not None:
+                d = max(0, d - (regions.outside_ns - out0))
+            self.timer.ns += d
+            self.entry[0] += 1
+            self.entry[1] += d
+
+    @property
+    def __wrapped__(self):
+        return self.hook
+
+    def __getattr__(self, name):  # only for names not found on the timer itself
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(self.hook, name)
+
+    def __reduce_ex__(self, protocol):
+        return operator.getitem, ([self.hook], 0)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.hook, memo)
+
+    def __repr__(self) -> str:
+        return repr(self.hook)
+
+
+@contextlib.contextmanager
+def plain_hooks(module):
+    """Within the block, the module hooks of ``module`` and its submodules are the program's own
+    functions, not their :class:`TimedHook` timers (``torch.jit.script`` compiles each hook from
+    its source). Restored at exit, where nothing replaced them meanwhile. Raises nothing of its own."""
+    swapped = []
+    try:
+        for m in module.modules():
+            for name in MODULE_HOOK_DICTS:
+                hooks = getattr(m, name, None)
+                for key, hook in list(hooks.items()) if isinstance(hooks, dict) else ():
+                    if isinstance(hook, TimedHook):
+                        hooks[key] = hook.hook
+                        swapped.append((hooks, key, hook))
+    except Exception:
+        pass
+    try:
+        yield
+    finally:
+        for hooks, key, timed in swapped:
+            if hooks.get(key) is timed.hook:
+                hooks[key] = timed
 
 
 def defined_at(code) -> str:
@@ -78,6 +172,7 @@ class HookTimer:
         self.skip = (torch_dir.rstrip(os.sep) + os.sep, _OWN_DIR)
         self.ns = 0  # in timed hooks since the last take()
         self.by_hook: dict[tuple, list[int]] = {}  # (phase, function, def site, registered at) → [calls, ns]
+        self.is_compiling = lambda: False  # TorchDynamo tracing (install() takes PyTorch's)
 
     def wrap(self, hook, phase: str, frame):
         """``hook`` wrapped in a timer when it is a function (or method, or ``functools.partial``
@@ -98,33 +193,34 @@ class HookTimer:
         except Exception:
             registered = None
         entry = self.by_hook.setdefault((phase, name, where, registered), [0, 0])
-        timer = self
-        regions = self.regions
-
-        @functools.wraps(hook)
-        def timed(*args, **kwargs):
-            out0 = regions.outside_ns if regions is not None else 0
-            t0 = perf_counter_ns()
-            try:
-                return hook(*args, **kwargs)
-            finally:
-                d = perf_counter_ns() - t0
-                if regions is not None:
-                    d = max(0, d - (regions.outside_ns - out0))
-                timer.ns += d
-                entry[0] += 1
-                entry[1] += d
-
-        return timed
+        return TimedHook(hook, self, entry, self.regions, self.is_compiling)
 
     def install(self, torch) -> None:
-        """Wraps the registration methods of ``torch.nn.Module`` and ``torch.Tensor``."""
+        """Wraps the registration methods of ``torch.nn.Module`` and ``torch.Tensor``, and
+        ``torch.jit._recursive.create_script_module`` (the module scripting entry point) so that
+        it compiles the program's hooks, not their timers."""
+        compiler = getattr(torch, "compiler", None)
+        self.is_compiling = (getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+                             or self.is_compiling)
+        from whyidle.instrument.forward import skip_in_dynamo
+
+        skip_in_dynamo(TimedHook.__call__.__code__)  # Dynamo compiles the hook's own frame, as without us
         for cls, methods in ((torch.nn.Module, MODULE_METHODS), (torch.Tensor, TENSOR_METHODS)):
             for name, phase in methods.items():
                 orig = cls.__dict__.get(name)
                 if orig is None:
                     continue
                 setattr(cls, name, self._registering(orig, phase))
+        recursive = getattr(getattr(torch, "jit", None), "_recursive", None)
+        create = getattr(recursive, "create_script_module", None)
+        if create is not None:
+
+            @functools.wraps(create)
+            def create_script_module(nn_module, *args, **kwargs):
+                with plain_hooks(nn_module):
+                    return create(nn_module, *args, **kwargs)
+
+            recursive.create_script_module = create_script_module
 
     def _registering(self, orig, phase: str):
         timer = self

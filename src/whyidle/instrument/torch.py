@@ -3,17 +3,24 @@
 Installed by the agent right after the user's program imports ``torch``; nothing in the user's
 code changes. What it hooks (all public PyTorch hooks except the two DataLoader methods):
 
-- step end: ``torch.optim.optimizer.register_optimizer_step_post_hook`` (global). The first
+- step end (:attr:`TorchInstrument.marker`, ``by`` of the step records), the first that applies:
+  ``"optimizer"``: ``torch.optim.optimizer.register_optimizer_step_post_hook`` (global). The first
   optimizer that steps is the *primary* one: each of its steps ends a training step; other
-  optimizers' steps count as optimizer time, until one of them steps
-  :data:`PRIMARY_TAKEOVER_STEPS` times in a row and replaces it. Without any optimizer step, a step ends where the next
-  batch is fetched (``by = "loader"``).
+  optimizers' steps (a GAN's generator, an actor-critic's critic) are parts of the same step, each
+  named in the ``optimizers`` record with its steps and backward calls, until one of them steps
+  :data:`PRIMARY_TAKEOVER_STEPS` times in a row and replaces it. ``"backward"``: without
+  ``torch.optim`` and without a DataLoader batch in the step (a loop that slices a token tensor and
+  updates ``p.data`` by hand), each outermost ``backward()`` from the line of the first one.
+  ``"loader"``: the next DataLoader batch. ``"forward"``: a program that never trains nor fetches a
+  batch (inference over tensors), each outermost call of the first top-level module.
 - data wait: ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` and
   ``DataLoader.__iter__`` (iterator creation, where non-persistent workers start), wrapped.
-- forward: global module forward pre/post hooks (``register_module_forward_pre_hook``,
-  ``register_module_forward_hook(always_call=True)``), counting only the outermost call. After
-  :data:`ROOT_LEARNING_STEPS` optimizer steps they are replaced by hooks on the top-level modules
-  seen, so inner modules keep PyTorch's hook-free fast path. Forward with grad disabled is ``eval``.
+- forward: ``torch.nn.Module.__call__`` wrapped (:mod:`whyidle.instrument.forward`: nothing on
+  the program's modules or classes, which ``torch.save``, pickle, ``deepcopy`` and
+  ``torch.jit.script`` never meet), counting only the outermost call. For the first
+  :data:`ROOT_LEARNING_STEPS` optimizer steps every call is seen (the top-level modules, the
+  repeated-module count); then only the outermost calls of those top-level modules are timed.
+  Forward with grad disabled is ``eval``.
 - backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it); each call is one
   micro-batch (``mb``: several per optimizer step under gradient accumulation).
 - optimizer: global optimizer step pre/post hooks. A closure passed to ``step(closure)`` (Lightning
@@ -45,6 +52,7 @@ import weakref
 from time import monotonic_ns, perf_counter, thread_time_ns
 
 from whyidle.instrument import collectives as coll_mod
+from whyidle.instrument import forward as forward_mod
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
 from whyidle.instrument.hooks import HookTimer
@@ -58,8 +66,8 @@ from whyidle.instrument.cuda import (
 from whyidle.record.steptable import BY_CODES, MAX_PH_VALUES, PHASE_CODES
 from whyidle.redact import redact_argv
 
-#: Steps during which global forward hooks watch for top-level modules before being replaced by
-#: per-module hooks on those roots (global hooks force every submodule off PyTorch's fast path).
+#: Optimizer steps during which every module call is seen (the top-level modules are learnt, the
+#: repeated-module count taken); afterwards only the outermost calls of those roots are timed.
 ROOT_LEARNING_STEPS = 3
 
 #: Optimizer steps whose parameter / batch / input devices are recorded (enough to see a placement
@@ -101,6 +109,10 @@ MAX_GRAPH_NODES = 50_000
 #: Steps at whose first backward the autograd graph is counted: early enough for short runs,
 #: late enough that gradient accumulation or warm-up has settled into the loop's shape.
 GRAPH_COUNT_STEPS = (2, 5, 10)
+
+#: Optimizers named in the ``optimizers`` record (a program building a new optimizer per stage
+#: or per epoch would otherwise grow it without bound).
+MAX_PARTS = 16
 
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other")
 PHASE_CODE = {name: code for code, name in enumerate(PHASE_CODES)}
@@ -218,18 +230,27 @@ class TorchInstrument:
         self.samples = 0
         self.samples_known = True
         self.boundary = False
-        self.micro = 0  # backward calls in this step: micro-batches under gradient accumulation
-        self.by_optimizer = False
+        self.micro = 0  # outermost backward calls in this step: micro-batches under gradient accumulation
+        self.marker = "loader"  # what ends a step (module docstring): optimizer, backward, loader or forward
+        self.trained = False  # a backward or an optimizer step was seen (else evaluation is no boundary)
+        self.fetched = False  # a DataLoader batch was counted on the training thread
+        self.bwd_depth = 0  # backward calls open (a reentrant checkpoint's backward runs inside one)
+        self.bwd_site = None  # (code, line) of the first backward that marked a step
+        self.fwd_key: int | None = None  # id() of the module whose calls mark "forward" steps
+        self.calls = 0  # outermost module calls in this step (step record "fc")
+        self.parts: dict[int, list] = {}  # id(optimizer) → [name, class, parameters, steps, backward calls]
+        self.bwd_since_opt = 0  # outermost backward calls since the last optimizer step (of any optimizer)
         self.primary_opt: int | None = None
         self.opt_steps = 0  # steps ended by the primary optimizer
         self.other_opt: int | None = None  # the last non-primary optimizer that stepped
         self.other_opt_steps = 0  # its steps since the primary's last one
         self.auditing = True  # this step's batches, inputs and copies are audited (see _begin_step)
         self.depth = 0
-        self.roots: dict[int, object] = {}
+        self.roots: dict[int, object] = {}  # the top-level modules called while learning
+        self.learning = True  # every module call is seen (see ROOT_LEARNING_STEPS)
+        self.learn_until = (ROOT_LEARNING_STEPS, MAX_AUDITED_BATCHES)  # (optimizer steps, steps) ending it
+        self.root_refs: dict[int, object] = {}  # id → weak reference of the roots learnt (forward.py)
         self.graph_counted: set[int] = set()
-        self.global_hooks: list = []
-        self.root_hooks: list = []
         self.loaders: set[int] = set()
         self.iter_loader: dict[int, int] = {}  # id(iterator) -> id(its DataLoader)
         self.loader_key: int | None = None  # the DataLoader of this step's last batch
@@ -242,7 +263,6 @@ class TorchInstrument:
         self.tracking = True  # the phase hooks are in: full steps, and every step on CUDA
         self.switches: list = []  # callables(on) putting the phase hooks in or taking them out
         self.phase_map = None  # PhaseMap for the stack samples of lite steps (install())
-        self.root_refs: list = []  # weak references to the root modules, for their forward hooks
         self.next_full = 0  # the next step recorded in full detail
         self._rng = random.Random(0x5EED)  # our own: the program's random state is never touched
         self.lite_rows: list[tuple] = []  # the lite steps since the last full one (LITE_COLUMNS)
@@ -288,6 +308,7 @@ class TorchInstrument:
         self.samples_known = True
         self.boundary = False
         self.micro = 0
+        self.calls = 0
         self.loader_key = None
         self.syncs_in_step = 0
         if full:
@@ -361,9 +382,11 @@ class TorchInstrument:
                 "k": "step", "t": now, "i": self.step, "t0": self.t0, "t1": now, "by": by,
                 "data": acc["data"], "fwd": acc["forward"], "bwd": acc["backward"],
                 "opt": acc["optimizer"], "eval": acc["eval"],
-                "batches": self.batches, "samples": self.samples if self.samples_known and self.batches else None,
+                "batches": self.batches,
+                "samples": self.samples if self.samples_known and (self.batches or self.marker == "forward") else None,
                 "cpu": cpu_now - self.cpu0, "data_cpu": self.data_cpu, "boundary": self.boundary,
                 "mb": self.micro, "ld": self.loader_key, "ph": self.ph, "wi": self.wi, "hk": hooks_ns,
+                "fc": self.calls,
             })
         elif self.tracking:  # one tuple per lite step, in LITE_COLUMNS order
             self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), acc["data"], acc["forward"],
@@ -371,11 +394,11 @@ class TorchInstrument:
                                    self.loader_key, 1 if self.boundary else 0))
         else:  # hooks out: the boundaries (and batches when they mark the steps)
             self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), None, None, None, None, None,
-                                   None if self.by_optimizer else self.batches, None, self.loader_key,
+                                   self.batches if self.marker == "loader" else None, None, self.loader_key,
                                    1 if self.boundary else 0))
         if by == "optimizer":
             self.opt_steps += 1
-        if self.module_calls is not None and self.global_hooks:
+        if self.module_calls is not None and self.learning:
             self.module_calls.end_step(now - self.t0)
         if self.transfers is not None:
             self._drain_transfers(now, by)
@@ -384,8 +407,8 @@ class TorchInstrument:
         self.step += 1
         if self.step % STRIDE_WINDOW == 0:
             self._update_stride(now)
-        if self.global_hooks and (self.opt_steps >= ROOT_LEARNING_STEPS or self.step >= MAX_AUDITED_BATCHES):
-            self._switch_to_root_hooks()
+        if self.learning and (self.opt_steps >= self.learn_until[0] or self.step >= self.learn_until[1]):
+            self._end_learning()
         if self.stacks is not None:
             self.stacks.maybe_reinstall()  # a library reset the sampler's SIGURG handler (stacks.py)
         self._begin_step(now)
@@ -399,26 +422,13 @@ class TorchInstrument:
 
     def _track(self, on: bool) -> None:
         """Puts the phase hooks in (``on``) or takes them out for lite steps (see
-        ``FULL_DETAIL_PERIOD_S``): the backward wrapper, the root modules' forward hooks and, when
-        optimizer steps mark the steps, the DataLoader ``__next__`` wrapper. Between steps only."""
+        ``FULL_DETAIL_PERIOD_S``): the backward wrapper and, when optimizer steps mark the steps,
+        the DataLoader ``__next__`` wrapper; the forward wrapper reads ``tracking`` itself.
+        Between steps only."""
         self.tracking = on
         self.depth = 0
         for switch in self.switches:
             switch(on)
-
-    def _root_forward_hooks(self, on: bool) -> None:
-        """The root modules' forward hooks in or out (once they replaced the global hooks)."""
-        for h in self.root_hooks:
-            h.remove()
-        self.root_hooks = []
-        if not on or self.global_hooks:
-            return
-        pre, post = _forward_hooks(self)
-        for ref in self.root_refs:
-            module = ref()
-            if module is not None:
-                self.root_hooks.append(module.register_forward_pre_hook(pre))
-                self.root_hooks.append(module.register_forward_hook(post, always_call=True))
 
     def flush_lite(self) -> None:
         """Queues the lite steps since the last full step as one ``steps`` record (training thread,
@@ -429,8 +439,7 @@ class TorchInstrument:
 
     def fail(self, where: str, exc: BaseException) -> None:
         """Turns the instrumentation off and says so once; the user's program goes on."""
-        self.off = True
-        self.uninstall_hooks()
+        self.off = True  # the forward wrapper passes every call through from now on
         self.timeline = None
         self.marking = False
         for stop in (getattr(self.sync_watch, "uninstall", None), getattr(self.transfers, "stop", None)):
@@ -445,7 +454,7 @@ class TorchInstrument:
     def on_fetch_start(self, it=None) -> None:
         if self.loop_open and self.iter_loader.get(id(it)) == self.train_loader:
             self._end_loop()  # training resumes: the evaluation loop ended before this batch
-        if not self.by_optimizer and self.batches >= 1:
+        if self.marker == "loader" and self.batches >= 1:
             self.end_step("loader")
         elif self.stacks is not None:  # batches without steps (a validation loop) re-install too
             self.stacks.maybe_reinstall()
@@ -459,8 +468,11 @@ class TorchInstrument:
         if stopped:
             self.boundary = True
             return
-        if self.regions.open and self.regions.inside("evaluation"):
+        if self.trained and self.regions.open and self.regions.inside("evaluation"):
             return  # a validation batch: not one the step trains on
+        if self.marker == "forward":  # batches come after all: they mark the steps
+            self.marker = "loader"
+        self.fetched = True
         self.batches += 1
         self.loader_key = self.iter_loader.get(id(it))
         if full:  # samples are read on full steps only (lite steps: the analysis uses full ones)
@@ -478,9 +490,10 @@ class TorchInstrument:
         if key not in self.loaders:
             self.loaders.add(key)
             rec = _loader_config(loader, key, t0)
-            user, leaf, args = self.created.get(key) or (None, None, {})
+            user, leaf, args, call = self.created.get(key) or (None, None, {}, None)
             rec["created"] = [user, leaf]
             rec["args"] = args
+            rec["call"] = call
             rec["collate_user"] = self._user_code(getattr(loader, "collate_fn", None))
             self.agent.record(rec)
         if len(self.iter_loader) >= 64:  # one iterator per epoch without persistent workers
@@ -523,21 +536,34 @@ class TorchInstrument:
 
     def on_loader_created(self, loader, frame) -> None:
         """A DataLoader was built: keep where (its caller's user site and innermost site) and, when
-        the program's own code built it, how it wrote the dataset and collate_fn arguments."""
+        the program's own code built it, its ``DataLoader(...)`` call as written (every argument,
+        the callee and the assignment target: :func:`whyidle.instrument.callsite.call_site`) and
+        the dataset, batch_size and collate_fn texts of it (``args``). One parse per construction."""
         if len(self.created) >= 64:
             self.created.clear()
         user, leaf = self.site_of(frame)
-        args = {}
+        args, call = {}, None
         if user is not None:  # the user's frame making the DataLoader(...) call, maybe through a
             # library's __init__ wrapper (Lightning wraps it); a call to anything else gives nothing
-            from whyidle.instrument.callsite import call_arguments
+            import inspect
+
+            from whyidle.instrument.callsite import argument_texts, call_arguments, call_site
 
             classify = self.frames().classify
             while frame is not None and classify(frame.f_code.co_filename)[0] != 0:
                 frame = frame.f_back
-            args = call_arguments(frame, {"dataset": 0, "batch_size": 1, "collate_fn": None},
-                                  type(loader).__name__)
-        self.created[id(loader)] = (user, leaf, args)
+            try:
+                params = [p.name for p in inspect.signature(type(loader)).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            except (TypeError, ValueError):
+                params = []
+            name = type(loader).__name__
+            # the settings a fix changes: `num_workers=args.workers` gets its command-line option
+            call = call_site(frame, name, params, ("num_workers", "batch_size", "pin_memory", "persistent_workers",
+                                                   "prefetch_factor"))
+            spec = {"dataset": 0, "batch_size": 1, "collate_fn": None}
+            args = argument_texts(call, spec) if call else call_arguments(frame, spec, name)
+        self.created[id(loader)] = (user, leaf, args, call)
 
     def _user_code(self, fn) -> bool | None:
         """True when ``fn`` (a function, or an object with ``__call__``) is defined in the user's code,
@@ -545,19 +571,23 @@ class TorchInstrument:
         code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None), "__code__", None)
         return None if code is None else self.frames().classify(code.co_filename)[0] == 0
 
-    def on_forward_pre(self, module, args) -> None:
+    def on_forward_pre(self, module, args, frame) -> None:
+        """A module call of the training thread starts (``frame``: its caller's)."""
         calls = self.module_calls
-        if calls is not None and self.global_hooks:
+        if calls is not None and self.learning:
             try:
-                calls.pre(module, args, sys._getframe(1))
+                calls.pre(module, args, frame)
             except Exception as exc:  # only this count is lost
                 self.module_calls = None
                 self.agent.notice(f"repeated-module count disabled: {exc!r}")
         if self.depth == 0:
+            if self.marker == "forward" or (self.marker == "loader" and not (self.fetched or self.trained)):
+                self._forward_mark(module, args)
+            self.calls += 1
             self.enter("forward" if self._grad_enabled() else "eval")
-            if self.phase == "eval":
+            if self.phase == "eval" and self.trained:  # evaluation inside training (else it is the job)
                 self.boundary = True
-            if self.global_hooks:
+            if self.learning:
                 self.roots[id(module)] = module
             if self.auditing:
                 for t in _tensors_in(args):
@@ -566,10 +596,42 @@ class TorchInstrument:
                     self.audit["autocast"] = _autocast_enabled(self.torch)
                 self.audit["forward_t0"] = monotonic_ns()
         if self.auditing and self.audit["autocast_depth"] is None:
-            self._audit_autocast()
+            self._audit_autocast(frame)
         self.depth += 1
 
-    def _audit_autocast(self) -> None:
+    def _forward_mark(self, module, args) -> None:
+        """An outermost module call in a program that has neither trained nor fetched a batch: the
+        first module called marks the steps (``"forward"``: inference over tensors); its input's
+        leading dimension is the step's samples."""
+        key = id(module)
+        if self.fwd_key is None:
+            self.fwd_key = key
+            self.marker = "forward"
+        elif key != self.fwd_key:
+            return
+        elif self.t0 is not None:
+            self.end_step("forward")
+        if self.full:
+            n = batch_size_of(args)
+            if n is None:
+                self.samples_known = False
+            else:
+                self.samples += n
+
+    def on_backward(self, site) -> None:
+        """An outermost ``backward()`` of the training thread returned (``site``: ``(code, line)``
+        of its caller, or None once optimizer steps mark the steps)."""
+        self.trained = True
+        self.bwd_since_opt += 1
+        if self.marker != "optimizer" and self.batches == 0:
+            self.marker = "backward"  # no optimizer, no batch in the step: the backward marks it
+        if self.marker == "backward":
+            if self.bwd_site is None:
+                self.bwd_site = site
+            if site == self.bwd_site:
+                self.end_step("backward")
+
+    def _audit_autocast(self, frame) -> None:
         """Opens the autocast window when this module call (at any depth: Accelerate and the HF
         Trainer turn autocast on inside the root's ``forward``, a decorated ``forward`` too) runs
         under autocast; :meth:`on_forward_post` closes it at the same depth."""
@@ -579,10 +641,11 @@ class TorchInstrument:
             audit["autocast_dtypes"].update(dtypes)
             audit["autocast_depth"], audit["autocast_t0"] = self.depth, monotonic_ns()
             if audit["autocast_site"] is None:
-                audit["autocast_site"] = self.site_of(sys._getframe(2))[0]
+                audit["autocast_site"] = self.site_of(frame)[0]
 
     def on_forward_post(self) -> None:
-        if self.module_calls is not None and self.global_hooks:
+        """The innermost module call of the training thread returned (or raised)."""
+        if self.module_calls is not None and self.learning:
             self.module_calls.post()
         if self.depth <= 0:
             return
@@ -599,8 +662,9 @@ class TorchInstrument:
             self.leave()
 
     def on_optimizer_pre(self, optimizer) -> None:
-        if not self.by_optimizer:
-            self.by_optimizer = True
+        self.trained = True
+        if self.marker != "optimizer":
+            self.marker = "optimizer"
             if threading.get_ident() != self.tid:  # training runs in another thread: follow it
                 self.tid = self.regions.tid = self.colls.tid = threading.get_ident()
                 self.native_tid = threading.get_native_id()
@@ -617,6 +681,13 @@ class TorchInstrument:
     def on_optimizer_post(self, optimizer) -> None:
         self.leave()
         key = id(optimizer)
+        part = self.parts.get(key)
+        if part is None and len(self.parts) < MAX_PARTS:
+            part = self.parts[key] = self._part(optimizer)
+        if part is not None:
+            part[3] += 1
+            part[4] += self.bwd_since_opt
+        self.bwd_since_opt = 0
         if self.primary_opt is None:
             self.primary_opt = key
         if key != self.primary_opt:
@@ -627,6 +698,8 @@ class TorchInstrument:
             if self.other_opt_steps < PRIMARY_TAKEOVER_STEPS:
                 return
             self.primary_opt = key
+            self.learn_until = (self.opt_steps + ROOT_LEARNING_STEPS, self.step + MAX_AUDITED_BATCHES)
+            self.learning = True  # a new training stage: its top-level modules are learnt too
         self.other_opt_steps = 0
         if self.opt_steps < DEVICE_AUDIT_STEPS:
             self._audit_step(optimizer)
@@ -820,39 +893,53 @@ class TorchInstrument:
         from whyidle.instrument.stacks import StackSampler
 
         regions = self.regions
-        self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: regions.sample_phase(self.phase),
+        # a program that never trained has no evaluation apart from its loop: its samples are the steps'
+        self.stacks = StackSampler(self.tid, self.agent.stack_hz,
+                                   lambda: regions.sample_phase(self.phase) if self.trained else self.phase,
                                    native_id=self.native_tid, on_sample=self.on_stack_sample, phases=self.phase_map)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()
 
-    def _switch_to_root_hooks(self) -> None:
+    def _end_learning(self) -> None:
+        """The top-level modules are known: the repeated-module count is recorded and from now
+        on only the outermost calls of those roots are timed (:mod:`whyidle.instrument.forward`)."""
         if self.module_calls is not None:
             rec = self.module_calls.record()
             self.module_calls = None
             if rec is not None:
                 self.agent.record(rec)
-        for h in self.global_hooks:
-            h.remove()
-        self.global_hooks = []
-        refs = []
-        for module in self.roots.values():
-            try:
-                refs.append(weakref.ref(module))
-            except TypeError:  # a module that cannot be weakly referenced: a strong one
-                refs.append(lambda m=module: m)
-        self.root_refs = refs
+        for key, module in self.roots.items():
+            self.root_refs[key] = weakref.ref(module)  # nn.Module has __weakref__
         self.roots = {}
-        self._root_forward_hooks(self.tracking)
+        self.learning = False
+        self.record_parts()
 
-    def uninstall_hooks(self) -> None:
-        for h in self.global_hooks + self.root_hooks:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self.global_hooks = []
-        self.root_hooks = []
+    def _part(self, optimizer) -> list:
+        """A new optimizer's entry in :attr:`parts`: ``[name, class, parameters, steps, backward
+        calls]``; the name is the class of the top-level module that holds its first parameter
+        (``Generator``, ``Discriminator``: the model a GAN's optimizer trains), else its own class."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        name = None
+        if params:
+            first = id(params[0])
+            roots = list(self.roots.values()) + [r() for r in self.root_refs.values()]
+            for module in roots:
+                if module is None:
+                    continue
+                inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)  # DDP, compile
+                if any(id(p) == first for p in module.parameters()):
+                    name = type(inner if isinstance(inner, self.torch.nn.Module) else module).__name__
+                    break
+        return [name or type(optimizer).__name__, type(optimizer).__name__, sum(p.numel() for p in params), 0, 0]
+
+    def record_parts(self) -> None:
+        """The ``optimizers`` record (docs/run-format.md): every optimizer that stepped, with its
+        steps and the backward calls before them, so far (written when the roots are learnt and at exit)."""
+        if self.parts:
+            self.agent.record({"k": "optimizers", "t": monotonic_ns(), "primary": self.primary_opt, "parts": [
+                {"id": key, "name": p[0], "class": p[1], "params": p[2], "steps": p[3], "backward": p[4]}
+                for key, p in self.parts.items()]})
 
 
 def _new_audit() -> dict:
@@ -991,31 +1078,6 @@ def _autocast_enabled(torch) -> bool | None:
         return None
 
 
-def _forward_hooks(inst: TorchInstrument):
-    get_ident = threading.get_ident
-    is_compiling = inst._is_compiling
-
-    def pre(module, args):
-        if inst.off or is_compiling() or get_ident() != inst.tid:
-            return None
-        try:
-            inst.on_forward_pre(module, args)
-        except Exception as exc:
-            inst.fail("a forward pre-hook", exc)
-        return None
-
-    def post(module, args, output):
-        if inst.off or is_compiling() or get_ident() != inst.tid:
-            return None
-        try:
-            inst.on_forward_post()
-        except Exception as exc:
-            inst.fail("a forward hook", exc)
-        return None
-
-    return pre, post
-
-
 def _loader_config(loader, key: int, t: int) -> dict:
     def attr(name):
         value = getattr(loader, name, None)
@@ -1087,6 +1149,7 @@ def install(agent, torch) -> TorchInstrument:
     # the start-up until the first training activity; a DataLoader worker's loop ends it unrecorded
     startup.start(agent, until=lambda: getattr(worker, "_worker_info", None) is not None)
     agent.on_exit.append(inst.flush_lite)  # before the agent's last flush
+    agent.on_exit.append(inst.record_parts)
     agent.on_exit.append(inst.colls.flush)
     inst.hooks.install(torch)
 
@@ -1157,9 +1220,12 @@ def install(agent, torch) -> TorchInstrument:
 
     orig_backward = torch.autograd.backward
 
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+
     @functools.wraps(orig_backward)
     def backward(*args, **kwargs):
-        if inst.off or agent.disabled or get_ident() != inst.tid:
+        if inst.off or agent.disabled or get_ident() != inst.tid or inst.bwd_depth:
+            # another thread's, or a backward inside a backward (a reentrant checkpoint's): part of it
             return orig_backward(*args, **kwargs)
         if inst.step in GRAPH_COUNT_STEPS and inst.step not in inst.graph_counted and args:
             inst.graph_counted.add(inst.step)
@@ -1168,7 +1234,9 @@ def install(agent, torch) -> TorchInstrument:
                               "nodes": count_graph_nodes(args[0])})
             except Exception:
                 pass
+        site = None if inst.marker == "optimizer" else _caller(sys._getframe(1), torch_dir)
         inst.micro += 1
+        inst.bwd_depth = 1
         try:
             inst.enter("backward")
         except Exception as exc:
@@ -1176,10 +1244,12 @@ def install(agent, torch) -> TorchInstrument:
         try:
             return orig_backward(*args, **kwargs)
         finally:
+            inst.bwd_depth = 0
             if not inst.off:
                 _safe(inst, inst.leave)
                 if inst.colls.enabled:
                     inst.colls.backward_done()
+                _safe(inst, inst.on_backward, site)
 
     torch.autograd.backward = backward
 
@@ -1209,7 +1279,7 @@ def install(agent, torch) -> TorchInstrument:
         torch.compile = compile
 
     def opt_pre(optimizer, args, kwargs):
-        if inst.off or agent.disabled or (inst.by_optimizer and get_ident() != inst.tid):
+        if inst.off or agent.disabled or (inst.marker == "optimizer" and get_ident() != inst.tid):
             return None
         _safe(inst, inst.on_optimizer_pre, optimizer)
         if not inst.tracking:  # a lite step: no phases, the closure runs as it is
@@ -1231,26 +1301,24 @@ def install(agent, torch) -> TorchInstrument:
         _safe(inst, inst.on_optimizer_post, optimizer)
         return None
 
-    pre, post = _forward_hooks(inst)
-    inst.global_hooks = [
-        module_mod.register_module_forward_pre_hook(pre),
-        module_mod.register_module_forward_hook(post, always_call=True),
-    ]
+    forward_mod.install(torch, inst)
     optim_mod.register_optimizer_step_pre_hook(opt_pre)
     optim_mod.register_optimizer_step_post_hook(opt_post)
 
     def switch_backward(on: bool) -> None:
+        # where backward calls mark the steps the wrapper stays
         if torch.autograd.backward in (backward, orig_backward):  # nobody else wrapped it since
-            torch.autograd.backward = backward if on else orig_backward
+            torch.autograd.backward = backward if on or inst.marker == "backward" else orig_backward
 
     def switch_next(on: bool) -> None:
-        # without optimizer steps the batches mark the steps: the wrapper stays; a new iterator's
-        # first batch is timed whatever the step's detail (TorchInstrument.on_iter)
-        want = __next__ if on or not inst.by_optimizer or inst.pending_first is not None else orig_next
+        # where batches mark the steps (or may start to, after forward-marked ones) the wrapper
+        # stays; a new iterator's first batch is timed whatever the step's detail (TorchInstrument.on_iter)
+        want = (__next__ if on or inst.marker in ("loader", "forward") or inst.pending_first is not None
+                else orig_next)
         if dl._BaseDataLoaderIter.__dict__.get("__next__") in (__next__, orig_next):
             dl._BaseDataLoaderIter.__next__ = want
 
-    inst.switches = [switch_backward, switch_next, inst._root_forward_hooks]
+    inst.switches = [switch_backward, switch_next]
     inst.switch_next = switch_next
     inst.phase_map = _phase_map(torch, orig_next, orig_iter, orig_backward)
     # The training thread's stack sampling (a timer signal) starts with the first training activity
@@ -1276,6 +1344,17 @@ def _phase_map(torch, orig_next, orig_iter, orig_backward):
         return PhaseMap(codes, torch.is_grad_enabled)
     except Exception:
         return None
+
+
+def _caller(frame, torch_dir: str, depth: int = 8):
+    """``(code, line)`` of the first frame from ``frame`` outward that is not PyTorch's own (the
+    line that called ``loss.backward()``), or None within ``depth`` frames."""
+    while frame is not None and depth > 0:
+        if not frame.f_code.co_filename.startswith(torch_dir):
+            return frame.f_code, frame.f_lineno
+        frame = frame.f_back
+        depth -= 1
+    return None
 
 
 def _safe(inst: TorchInstrument, fn, *args) -> None:

@@ -132,7 +132,7 @@ SCHEMAS: dict[str, dict] = {
              "started?": _N, "dist?": opt(OBJ), "threads?": _N, "cuda_build?": _T},
     "loader": {"id": INT, "num_workers?": _I, "pin_memory?": _B, "persistent_workers?": _B, "prefetch_factor?": _I,
                "batch_size?": _I, "dataset?": _T, "dataset_len?": _I, "sampler?": _T, "collate_fn?": _T,
-               "drop_last?": _B, "shard?": opt(OBJ), "created?": opt(list_of(_T)), "args?": opt(map_of(TEXT)),
+               "drop_last?": _B, "shard?": opt(OBJ), "created?": opt(list_of(_T)), "args?": opt(map_of(TEXT)), "call?": opt(OBJ),
                "mp_context?": _T, "iterable?": _B, "worker_init_fn?": _B, "collate_user?": _B},
     "detail": {"step": NUM, "stride": NUM, "step_s?": _N},
     "override": {"name": TEXT, "applied": BOOL, "value?": ANY, "was?": ANY, "site?": _T, "why?": _T},

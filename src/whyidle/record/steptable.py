@@ -12,8 +12,9 @@ import collections.abc
 import math
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
-               "fn", "comp", "grad", "mb", "ld", "wi", "hk")
-_BY = ("optimizer", "loader", None, "keras", "iterator")
+               "fn", "comp", "grad", "mb", "ld", "wi", "hk", "fc")
+#: Step markers (a ``steps`` row's ``by`` is an index here; new ones are appended).
+_BY = ("optimizer", "loader", None, "keras", "iterator", "backward", "forward")
 #: Stands for null in an int column (``cols[...]`` arrays hold int64 values).
 NULL_INT = -(2**63)
 _NONE = NULL_INT

@@ -204,6 +204,21 @@ def time_of(facts: RunFacts) -> dict | None:
             "parts": {name: dict(p) for name, p in t["parts"].items()}}
 
 
+def loop_of(facts: RunFacts) -> dict | None:
+    """``metrics.loop`` (docs/report.md): what ends a step (``marker``), whether the loop trains,
+    the optimizers stepping in each step (``parts``), backward calls and outermost model calls per
+    step and per second; None without steps."""
+    loop, step = facts.loop, facts.step
+    if not loop or not step:
+        return None
+    calls = loop.get("forward_calls_per_step")
+    return {"marker": loop["marker"], "trains": loop["trains"],
+            "parts": [{"name": p["name"], "class": p["cls"], "params": p["params"], "steps_per_step": p["steps_per_step"],
+                       "backward_per_step": p["backward_per_step"]} for p in loop["parts"]],
+            "backward_per_step": loop.get("backward_per_step"), "forward_calls_per_step": calls,
+            "forward_calls_per_s": calls * step["steps_per_s"] if calls is not None else None}
+
+
 #: A rank's row under the report's ``ranks`` (analysis/ranks.py).
 RANK_KEYS = ("rank", "local_rank", "node", "world_size", "pid", "steps", "samples_per_s", "steady_samples_per_s",
              "step_time_s", "shares", "collective_s", "wait_s")
@@ -238,6 +253,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "host": {k: host.get(k) for k in HOST_KEYS} if host else None,
         "gpu": gpu_metrics_of(facts),
         "time": time_of(facts),
+        "loop": loop_of(facts),
     }
     return _r({
         "schema": SCHEMA,

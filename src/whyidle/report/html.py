@@ -182,7 +182,8 @@ def _findings(report: dict) -> list[dict]:
             "holds": f"{f['bound']:.0%}" if isinstance(f.get("bound"), (int, float)) and f.get("id") != "device_bound"
             else None,
             "grows": (options[0].get("condition") if options else None),
-            "options": [{"text": str(o.get("text") or ""), "gain": option_gain(o)} for o in options[1:]],
+            "options": [{"text": str(o.get("text") or ""), "gain": option_gain(o),
+                         "code": o["code"] if isinstance(o.get("code"), str) else None} for o in options[1:]],
             "sites": _site_lines(f), "fix_text": fix.get("text"), "fix_code": fix.get("code"), "docs": docs,
             "evidence": json.dumps(f.get("evidence"), indent=1, default=str, ensure_ascii=False)
             if f.get("evidence") else None,

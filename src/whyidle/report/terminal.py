@@ -41,7 +41,7 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x * 1000:.1f} ms"
 
 
-def _share_bar(shares: dict, width: int = 50, phases=_PHASES) -> Text:
+def _share_bar(shares: dict, width: int = 50, phases=_PHASES, trains: bool = True) -> Text:
     bar = Text()
     for key, _label, style in phases:
         n = round((shares.get(key) or 0) * width)
@@ -49,7 +49,7 @@ def _share_bar(shares: dict, width: int = 50, phases=_PHASES) -> Text:
             bar.append("█" * n, style=style)
     legend = Text()
     always = ("data_wait", "other_host", "dataloader", "kernel")
-    always += ("compute",) if "compute" in shares else ("forward", "backward")  # Keras: one fused step
+    always += ("compute",) if "compute" in shares else ("forward", "backward") if trains else ()  # Keras: one fused step
     for key, label, style in phases:
         v = shares.get(key) or 0
         if v >= 0.005 or key in always:
@@ -162,6 +162,32 @@ def _rank_row(r: dict) -> dict:
             "wait_s": r.get("wait_s")}
 
 
+def _n(x: float) -> str:
+    return f"{x:.1f}".removesuffix(".0")
+
+
+def loop_text(loop: dict) -> str | None:
+    """What a step of the loop is, when it is not one step of one optimizer (``metrics.loop``):
+    the optimizers of a GAN-like step by name, a loop without ``torch.optim``, or no training."""
+    if not loop:
+        return None
+    if not loop.get("trains"):
+        calls, rate = loop.get("forward_calls_per_step"), loop.get("forward_calls_per_s")
+        per = "DataLoader batch" if loop.get("marker") == "loader" else "call of the model"
+        return (f"no training (no backward, no optimizer step): a step per {per}"
+                + (f", {_n(calls)} model call{'s' if calls != 1 else ''} per step, {rate:,.1f}/s" if calls and rate else ""))
+    parts = loop.get("parts") or []
+    if len(parts) >= 2:
+        return (f"a step runs {len(parts)} optimizers: " + " · ".join(
+            f"{p['name']} ({p['class']}) {_n(p['backward_per_step'])} backward + {_n(p['steps_per_step'])} step"
+            for p in parts))
+    if loop.get("marker") == "backward":
+        bwd = loop.get("backward_per_step")
+        return "a step per backward() (weights updated without torch.optim)" + (
+            f", {_n(bwd)} backward per step" if bwd and bwd != 1 else "")
+    return None
+
+
 def rank_lines(report: dict) -> list[str]:
     """A distributed job's ranks, one line each (rank, node, samples/s, mean step, the two largest
     shares, its wait for the others in collectives where measured), the straggler marked; at most
@@ -230,7 +256,12 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
                       + (f"   [bold]batch[/] {m.get('batch_size'):g}" if sps and m.get("batch_size") else "")
                       + (f" × {m['batches_per_step']:g} per step" if (m.get("batches_per_step") or 1) > 1 else ""))
         trace = report.get("source") == "trace"
-        console.print(_share_bar(m.get("shares") or {}, phases=_TRACE_PHASES if trace else _PHASES))
+        loop = m.get("loop") or {}
+        console.print(_share_bar(m.get("shares") or {}, phases=_TRACE_PHASES if trace else _PHASES,
+                                 trains=loop.get("trains", True)))
+        text = loop_text(loop)
+        if text:
+            console.print("[bold]loop[/] " + escape(text))
         for line in rank_lines(report):
             console.print(line)
     if m.get("time"):
@@ -299,6 +330,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
             console.print(_indent(Text(f"(grows: {options[0]['condition']})", style="dim"), 5))
         for o in options[1:]:
             console.print(_indent(Text.assemble(("Or: ", "bold"), o["text"], (f"  ({option_gain(o)})", "dim")), 3))
+            if o.get("code"):
+                _print_whole(console, Text(o["code"], style="cyan"), 5)
         console.print()
     notes = report.get("notes") or []
     if notes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
+from whyidle.diagnose.loader_call import Change
 
 #: HF ``TrainingArguments`` field of each DataLoader setting.
 HF_FIELDS = {"num_workers": "dataloader_num_workers", "persistent_workers": "dataloader_persistent_workers",
@@ -84,34 +85,15 @@ def _tfdata_lines(facts: RunFacts, settings: dict, sites: dict) -> list[str]:
 
 
 def _loader_lines(facts: RunFacts, knobs: dict, sites: dict) -> list[str]:
-    """``DataLoader(...)`` with the program's own arguments and the changed ones (plain PyTorch,
-    Accelerate), or Lightning's ``train_dataloader`` returning it."""
+    """The program's ``DataLoader(...)`` statement with the winner's settings
+    (:func:`whyidle.diagnose.fixes.loader_lines`: built from the call as written, to paste over it),
+    under Lightning in its ``train_dataloader`` hook."""
     loader = facts.loader or {}
-    written = loader.get("args") or {}
-    hook = fixes.api_name(facts) == "lightning" and ((facts.api or {}).get("config") or {}).get("train_dataloader")
-    args = [written.get("dataset") or ("self.train_set" if hook else "dataset")]
-    size = knobs.get("batch_size") or written.get("batch_size") or loader.get("batch_size")
-    if size:
-        args.append(f"batch_size={size}")
-    if loader.get("sampler") == "RandomSampler":
-        args.append("shuffle=True")
-    if loader.get("drop_last"):
-        args.append("drop_last=True")
-    items = [(f"{k}={v}", _was(v, loader.get(k) or (0 if k == "num_workers" else loader.get(k))))
-             for k, v in knobs.items() if k != "batch_size"]
-    where = sites.get("num_workers") or sites.get("batch_size") or fixes._created(loader)
-    if hook:
-        first, indent = f"    return DataLoader({', '.join(args)}", " " * 22
-        out = [f"def train_dataloader(self):   # {hook}"]
-    else:
-        first, indent = f"loader = DataLoader({', '.join(args)}", " " * 20
-        out = []
-    comment = f"   # {where}" if where and not hook else ""
-    if not items:
-        out.append(first + ")" + comment)
-    else:
-        out.append(first + "," + comment)
-        out += [indent + text + ("," if i < len(items) - 1 else ")") + was for i, (text, was) in enumerate(items)]
+    changes = [Change(k, repr(v), now=loader.get(k) or (0 if k == "num_workers" else loader.get(k)),
+                      off={"persistent_workers": "False", "prefetch_factor": "None"}.get(k))
+               for k, v in knobs.items()]
+    where = sites.get("num_workers") or sites.get("batch_size")
+    out = fixes.in_api(facts, fixes.loader_lines(facts, changes, where), tail=False)
     if "batch_size" in knobs:
         out.append(f"# batch_size was {loader.get('batch_size')}: re-validate the learning rate and convergence "
                    "(the linear-scaling rule is a hint, not a promise)")

@@ -1,0 +1,123 @@
+"""Forward timing with nothing on the program's modules.
+
+Every module call goes through ``torch.nn.Module.__call__``, a class attribute of PyTorch's own
+class; :func:`install` replaces it by one wrapper. Unlike module hooks (per-module
+``register_forward_hook``: closures in the module's ``_forward_hooks``, which ``torch.save(model)``,
+``pickle`` and ``torch.jit.script`` then meet and ``copy.deepcopy`` copies onto the copy; issue 30)
+or global module hooks (every submodule off PyTorch's hook-free fast path, and a warning from
+``torch.compile``'s ``OptimizedModule`` on each call), the wrapper leaves no trace on any module
+or on the program's classes: PyTorch's class is pickled by reference, by every pickler.
+
+Two modes, read from the instrument (``inst``) on each call:
+
+- *learning* (``inst.learning``): every call of the training thread goes to
+  ``inst.on_forward_pre(module, args, frame)`` / ``inst.on_forward_post()`` (the outermost calls
+  are the step's forward, the nested ones feed the repeated-module count);
+- then only the outermost calls of the modules learnt as roots (``inst.root_refs``: ``id`` → weak
+  reference, so a module that dies or a deep copy, another object, is never taken for one), and
+  only while the phase hooks are in (``inst.tracking``) or the calls mark the steps
+  (``inst.marker == "forward"``). A nested call costs one Python frame and
+  two attribute reads (~0.3 µs, ``benchmarks/hook_cost.py``).
+
+Under TorchDynamo tracing (``torch.compile``) the wrapper is traced too: it calls
+``is_dynamo_compiling()`` first, which Dynamo folds to True, so it reads none of whyidle's state
+there (a read would become a guard, and a changed value a recompilation). Dynamo inlines it where
+compiled code calls a module, like PyTorch's own ``__call__``; where Dynamo meets it as a frame of
+its own (``torch.compile(model)`` calls the model's ``__call__`` in its compiled region; under
+``model.compile()``, between PyTorch's frames that it skips), :func:`install_dynamo` makes it skip
+that frame, as it skips PyTorch's, and every frame of whyidle's bookkeeping under it, instead of
+compiling frames the program never had. Standard library only; ``torch`` is the program's own
+module, passed in.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+#: ``(code, recursive)`` of whyidle's functions that TorchDynamo must not compile as frames of their
+#: own: the wrappers that sit where PyTorch's frames were (this module's ``__call__``, the hook
+#: timer's; the frames they call, the program's, are Dynamo's as without us) and, recursively, the
+#: bookkeeping they call.
+_SKIPPED_CODES: list = []
+_SKIP = None  # callable(code, recursive) once torch._dynamo is imported
+
+
+def skip_in_dynamo(code, recursive: bool = False) -> None:
+    """TorchDynamo will skip frames of ``code`` (``recursive``: and every frame they call) reached
+    outside a compiled region; it still inlines calls from compiled code. Now if ``torch._dynamo``
+    is imported, else when it is. Raises nothing."""
+    _SKIPPED_CODES.append((code, recursive))
+    if _SKIP is not None:
+        try:
+            _SKIP(code, recursive)
+        except Exception:
+            pass
+
+
+def install_dynamo(agent, dynamo) -> None:
+    """Post-import hook of ``torch._dynamo``: the codes of :data:`_SKIPPED_CODES` are skipped
+    (``torch._dynamo.eval_frame.set_code_exec_strategy``, the mechanism of its ``skip_code``).
+    Errors propagate (the agent's one notice)."""
+    global _SKIP
+    from torch._dynamo import eval_frame
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    def skip(code, recursive: bool) -> None:
+        strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP if recursive else FrameAction.DEFAULT)
+        eval_frame.set_code_exec_strategy(code, strategy)
+
+    for code, recursive in _SKIPPED_CODES:
+        skip(code, recursive)
+    _SKIP = skip
+
+
+def install(torch, inst):
+    """Replaces ``torch.nn.Module.__call__`` by the timing wrapper (once per process).
+
+    Args:
+        torch: the program's ``torch`` module.
+        inst: the :class:`whyidle.instrument.torch.TorchInstrument` whose attributes ``off``,
+            ``tid``, ``depth``, ``learning``, ``tracking``, ``marker``, ``root_refs`` the wrapper reads and
+            whose ``on_forward_pre`` / ``on_forward_post`` / ``fail`` it calls.
+    Returns:
+        the original ``__call__`` (``Module._wrapped_call_impl``).
+    Errors: none raised; an error in whyidle's own work turns the instrumentation off
+    (``inst.fail``) and the call goes on.
+    """
+    module_cls = torch.nn.Module
+    call = module_cls.__call__
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = (getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+                    or (lambda: False))
+    get_ident = threading.get_ident
+    roots = inst.root_refs
+
+    def __call__(self, *args, **kwargs):
+        if is_compiling() or (inst.depth and not inst.learning) or inst.off or get_ident() != inst.tid:
+            return call(self, *args, **kwargs)
+        if not inst.learning:
+            ref = roots.get(id(self))
+            if ref is None or not (inst.tracking or inst.marker == "forward") or ref() is not self:
+                return call(self, *args, **kwargs)
+        try:
+            inst.on_forward_pre(self, args, sys._getframe(1))
+        except Exception as exc:
+            inst.fail("a forward pre-hook", exc)
+            return call(self, *args, **kwargs)
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            if not inst.off:
+                try:
+                    inst.on_forward_post()
+                except Exception as exc:
+                    inst.fail("a forward hook", exc)
+
+    __call__.__doc__ = call.__doc__
+    __call__.__wrapped__ = call  # inspect.signature(Module.__call__) reads PyTorch's
+    module_cls.__call__ = __call__
+    skip_in_dynamo(__call__.__code__)
+    for method in (type(inst).on_forward_pre, type(inst).on_forward_post, type(inst).fail):
+        skip_in_dynamo(method.__code__, recursive=True)
+    return call
