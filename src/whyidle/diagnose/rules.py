@@ -958,6 +958,10 @@ def device_bound(facts: RunFacts, findings: list[dict] = ()) -> dict:
     step = facts.step
     sh = step["shares"]
     compute = sh["forward"] + sh["backward"] + sh["optimizer"] + sh.get("compute", 0.0)
+    work = "forward, backward and optimizer take"
+    if facts.loop and not facts.loop["trains"]:  # inference: the model's forward under no_grad is the work
+        compute += sh.get("eval", 0.0)
+        work = "the model's forward passes take"
     device = facts.device or {}
     if device.get("kind") == "cpu":
         where = ("this run has no GPU, so the device is the CPU itself; faster training needs a faster device, "
@@ -967,12 +971,12 @@ def device_bound(facts: RunFacts, findings: list[dict] = ()) -> dict:
     minor = [f for f in findings if f.get("bound")]
     rest = ", ".join(f"{f['id']} {_pct(f['bound'])}" for f in sorted(minor, key=lambda f: -f["bound"])[:3])
     if compute >= 0.5:
-        summary = (f"Nothing upstream holds the device back: forward, backward and optimizer take {_pct(compute)} of "
+        summary = (f"Nothing upstream holds the device back: {work} {_pct(compute)} of "
                    f"each {_ms(step['step_time_s']['mean'])} step; {where}"
                    + (f" (smaller causes: {rest})." if rest else "."))
     else:
         spread = rest or f"data wait {_pct(sh['data_wait'])}, other host work {_pct(sh['other_host'])}"
-        summary = (f"No single cause holds {T.VERDICT_MIN_BOUND:.0%} of the step: forward, backward and optimizer take "
+        summary = (f"No single cause holds {T.VERDICT_MIN_BOUND:.0%} of the step: {work} "
                    f"{_pct(compute)} of each {_ms(step['step_time_s']['mean'])} step and the rest is spread thin "
                    f"({spread}).")
     evidence = _round({"compute_share": compute, "data_wait_share": sh["data_wait"],

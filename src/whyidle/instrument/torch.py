@@ -21,8 +21,8 @@ code changes. What it hooks (all public PyTorch hooks except the two DataLoader 
   :data:`ROOT_LEARNING_STEPS` optimizer steps every call is seen (the top-level modules, the
   repeated-module count); then only the outermost calls of those top-level modules are timed.
   Forward with grad disabled is ``eval``.
-- backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it); each call is one
-  micro-batch (``mb``: several per optimizer step under gradient accumulation).
+- backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it); each outermost call
+  counts (``mb``; a reentrant checkpoint's backward inside it is part of it).
 - optimizer: global optimizer step pre/post hooks. A closure passed to ``step(closure)`` (Lightning
   runs ``training_step`` and backward that way, LBFGS its loss) is wrapped by the pre-hook, so its
   time counts as host work with its own forward and backward, never as optimizer time.
@@ -241,7 +241,7 @@ class TorchInstrument:
         self.parts: dict[int, list] = {}  # id(optimizer) → [name, class, parameters, steps, backward calls]
         self.bwd_since_opt = 0  # outermost backward calls since the last optimizer step (of any optimizer)
         self.primary_opt: int | None = None
-        self.opt_steps = 0  # steps ended by the primary optimizer
+        self.opt_steps = 0  # training steps: ended by the primary optimizer or, without one, a backward
         self.other_opt: int | None = None  # the last non-primary optimizer that stepped
         self.other_opt_steps = 0  # its steps since the primary's last one
         self.auditing = True  # this step's batches, inputs and copies are audited (see _begin_step)
@@ -254,7 +254,7 @@ class TorchInstrument:
         self.loaders: set[int] = set()
         self.iter_loader: dict[int, int] = {}  # id(iterator) -> id(its DataLoader)
         self.loader_key: int | None = None  # the DataLoader of this step's last batch
-        self.created: dict[int, tuple] = {}  # id(DataLoader) -> (user site, leaf site, argument texts)
+        self.created: dict[int, tuple] = {}  # id(DataLoader) -> (user site, leaf site, argument texts, call)
         self.audit = _new_audit()
         self.timeline = None  # CudaTimeline once the model is on CUDA
         self.marking = False  # this step gets CUDA phase marks (full steps, once the model is on CUDA)
@@ -396,7 +396,7 @@ class TorchInstrument:
             self.lite_rows.append((self.step, self.t0, now, _BY_CODE.get(by, 2), None, None, None, None, None,
                                    self.batches if self.marker == "loader" else None, None, self.loader_key,
                                    1 if self.boundary else 0))
-        if by == "optimizer":
+        if by in ("optimizer", "backward"):
             self.opt_steps += 1
         if self.module_calls is not None and self.learning:
             self.module_calls.end_step(now - self.t0)
@@ -629,7 +629,23 @@ class TorchInstrument:
             if self.bwd_site is None:
                 self.bwd_site = site
             if site == self.bwd_site:
+                if self.opt_steps < DEVICE_AUDIT_STEPS:
+                    self._audit_step(self._root_parameters())
                 self.end_step("backward")
+
+    def _root_modules(self) -> list:
+        """The top-level modules seen so far (those still alive)."""
+        return [m for m in list(self.roots.values()) + [r() for r in self.root_refs.values()] if m is not None]
+
+    def _root_parameters(self) -> list:
+        """The parameters of the top-level modules (each once): what a loop without an optimizer trains."""
+        seen, out = set(), []
+        for module in self._root_modules():
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
 
     def _audit_autocast(self, frame) -> None:
         """Opens the autocast window when this module call (at any depth: Accelerate and the HF
@@ -702,7 +718,7 @@ class TorchInstrument:
             self.learning = True  # a new training stage: its top-level modules are learnt too
         self.other_opt_steps = 0
         if self.opt_steps < DEVICE_AUDIT_STEPS:
-            self._audit_step(optimizer)
+            self._audit_step(p for group in optimizer.param_groups for p in group["params"])
         self.end_step("optimizer")
 
     def wrap_closure(self, closure):
@@ -736,14 +752,15 @@ class TorchInstrument:
                 pinned = bool(t.is_pinned())
                 self.audit["pinned"] = pinned if self.audit["pinned"] is None else (self.audit["pinned"] and pinned)
 
-    def _audit_step(self, optimizer) -> None:
+    def _audit_step(self, parameters) -> None:
+        """The ``devices`` record of a training step: where ``parameters`` (the optimizer's, or
+        without one the top-level modules') live, in which dtypes, and what the step's audit saw."""
         params: dict[str, int] = {}
         dtypes: dict[str, int] = {}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                params[p.device.type] = params.get(p.device.type, 0) + p.numel()
-                name = str(p.dtype).replace("torch.", "")
-                dtypes[name] = dtypes.get(name, 0) + p.numel()
+        for p in parameters:
+            params[p.device.type] = params.get(p.device.type, 0) + p.numel()
+            name = str(p.dtype).replace("torch.", "")
+            dtypes[name] = dtypes.get(name, 0) + p.numel()
         cuda_ready = self.torch.cuda.is_initialized()
         try:
             tf32 = bool(self.torch.backends.cuda.matmul.allow_tf32)
@@ -923,10 +940,7 @@ class TorchInstrument:
         name = None
         if params:
             first = id(params[0])
-            roots = list(self.roots.values()) + [r() for r in self.root_refs.values()]
-            for module in roots:
-                if module is None:
-                    continue
+            for module in self._root_modules():
                 inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)  # DDP, compile
                 if any(id(p) == first for p in module.parameters()):
                     name = type(inner if isinstance(inner, self.torch.nn.Module) else module).__name__
