@@ -6,6 +6,10 @@ Cases (``--cases``, comma-separated; default all):
   one intra-op thread). Goal: ratio of median step times ≤ 1.02.
 - ``2ms``: the same loop with a smaller MLP and batch (~2 ms steps), where a fixed per-step cost
   shows. Goal ≤ 1.05.
+- ``deep``: the same loop with a deep, narrow model (``--deep-blocks`` blocks of
+  ``Sequential(Linear, ReLU)``, width 64, batch 32: 64 blocks are 194 module calls per forward, steps
+  of a few ms), where a cost per module call shows (whyidle's ``Module.__call__`` wrapper runs on
+  every call, nested ones included). Goal ≤ 1.05.
 - ``lightning``: a LightningModule with a small MLP under ``Trainer(max_steps=...,
   enable_progress_bar=False, logger=False, enable_checkpointing=False)``, steps of a few ms; the
   step time is the interval between two ``on_train_batch_start`` calls of a Callback
@@ -56,16 +60,22 @@ import time
 
 import psutil
 
-#: Plain PyTorch loop: argv = steps, width, batch, warm-up steps. Prints one RESULT line.
+#: Plain PyTorch loop: argv = steps, width, batch, warm-up steps[, blocks: a deep model of that many
+#: ``Sequential(Linear, ReLU)`` blocks instead of the MLP]. Prints one RESULT line.
 WORKLOAD = r'''
 import json, os, sys, time
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 torch.set_num_threads(1)
 steps, width, batch, warmup = (int(a) for a in sys.argv[1:5])
+blocks = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
-model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                            torch.nn.ReLU(), torch.nn.Linear(width, 10))
+if blocks:
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+                                  for _ in range(blocks)], torch.nn.Linear(width, 10))
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
 ddp = "RANK" in os.environ  # under torchrun: gloo DDP, each rank its shard
 if ddp:
     torch.distributed.init_process_group("gloo")
@@ -149,13 +159,13 @@ print("RESULT " + json.dumps({"median_s": d[len(d) // 2], "p20_s": d[len(d) // 5
                               "n": len(d)}))
 '''
 
-CASE_NAMES = ("10ms", "2ms", "lightning", "ddp", "memory")
+CASE_NAMES = ("10ms", "2ms", "deep", "lightning", "ddp", "memory")
 
 #: Command prefix pinning the training process (plain and observed alike) to one CPU (``--pin``):
 #: this box's two virtual CPUs run the same code at speeds up to 1.5× apart, which alone swamps a
 #: few-percent difference. whyidle's own process is not pinned.
 PIN: list[str] = []
-GOALS = {"10ms": 1.02, "2ms": 1.05, "lightning": 1.03, "ddp": 1.02}
+GOALS = {"10ms": 1.02, "2ms": 1.05, "deep": 1.05, "lightning": 1.03, "ddp": 1.02}
 
 #: How the ``ddp`` case launches its workload (instead of the CPU pin).
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -304,6 +314,11 @@ def main() -> None:
     parser.add_argument("--small-steps", type=int, default=2500, help="steps per 2ms-case run")
     parser.add_argument("--small-width", type=int, default=256, help="MLP width of the 2ms case")
     parser.add_argument("--small-batch", type=int, default=32, help="batch size of the 2ms case")
+    parser.add_argument("--deep-steps", type=int, default=1500, help="steps per deep-case run")
+    parser.add_argument("--deep-blocks", type=int, default=64,
+                        help="Sequential(Linear, ReLU) blocks of the deep case (3 module calls each)")
+    parser.add_argument("--deep-width", type=int, default=64, help="width of the deep case")
+    parser.add_argument("--deep-batch", type=int, default=32, help="batch size of the deep case")
     parser.add_argument("--lightning-steps", type=int, default=1500, help="max_steps of a Lightning-case run")
     parser.add_argument("--lightning-width", type=int, default=256, help="MLP width of the Lightning case")
     parser.add_argument("--lightning-batch", type=int, default=32, help="batch size of the Lightning case")
@@ -333,6 +348,10 @@ def main() -> None:
         if "2ms" in cases:
             summary.append(ab_case("2ms", script, [args.small_steps, args.small_width, args.small_batch,
                                                    min(200, args.small_steps // 2)], args.rounds, workdir, extra))
+        if "deep" in cases:
+            summary.append(ab_case("deep", script, [args.deep_steps, args.deep_width, args.deep_batch,
+                                                    min(200, args.deep_steps // 2), args.deep_blocks],
+                                   args.rounds, workdir, extra))
         if "lightning" in cases:
             summary.append(ab_case("lightning", lscript, [args.lightning_steps, args.lightning_width,
                                                           args.lightning_batch, min(100, args.lightning_steps // 2)],

@@ -9,8 +9,9 @@ blocks of ``--block`` steps:
 - **on**: as shipped: the hooks, the detail stride (full detail on one short step in k), the step
   records, the flusher, the stack sampler at ``--stack-hz`` (default 100 Hz).
 - **off**: the phase hooks taken out (``TorchInstrument._track(False)``), the instrumentation's
-  remaining hooks short-circuited (``off``), the sampler's timer disarmed (``timer_settime`` with
-  zero). What stays: the two global optimizer hooks returning at once (~1 µs), the idle flusher
+  remaining hooks short-circuited (``off``), PyTorch's own ``Module.__call__`` put back in place of
+  whyidle's wrapper (which ``off`` short-circuits too, but its frame would stay on every module
+  call), the sampler's timer disarmed (``timer_settime`` with zero). What stays: the two global optimizer hooks returning at once (~1 µs), the idle flusher
   thread and the ``whyidle run`` process watching from outside; so the ratio slightly understates the
   cost against a plain process.
 
@@ -19,13 +20,17 @@ The first block of each kind after a switch is kept (a switch happens between st
 Printed per case and run: median and mean step time on and off, their ratios; then the medians over
 runs. Goals (issue 12): ≤ 1.05 on ~2 ms steps, ≤ 1.03 for Lightning, ≤ 1.02 on ~10 ms steps.
 
+Case ``deep``: the ``2ms`` loop with ``benchmarks/overhead.py``'s deep model instead of the MLP (64
+``Sequential(Linear, ReLU)`` blocks of width 64, batch 32: 194 module calls per forward, steps of a
+few ms), where a cost per module call shows. Goal ≤ 1.05.
+
 Case ``ddp`` (issue 15): the ``10ms`` loop in ``DistributedDataParallel`` over gloo, 2 ranks under
 ``torchrun`` (not pinned), both switching at the same step, rank 0's step times (goal ≤ 1.02). Off
 leaves whyidle's collective timing in (its wrappers and DDP comm hook stay registered; their cost is
 ``benchmarks/collectives_cost.py``'s), and the ``whyidle run`` process polling the host: with both
 cores taken by the ranks, its CPU is taken from them, on and off alike.
 
-    flock /tmp/whyidle-timing.lock python benchmarks/overhead_inproc.py [--runs 3] [--cases 2ms,lightning,10ms]
+    flock /tmp/whyidle-timing.lock python benchmarks/overhead_inproc.py [--runs 3] [--cases 2ms,deep,lightning,10ms]
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import tempfile
 #: called at the start of each step (before the batch is used) with the global step index.
 SWITCH = r'''
 import ctypes, statistics, time
+import torch
 import whyidle.instrument.stacks as _ws
 import whyidle.instrument.torch as _wt
 
@@ -54,6 +60,12 @@ class Switch:
 
     def _set(self, mode):
         inst = _wt._INSTANCE
+        call = torch.nn.Module.__dict__["__call__"]
+        if mode == "off" and hasattr(call, "__wrapped__"):  # whyidle's wrapper: PyTorch's own instead
+            self.wrapper = call
+            torch.nn.Module.__call__ = call.__wrapped__
+        elif mode == "on" and getattr(self, "wrapper", None) is not None:
+            torch.nn.Module.__call__ = self.wrapper
         sampler = inst.stacks
         timer = getattr(sampler, "_timer", None)
         if mode == "off":
@@ -90,10 +102,15 @@ import json, sys, torch
 from torch.utils.data import DataLoader, TensorDataset
 torch.set_num_threads(1)
 steps, width, batch, block, warmup = (int(a) for a in sys.argv[1:6])
+blocks = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # the deep model (overhead.py's deep case)
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
 loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
-model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                            torch.nn.ReLU(), torch.nn.Linear(width, 10))
+if blocks:
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+                                  for _ in range(blocks)], torch.nn.Linear(width, 10))
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 sw, step = Switch(block, warmup), 0
 while step < steps:
@@ -158,12 +175,13 @@ DDP = PLAIN.replace(
           'del model, opt\nimport gc; gc.collect()\ntorch.distributed.barrier()\n'
           'torch.distributed.destroy_process_group()')
 
-#: name -> (workload, argv after the script: steps, width, batch, block, warm-up steps)
+#: name -> (workload, argv after the script: steps, width, batch, block, warm-up steps[, deep blocks])
 CASES = {"2ms": (PLAIN, [6000, 256, 32, 100, 300]),
+         "deep": (PLAIN, [2500, 64, 32, 40, 150, 64]),
          "lightning": (LIGHTNING, [6000, 256, 32, 100, 300]),
          "10ms": (PLAIN, [1500, 960, 64, 50, 150]),
          "ddp": (DDP, [1600, 960, 64, 40, 120])}
-GOALS = {"2ms": 1.05, "lightning": 1.03, "10ms": 1.02, "ddp": 1.02}
+GOALS = {"2ms": 1.05, "deep": 1.05, "lightning": 1.03, "10ms": 1.02, "ddp": 1.02}
 #: How the ``ddp`` case is launched (instead of the CPU pin: one core per rank).
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 

@@ -146,7 +146,7 @@ def write_trainer(path: str, steps: int, step_ms: float, cuda: bool, workers: in
         for rec in _static_records(clock[0], workers):
             writer.add(rec)
         inst = tmod.TorchInstrument(agent, fake_torch)
-        inst.by_optimizer = True
+        inst.marker = "optimizer"
         if cuda:
             _FakeEvent.clock = clock
             inst.timeline = CudaTimeline(_FakeEvent, clock=lambda: clock[0])

@@ -205,7 +205,8 @@ class Agent:
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a watched top-level module finishes importing.
+    """Runs a callback right after a watched module finishes importing (and the callback's
+    ``before`` attribute, when it has one, right before the module's code runs).
 
     A hook is used up only when the module is executed: ``importlib.util.find_spec`` alone
     (TensorFlow asks it about ``keras`` without importing it) also reaches this finder.
@@ -226,7 +227,8 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
             self._busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _HookedLoader(spec.loader, lambda module: self._fire(fullname, module))
+        spec.loader = _HookedLoader(spec.loader, lambda module: self._fire(fullname, module),
+                                    getattr(hook, "before", None))
         return spec
 
     def _fire(self, fullname: str, module) -> None:
@@ -236,14 +238,20 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
 
 
 class _HookedLoader(importlib.abc.Loader):
-    def __init__(self, loader, hook) -> None:
+    def __init__(self, loader, hook, before=None) -> None:
         self._loader = loader
         self._hook = hook
+        self._before = before
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
+        if self._before is not None:
+            try:
+                self._before()
+            except Exception:  # never in the program's way
+                pass
         self._loader.exec_module(module)
         # Give the module back its real loader (importlib.resources and others inspect it).
         module.__loader__ = self._loader
@@ -293,6 +301,10 @@ _install_lightning = _installer("frameworks", "install_lightning", "Lightning")
 #: Framework modules whose import installs their instrumentation (post-import hooks). The HF
 #: ``Trainer`` is hooked at its own submodule: ``transformers`` imports it lazily, and importing it
 #: for a program that only builds models would cost seconds.
+#: torch.compile's frame evaluator: before it imports, the Module.__call__ wrapper goes in
+#: (TorchDynamo keeps the __call__ it finds as PyTorch's own); after, whyidle's frames are skipped.
+_install_dynamo = _installer("forward", "install_dynamo", "torch.compile support")
+_install_dynamo.before = lambda: importlib.import_module("whyidle.instrument.forward").put_in()
 _INSTALLERS = {"torch": _then(_override_torch, _installer("torch", "install", "PyTorch")),
                "tensorflow": _then(_override_tf, _installer("keras", "install_tensorflow", "TensorFlow")),
                "keras": _install_keras,
@@ -301,8 +313,7 @@ _INSTALLERS = {"torch": _then(_override_torch, _installer("torch", "install", "P
                "pytorch_lightning": _install_lightning,
                "transformers.trainer": _installer("frameworks", "install_transformers_trainer", "Hugging Face Trainer"),
                "accelerate": _installer("frameworks", "install_accelerate", "Accelerate"),
-               # torch.compile's frame evaluator: whyidle's Module.__call__ wrapper is skipped as a frame
-               "torch._dynamo": _installer("forward", "install_dynamo", "torch.compile support")}
+               "torch._dynamo": _install_dynamo}
 #: Trackers and checkpoint writers whose calls are timed as logging / checkpoint regions.
 for _name in ("torch.utils.tensorboard", "wandb", "mlflow", "safetensors.torch", "transformers.modeling_utils"):
     _INSTALLERS[_name] = _installer("frameworks", "install_regions", f"{_name} timing")

@@ -16,8 +16,10 @@ Two modes, read from the instrument (``inst``) on each call:
 - then only the outermost calls of the modules learnt as roots (``inst.root_refs``: ``id`` → weak
   reference, so a module that dies or a deep copy, another object, is never taken for one), and
   only while the phase hooks are in (``inst.tracking``) or the calls mark the steps
-  (``inst.marker == "forward"``). A nested call costs one Python frame and
-  two attribute reads (~0.3 µs, ``benchmarks/hook_cost.py``).
+  (``inst.marker == "forward"``). A nested call costs one Python frame and a few attribute
+  reads (~0.3 µs, ``benchmarks/hook_cost.py``); on the lite steps of short CPU steps PyTorch's own
+  ``__call__`` is put back (the switch :func:`install` returns), so they cost nothing, until the
+  program compiles (:func:`pin`).
 
 Under TorchDynamo tracing (``torch.compile``) the wrapper is traced too: it calls
 ``is_dynamo_compiling()`` first, which Dynamo folds to True, so it reads none of whyidle's state
@@ -72,6 +74,29 @@ def install_dynamo(agent, dynamo) -> None:
     _SKIP = skip
 
 
+def put_in() -> None:
+    """The wrapper in ``Module.__call__`` now: right before ``torch._dynamo`` imports, which keeps
+    the ``__call__`` it finds as PyTorch's own (it compiles a module whose ``__call__`` is that one
+    through its ``forward``, and traces any other). Raises nothing."""
+    if _WRAPPER is not None:
+        module_cls, wrapper, call = _WRAPPER
+        if module_cls.__dict__.get("__call__") is call:
+            module_cls.__call__ = wrapper
+
+
+def pin() -> None:
+    """The wrapper goes in for good, no more :func:`install`'s switch: called when the program
+    compiles (``torch.compile``), since compiled code may be guarded on ``Module.__call__``.
+    Raises nothing."""
+    global _PINNED
+    _PINNED = True
+    put_in()
+
+
+_PINNED = False
+_WRAPPER = None  # (torch.nn.Module, the wrapper, PyTorch's __call__) once installed
+
+
 def install(torch, inst):
     """Replaces ``torch.nn.Module.__call__`` by the timing wrapper (once per process).
 
@@ -81,10 +106,14 @@ def install(torch, inst):
             ``tid``, ``depth``, ``learning``, ``tracking``, ``marker``, ``root_refs`` the wrapper reads and
             whose ``on_forward_pre`` / ``on_forward_post`` / ``fail`` it calls.
     Returns:
-        the original ``__call__`` (``Module._wrapped_call_impl``).
+        ``switch(on)``: between steps, puts the wrapper in where it has work (learning, phase-tracked
+        steps, forward-marked steps) and PyTorch's ``__call__`` back where it has none (the lite
+        steps of short CPU steps: module calls then cost nothing), unless :func:`pin` ran or another
+        library replaced ``__call__`` since.
     Errors: none raised; an error in whyidle's own work turns the instrumentation off
     (``inst.fail``) and the call goes on.
     """
+    global _WRAPPER
     module_cls = torch.nn.Module
     call = module_cls.__call__
     compiler = getattr(torch, "compiler", None)
@@ -117,7 +146,15 @@ def install(torch, inst):
     __call__.__doc__ = call.__doc__
     __call__.__wrapped__ = call  # inspect.signature(Module.__call__) reads PyTorch's
     module_cls.__call__ = __call__
+    _WRAPPER = (module_cls, __call__, call)
     skip_in_dynamo(__call__.__code__)
     for method in (type(inst).on_forward_pre, type(inst).on_forward_post, type(inst).fail):
         skip_in_dynamo(method.__code__, recursive=True)
-    return call
+
+    def switch(on: bool) -> None:
+        if _PINNED or module_cls.__dict__.get("__call__") not in (__call__, call):
+            return
+        needed = not inst.off and (inst.learning or inst.tracking or inst.marker == "forward")
+        module_cls.__call__ = __call__ if needed else call
+
+    return switch

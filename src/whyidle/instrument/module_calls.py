@@ -3,8 +3,9 @@ that calls the same module k times per step on slices of the batch (``host_bound
 ``module_loop``). On a GPU each call is a row of small kernel launches; on a CPU each is a small
 matrix product; folding the loop dimension into the batch makes one call of k times the work.
 
-While the global forward hooks are in (:data:`whyidle.instrument.torch.ROOT_LEARNING_STEPS`
-optimizer steps), every module call passes through :meth:`ModuleCalls.pre` / :meth:`post`: per
+While whyidle learns the top-level modules (:data:`whyidle.instrument.torch.ROOT_LEARNING_STEPS`
+optimizer steps; :mod:`whyidle.instrument.forward`), every module call passes through
+:meth:`ModuleCalls.pre` / :meth:`post`: per
 module that has parameters (or that the program calls itself, outside any module: a loss module
 called per sample), its calls and forward seconds in each step, the user's line that
 first called it, its first input's batch size and the nearest parameterized module it was called
@@ -37,7 +38,7 @@ def _batch_of(args) -> int | None:
 
 
 class ModuleCalls:
-    """Calls per module per step while the global forward hooks are in.
+    """Calls per module per step while the top-level modules are learnt.
 
     Args:
         site_of: callable(frame) → (user site, leaf site), the instrumentation's frame classifier.
@@ -55,7 +56,7 @@ class ModuleCalls:
         self.roots: dict[tuple, int] = {}  # (class, site) of top-level calls → ns of their preambles
 
     def pre(self, module, args, frame) -> None:
-        """A module's forward starts (``frame``: where the hook runs, to find the user's line)."""
+        """A module's forward starts (``frame``: its caller's, to find the user's line)."""
         key = id(module)
         opened = not self.stack or (len(self.stack) == 1 and self.root is not None and self.root[0] in WRAPPERS)
         if opened:  # a top-level call (or a wrapper's model): its preamble runs until its first layer

@@ -422,9 +422,9 @@ class TorchInstrument:
 
     def _track(self, on: bool) -> None:
         """Puts the phase hooks in (``on``) or takes them out for lite steps (see
-        ``FULL_DETAIL_PERIOD_S``): the backward wrapper and, when optimizer steps mark the steps,
-        the DataLoader ``__next__`` wrapper; the forward wrapper reads ``tracking`` itself.
-        Between steps only."""
+        ``FULL_DETAIL_PERIOD_S``): the backward wrapper, the ``Module.__call__`` wrapper once the
+        top-level modules are learnt and, when optimizer steps mark the steps, the DataLoader
+        ``__next__`` wrapper. Between steps only."""
         self.tracking = on
         self.depth = 0
         for switch in self.switches:
@@ -440,6 +440,11 @@ class TorchInstrument:
     def fail(self, where: str, exc: BaseException) -> None:
         """Turns the instrumentation off and says so once; the user's program goes on."""
         self.off = True  # the forward wrapper passes every call through from now on
+        for switch in self.switches:
+            try:
+                switch(False)
+            except Exception:
+                pass
         self.timeline = None
         self.marking = False
         for stop in (getattr(self.sync_watch, "uninstall", None), getattr(self.transfers, "stop", None)):
@@ -930,6 +935,8 @@ class TorchInstrument:
             self.root_refs[key] = weakref.ref(module)  # nn.Module has __weakref__
         self.roots = {}
         self.learning = False
+        for switch in self.switches:  # the forward wrapper may come out of the lite steps now
+            switch(self.tracking)
         self.record_parts()
 
     def _part(self, optimizer) -> list:
@@ -1288,6 +1295,7 @@ def install(agent, torch) -> TorchInstrument:
         @functools.wraps(orig_compile)
         def compile(*args, **kwargs):
             inst.compiled = True
+            forward_mod.pin()  # compiled code may be guarded on Module.__call__: no more switching
             return orig_compile(*args, **kwargs)
 
         torch.compile = compile
@@ -1315,7 +1323,7 @@ def install(agent, torch) -> TorchInstrument:
         _safe(inst, inst.on_optimizer_post, optimizer)
         return None
 
-    forward_mod.install(torch, inst)
+    switch_forward = forward_mod.install(torch, inst)
     optim_mod.register_optimizer_step_pre_hook(opt_pre)
     optim_mod.register_optimizer_step_post_hook(opt_post)
 
@@ -1332,7 +1340,7 @@ def install(agent, torch) -> TorchInstrument:
         if dl._BaseDataLoaderIter.__dict__.get("__next__") in (__next__, orig_next):
             dl._BaseDataLoaderIter.__next__ = want
 
-    inst.switches = [switch_backward, switch_next]
+    inst.switches = [switch_backward, switch_next, switch_forward]
     inst.switch_next = switch_next
     inst.phase_map = _phase_map(torch, orig_next, orig_iter, orig_backward)
     # The training thread's stack sampling (a timer signal) starts with the first training activity
