@@ -121,7 +121,8 @@ def test_spawned_workers_restarted_every_epoch_is_epoch_boundary_and_persistent_
     f = finding(faulty, "epoch_boundary")
     assert f["evidence"]["count"] == 1 and f["evidence"]["mp_context"] == "spawn"  # 2 epochs: 1 restart
     assert f["evidence"]["callers"][0]["site"].split(":")[0].endswith("job_parts.py")  # the DataLoader's line
-    assert "persistent_workers=True" in f["fix"]["code"]
+    # the program passes persistent_workers=fixed (False here): its variable is kept, with what to make it
+    assert "persistent_workers=fixed,   # False here: make it True" in f["fix"]["code"]
     assert 'multiprocessing_context="spawn"' in f["fix"]["code"]  # the program's own choice is kept
     # the steps after each restart wait for the workers' start-up: that input wait is not the verdict
     assert all(g["severity"] == "info" for g in faulty["findings"] if g["id"] == "input_bound")
@@ -214,7 +215,9 @@ def test_hundreds_of_tiny_tensors_per_batch_are_the_worker_hand_off_and_packing_
     ev = f["evidence"]
     assert ev["cause"] == "many_tensors" and ev["batch_tensors"] == 64 * 7 + 2  # targets, images, labels
     assert ev["ipc_share_of_wait"] >= 0.5  # receiving, not waiting for the workers (measured 0.9)
-    assert "torch.cat" in f["fix"]["code"] and "num_workers" not in f["fix"]["code"]  # not "more workers"
+    code = f["fix"]["code"]
+    assert "torch.cat" in code and "num_workers=2," in code  # the program's own call, its workers kept:
+    assert "make it" not in code and "num_workers=2,   # was" not in code  # not "more workers"
     compile(f["fix"]["code"].replace("...", "batch_size=64"), "fix", "exec")  # the fix parses
     assert f["est_speedup"] == pytest.approx(ev["est_speedup_if_removed"], rel=0.01)  # packing removes the wait
     fixed = run(tmp_path, "c34", "fixed", steps=20, script=script)

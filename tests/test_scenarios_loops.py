@@ -19,7 +19,7 @@ import sys
 import pytest
 from conftest import SCENARIOS, finding, observe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # verdicts of real runs: alone, never beside other tests
 
 
 def run(tmp_path, script, *args):
@@ -73,7 +73,6 @@ def test_inference_only_gets_no_training_and_its_loop_diagnosed(tmp_path):
     assert "Run the training script" not in texts(tensors)
 
 
-@pytest.mark.timing
 def test_inference_fix_estimate_against_the_measured_fix(tmp_path):
     """The printed fix of the input-bound inference loop (workers), its estimate against the fixed
     variant measured plainly (2026-12-04: estimate 2.43×, measured 2.18–2.70×)."""

@@ -291,16 +291,20 @@ def _parse_events(chunk: bytes) -> list:
     text = b"[" + chunk + b"]"
     try:
         return _DECODER.decode(text)
-    except msgspec.ValidationError:
-        return _lenient(msgspec.json.decode(text))
-    except msgspec.DecodeError as exc:
-        import json
-
+    except msgspec.ValidationError:  # an event of another shape (the typed decoder stops there)
         try:
-            items = json.loads(text.decode("utf-8", "replace"))
-        except (ValueError, RecursionError):
-            raise exc from None  # not JSON
-        return _lenient(items if isinstance(items, list) else [])
+            return _lenient(msgspec.json.decode(text))
+        except msgspec.DecodeError as exc:  # and beyond standard JSON further on
+            error = exc
+    except msgspec.DecodeError as exc:
+        error = exc
+    import json
+
+    try:
+        items = json.loads(text.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        raise error from None  # not JSON
+    return _lenient(items if isinstance(items, list) else [])
 
 
 def _lenient(items: list) -> list:
