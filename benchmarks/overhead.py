@@ -60,6 +60,17 @@ import time
 
 import psutil
 
+#: The model of the workloads (also benchmarks/overhead_inproc.py's): an MLP, or with ``blocks`` the
+#: deep case's stack of ``blocks`` Linear+ReLU blocks (a cost per module call shows there).
+MODEL = r'''
+if blocks:
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+                                  for _ in range(blocks)], torch.nn.Linear(width, 10))
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+'''
+
 #: Plain PyTorch loop: argv = steps, width, batch, warm-up steps[, blocks: a deep model of that many
 #: ``Sequential(Linear, ReLU)`` blocks instead of the MLP]. Prints one RESULT line.
 WORKLOAD = r'''
@@ -70,12 +81,7 @@ torch.set_num_threads(1)
 steps, width, batch, warmup = (int(a) for a in sys.argv[1:5])
 blocks = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
-if blocks:
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
-                                  for _ in range(blocks)], torch.nn.Linear(width, 10))
-else:
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+''' + MODEL + r'''
 ddp = "RANK" in os.environ  # under torchrun: gloo DDP, each rank its shard
 if ddp:
     torch.distributed.init_process_group("gloo")

@@ -44,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 
+from overhead import MODEL  # the workloads' model (benchmarks/ is this script's folder)
+
 #: Switches whyidle between blocks and times each step; shared by both workloads. ``tick()`` is
 #: called at the start of each step (before the batch is used) with the global step index.
 SWITCH = r'''
@@ -105,12 +107,7 @@ steps, width, batch, block, warmup = (int(a) for a in sys.argv[1:6])
 blocks = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # the deep model (overhead.py's deep case)
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
 loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
-if blocks:
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
-                                  for _ in range(blocks)], torch.nn.Linear(width, 10))
-else:
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+''' + MODEL + r'''
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 sw, step = Switch(block, warmup), 0
 while step < steps:
