@@ -96,17 +96,20 @@ def test_whole_objects_behave_as_without_whyidle(tmp_path, ddp):
 
 
 @pytest.mark.slow
-def test_deep_copy_is_not_timed_as_the_model(tmp_path):
-    """A deep copy called in every step (a teacher forward, 40 ms) while the model's own forward
-    takes µs: the copy's time is host time of the step, never the model's forward."""
-    proc, report, _ = observe(tmp_path, [sys.executable, WHOLE, "--ema-forward", "--steps", "30"])
+@pytest.mark.parametrize("teacher", ["deepcopy", "new"])
+def test_a_deep_copy_first_called_late_is_model_work_timed_by_its_own_calls(tmp_path, teacher):
+    """A deep copy made after the learning steps and called in every step (a teacher forward,
+    40 ms) while the model's own forward takes µs: its time is the step's forward (its own calls,
+    no hook copied from the model), never host work (a fresh user's distillation run got a critical
+    host_bound telling to vectorize Python loops, est. 1.63×, that gained nothing)."""
+    proc, report, _ = observe(tmp_path, [sys.executable, WHOLE, "--ema-forward", "--steps", "30", "--teacher", teacher])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stderr.rsplit("RESULT ", 1)[1].splitlines()[0])
     shares = report["metrics"]["shares"]
     step_s = report["metrics"]["step_time_s"]["mean"]
-    assert result["copy_s_per_step"] / step_s > 0.3  # the copy holds a large part of each step
-    assert shares["forward"] < 0.1, shares
-    assert shares["other_host"] > 0.3, shares
+    copy_share = result["copy_s_per_step"] / step_s
+    assert copy_share > 0.3  # the copy holds a large part of each step (the loop's own sleep the rest)
+    assert shares["forward"] > 0.8 * copy_share, shares  # model work, not other host time
 
 
 COMPILED = textwrap.dedent("""

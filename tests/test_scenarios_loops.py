@@ -51,8 +51,8 @@ def test_dcgan_is_one_step_per_iteration_with_its_optimizers_named(tmp_path, arg
     m = report["metrics"]
     assert abs(m["steps"] - result["steps"]) <= 1
     parts = {p["name"]: p for p in m["loop"]["parts"]}
-    assert set(parts) == {"Discriminator", "Generator"}
-    assert parts["Discriminator"]["backward_per_step"] == 2 and parts["Generator"]["backward_per_step"] == 1
+    assert set(parts) == {"netD", "netG"}  # the program's names of the models the optimizers train
+    assert parts["netD"]["backward_per_step"] == 2 and parts["netG"]["backward_per_step"] == 1
     assert m["loop"]["backward_per_step"] == 3 and m["micro_batches_per_step"] == 1
     assert "accumulation" not in texts(report)
     assert report["verdict"] == "device_bound", [f["id"] for f in report["findings"]]

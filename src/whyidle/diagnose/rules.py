@@ -957,15 +957,21 @@ def device_bound(facts: RunFacts, findings: list[dict] = ()) -> dict:
     contradicts the shares printed with it."""
     step = facts.step
     sh = step["shares"]
-    compute = sh["forward"] + sh["backward"] + sh["optimizer"] + sh.get("compute", 0.0)
-    work = "forward, backward and optimizer take"
-    if facts.loop and not facts.loop["trains"]:  # inference: the model's forward under no_grad is the work
-        compute += sh.get("eval", 0.0)
+    # forward passes without grad in the steady steps are model work too (a teacher or target
+    # network in every step; inference's whole forward)
+    compute = sh["forward"] + sh["backward"] + sh["optimizer"] + sh.get("compute", 0.0) + sh.get("eval", 0.0)
+    trains = not facts.loop or facts.loop["trains"]
+    if not trains:
         work = "the model's forward passes take"
+    elif sh.get("eval", 0.0) >= 0.005:
+        work = "forward (its no-grad passes included), backward and optimizer take"
+    else:
+        work = "forward, backward and optimizer take"
     device = facts.device or {}
     if device.get("kind") == "cpu":
-        where = ("this run has no GPU, so the device is the CPU itself; faster training needs a faster device, "
-                 "a smaller model or less work per sample")
+        where = ("this run has no GPU, so the device is the CPU itself; faster "
+                 + ("training" if trains else "inference") + " needs a faster device, a smaller model or less work "
+                 "per sample")
     else:
         where = f"the {device.get('name') or 'GPU'} is the limit"
     minor = [f for f in findings if f.get("bound")]

@@ -12,14 +12,15 @@ Two modes, read from the instrument (``inst``) on each call:
 
 - *learning* (``inst.learning``): every call of the training thread goes to
   ``inst.on_forward_pre(module, args, frame)`` / ``inst.on_forward_post()`` (the outermost calls
-  are the step's forward, the nested ones feed the repeated-module count);
-- then only the outermost calls of the modules learnt as roots (``inst.root_refs``: ``id`` → weak
-  reference, so a module that dies or a deep copy, another object, is never taken for one), and
-  only while the phase hooks are in (``inst.tracking``) or the calls mark the steps
-  (``inst.marker == "forward"``). A nested call costs one Python frame and a few attribute
-  reads (~0.3 µs, ``benchmarks/hook_cost.py``); on the lite steps of short CPU steps PyTorch's own
-  ``__call__`` is put back (the switch :func:`install` returns), so they cost nothing, until the
-  program compiles (:func:`pin`).
+  are the step's forward, the nested ones feed the repeated-module count; the top-level modules
+  are learnt);
+- then only the outermost calls (``inst.depth`` 0), of any module: a teacher or EMA copy that is
+  first called after the learning steps is the model's work too, timed by its own calls (not by
+  hooks copied from the model, as per-module hooks were), and only while the phase hooks are in
+  (``inst.tracking``) or the calls mark the steps (``inst.marker == "forward"``). A nested call
+  costs one Python frame and a few attribute reads (~0.3 µs, ``benchmarks/hook_cost.py``); on the
+  lite steps of short CPU steps PyTorch's own ``__call__`` is put back (the switch :func:`install`
+  returns), so they cost nothing, until the program compiles (:func:`pin`).
 
 Under TorchDynamo tracing (``torch.compile``) the wrapper is traced too: it calls
 ``is_dynamo_compiling()`` first, which Dynamo folds to True, so it reads none of whyidle's state
@@ -103,7 +104,7 @@ def install(torch, inst):
     Args:
         torch: the program's ``torch`` module.
         inst: the :class:`whyidle.instrument.torch.TorchInstrument` whose attributes ``off``,
-            ``tid``, ``depth``, ``learning``, ``tracking``, ``marker``, ``root_refs`` the wrapper reads and
+            ``tid``, ``depth``, ``learning``, ``tracking``, ``marker`` the wrapper reads and
             whose ``on_forward_pre`` / ``on_forward_post`` / ``fail`` it calls.
     Returns:
         ``switch(on)``: between steps, puts the wrapper in where it has work (learning, phase-tracked
@@ -120,15 +121,12 @@ def install(torch, inst):
     is_compiling = (getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
                     or (lambda: False))
     get_ident = threading.get_ident
-    roots = inst.root_refs
 
     def __call__(self, *args, **kwargs):
         if is_compiling() or (inst.depth and not inst.learning) or inst.off or get_ident() != inst.tid:
             return call(self, *args, **kwargs)
-        if not inst.learning:
-            ref = roots.get(id(self))
-            if ref is None or not (inst.tracking or inst.marker == "forward") or ref() is not self:
-                return call(self, *args, **kwargs)
+        if not (inst.learning or inst.tracking or inst.marker == "forward"):
+            return call(self, *args, **kwargs)
         try:
             inst.on_forward_pre(self, args, sys._getframe(1))
         except Exception as exc:

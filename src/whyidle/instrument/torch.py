@@ -19,8 +19,9 @@ code changes. What it hooks (all public PyTorch hooks except the two DataLoader 
   the program's modules or classes, which ``torch.save``, pickle, ``deepcopy`` and
   ``torch.jit.script`` never meet), counting only the outermost call. For the first
   :data:`ROOT_LEARNING_STEPS` optimizer steps every call is seen (the top-level modules, the
-  repeated-module count); then only the outermost calls of those top-level modules are timed.
-  Forward with grad disabled is ``eval``.
+  repeated-module count); then only the outermost calls are timed (of any module: a teacher first
+  called late is model work too). Forward with grad disabled is ``eval``; a module the DataLoader
+  runs in this process (a transform) is data.
 - backward: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it); each outermost call
   counts (``mb``; a reentrant checkpoint's backward inside it is part of it).
 - optimizer: global optimizer step pre/post hooks. A closure passed to ``step(closure)`` (Lightning
@@ -246,10 +247,11 @@ class TorchInstrument:
         self.other_opt_steps = 0  # its steps since the primary's last one
         self.auditing = True  # this step's batches, inputs and copies are audited (see _begin_step)
         self.depth = 0
+        self.data_calls = 0  # open module calls inside a DataLoader fetch (transforms): data, not forward
         self.roots: dict[int, object] = {}  # the top-level modules called while learning
         self.learning = True  # every module call is seen (see ROOT_LEARNING_STEPS)
         self.learn_until = (ROOT_LEARNING_STEPS, MAX_AUDITED_BATCHES)  # (optimizer steps, steps) ending it
-        self.root_refs: dict[int, object] = {}  # id → weak reference of the roots learnt (forward.py)
+        self.root_refs: dict[int, object] = {}  # id → weak reference of the roots learnt (for _part, _root_parameters)
         self.graph_counted: set[int] = set()
         self.loaders: set[int] = set()
         self.iter_loader: dict[int, int] = {}  # id(iterator) -> id(its DataLoader)
@@ -426,7 +428,7 @@ class TorchInstrument:
         top-level modules are learnt and, when optimizer steps mark the steps, the DataLoader
         ``__next__`` wrapper. Between steps only."""
         self.tracking = on
-        self.depth = 0
+        self.depth = self.data_calls = 0
         for switch in self.switches:
             switch(on)
 
@@ -577,7 +579,13 @@ class TorchInstrument:
         return None if code is None else self.frames().classify(code.co_filename)[0] == 0
 
     def on_forward_pre(self, module, args, frame) -> None:
-        """A module call of the training thread starts (``frame``: its caller's)."""
+        """A module call of the training thread starts (``frame``: its caller's). An outermost call
+        is the model's work, whatever module it is (a teacher or EMA copy first called late too),
+        except inside a DataLoader fetch: a transform module the loader runs in this process is data."""
+        if self.data_calls or (self.depth == 0 and self.phase == "data"):
+            self.data_calls += 1
+            self.depth += 1
+            return
         calls = self.module_calls
         if calls is not None and self.learning:
             try:
@@ -666,6 +674,10 @@ class TorchInstrument:
 
     def on_forward_post(self) -> None:
         """The innermost module call of the training thread returned (or raised)."""
+        if self.data_calls:
+            self.data_calls -= 1
+            self.depth -= 1
+            return
         if self.module_calls is not None and self.learning:
             self.module_calls.post()
         if self.depth <= 0:
@@ -705,7 +717,7 @@ class TorchInstrument:
         part = self.parts.get(key)
         if part is None and len(self.parts) < MAX_PARTS:
             part = self.parts[key] = self._part(optimizer)
-        if part is not None:
+        if part is not None and self.tracking:  # the backward wrapper counts on tracked steps only
             part[3] += 1
             part[4] += self.bwd_since_opt
         self.bwd_since_opt = 0
@@ -941,18 +953,27 @@ class TorchInstrument:
 
     def _part(self, optimizer) -> list:
         """A new optimizer's entry in :attr:`parts`: ``[name, class, parameters, steps, backward
-        calls]``; the name is the class of the top-level module that holds its first parameter
-        (``Generator``, ``Discriminator``: the model a GAN's optimizer trains), else its own class."""
+        calls]``. The name is the program's: the variable that holds the top-level module with its
+        first parameter in the frame that stepped it (``netD``), else that module's class
+        (``Discriminator``: the model a GAN's optimizer trains), else the optimizer's variable
+        (``optimizerD``), else its class."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        name = None
+        model = None
         if params:
             first = id(params[0])
             for module in self._root_modules():
-                inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)  # DDP, compile
                 if any(id(p) == first for p in module.parameters()):
-                    name = type(inner if isinstance(inner, self.torch.nn.Module) else module).__name__
+                    model = module
                     break
-        return [name or type(optimizer).__name__, type(optimizer).__name__, sum(p.numel() for p in params), 0, 0]
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)  # DDP, compile
+        cls = type(inner if isinstance(inner, self.torch.nn.Module) else model).__name__ if model is not None else None
+        frame = sys._getframe(1)
+        classify = self.frames().classify
+        while frame is not None and classify(frame.f_code.co_filename)[0] != 0:
+            frame = frame.f_back  # the program's frame that called optimizer.step()
+        name = _name_of(frame, model) or (cls if cls not in (None, "Sequential", "ModuleList", "ModuleDict") else None)
+        name = name or _name_of(frame, optimizer) or cls or type(optimizer).__name__
+        return [name, type(optimizer).__name__, sum(p.numel() for p in params), 0, 0]
 
     def record_parts(self) -> None:
         """The ``optimizers`` record (docs/run-format.md): every optimizer that stepped, with its
@@ -1366,6 +1387,22 @@ def _phase_map(torch, orig_next, orig_iter, orig_backward):
         return PhaseMap(codes, torch.is_grad_enabled)
     except Exception:
         return None
+
+
+def _name_of(frame, obj) -> str | None:
+    """The name ``obj`` is bound to in ``frame`` (a local, else a global, else ``self.<attribute>``),
+    or None. For naming, once per optimizer."""
+    if frame is None or obj is None:
+        return None
+    for names in (frame.f_locals, frame.f_globals):
+        for name, value in names.items():
+            if value is obj and not name.startswith("_"):
+                return name
+    owner = frame.f_locals.get("self")
+    for name, value in getattr(owner, "__dict__", {}).items():
+        if value is obj and not name.startswith("_"):
+            return name
+    return None
 
 
 def _caller(frame, torch_dir: str, depth: int = 8):
