@@ -13,9 +13,9 @@ family        switched by
 ============  ==================================================================================
 data          ``_BaseDataLoaderIter.__next__`` / ``DataLoader.__iter__``: whyidle's wrappers or
               the originals
-fwd_root      ``torch.nn.Module.__call__``: whyidle's wrapper (``instrument/forward.py``) in root
-              mode with the model learnt as a root (its steady state): the model's outermost call
-              goes to ``on_forward_pre``/``on_forward_post``, each nested call passes through
+fwd_root      ``torch.nn.Module.__call__``: whyidle's wrapper (``instrument/forward.py``) after
+              the learning steps (its steady state on a phase-tracked step): the model's outermost
+              call goes to ``on_forward_pre``/``on_forward_post``, each nested call passes through
               after ``is_dynamo_compiling()`` and two attribute reads
 fwd_global    the same wrapper in learning mode (``inst.learning``, its first 3 optimizer steps):
               every module call goes to ``on_forward_pre``/``on_forward_post``
@@ -31,10 +31,11 @@ audit         the copy/read audit (``TransferAudit``: ``Tensor.to``/``item``/...
               whyidle runs for the first 3 optimizer steps only, here kept on
 noop          empty hooks in the same places as data, bwd and opt (pass-through
               ``__next__``/``__iter__``/``backward`` wrappers and global optimizer hooks that do
-              nothing) and whyidle's ``Module.__call__`` wrapper passing every call through (the
-              model is not among the roots, learning is off: the path of every module call on a
-              lite step, where the root's calls are not timed either): what hooking there costs
-              before any of whyidle's bookkeeping runs (not combined with the real families)
+              nothing) and whyidle's ``Module.__call__`` wrapper passing every call through
+              (``tracking`` off: the path of every module call on a lite step once the program
+              compiled; before that, lite steps get PyTorch's own ``__call__`` back): what
+              hooking there costs before any of whyidle's bookkeeping runs (not combined with the
+              real families)
 ============  ==================================================================================
 
 The agent's own sampler is not started (``stack_hz=0``); the one above stands in for it, with the
@@ -113,7 +114,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from time import perf_counter, perf_counter_ns, thread_time_ns
 
 import torch
@@ -340,7 +340,6 @@ class Switchboard:
         inst.learn_until = (float("inf"), float("inf"))
         inst.module_calls = None
         inst.learning = False
-        self.root = loop.model  # the module fwd_root puts among the roots (table 3 puts others)
         # flusher: gated; off, it drops what was queued (so a later "on" block flushes no backlog)
         self.real_flush = self.agent.flush
         self.flush_cpu_ns = 0  # CPU time of real flushes while self.time_flush
@@ -481,19 +480,16 @@ class Switchboard:
 
     def _set_forward(self) -> None:
         """``Module.__call__`` and the wrapper's mode for the families on: fwd_global, learning mode;
-        fwd_root, root mode with :attr:`root` among the roots; noop, root mode with no root (every
-        call passes through); none of them, PyTorch's own ``__call__``. Between steps only."""
+        fwd_root, after the learning steps; noop, passing every call through (``tracking`` off, as
+        on a lite step); none of them, PyTorch's own ``__call__``. Between steps only."""
         inst, on = self.inst, self.on
-        roots = inst.root_refs  # the dict the wrapper holds: changed in place
-        roots.clear()
         if on & {"fwd_root", "fwd_global", "noop"}:
             torch.nn.Module.__call__ = self.wy_call
             inst.learning = "fwd_global" in on
-            if "fwd_root" in on:
-                roots[id(self.root)] = weakref.ref(self.root)
         else:
             torch.nn.Module.__call__ = self.orig_call
             inst.learning = False
+        inst.tracking = not ("noop" in on and not on & {"fwd_root", "fwd_global"})
         inst.depth = 0
 
     def close(self) -> None:
@@ -831,7 +827,6 @@ def forward_calls(board: Switchboard, extra) -> list[tuple[str, float]]:
             model = torch.nn.Sequential(*[make() for _ in range(n)])
 
             def on():
-                board.root = model
                 board.set(frozenset(fams))
                 inst.module_calls = ModuleCalls(inst.site_of) if count else None
 
@@ -851,13 +846,12 @@ def forward_calls(board: Switchboard, extra) -> list[tuple[str, float]]:
         _, lin_learn = chain(lambda: torch.nn.Linear(2, 2), {"fwd_global"})
         _, lin_count = chain(lambda: torch.nn.Linear(2, 2), {"fwd_global"}, count=True)
     finally:
-        board.root = board.loop.model
         board.set(frozenset())
         inst.module_calls = None
         inst.roots = {}
     return [("Module.__call__ wrapper, root mode: the root's call (on_forward_pre/post)", root_outer),
             ("Module.__call__ wrapper, root mode: a nested call", root_nested),
-            ("Module.__call__ wrapper: a call passed through (lite step, not a root)", through),
+            ("Module.__call__ wrapper: a call passed through (lite step of a compiled program)", through),
             ("Module.__call__ wrapper, learning mode: the outermost call", learn_outer),
             ("Module.__call__ wrapper, learning mode: a nested call", learn_nested),
             ("  repeated-module count (learning): + per nested Linear call", lin_count - lin_learn)]
