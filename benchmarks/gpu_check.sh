@@ -130,10 +130,14 @@ whyidle_run c09_faulty_step 90 "$S/c09_item_sync.py" --variant faulty --read-at 
 whyidle_run c23_faulty 90 "$S/c23_model_on_cpu.py" --variant faulty
 whyidle_run c21_faulty_big 120 "$S/c21_pageable_copy.py" --variant faulty --big
 whyidle_run c21_fixed_big 120 "$S/c21_pageable_copy.py" --variant fixed --big
+# torch.compile on the GPU: recompilations at new lengths (aot_eager: no Triton code generation)
+whyidle_run compile_varlen 120 "$S/compile_varlen.py" --backend aot_eager --steps 60
 
 # -- 2. GPU-marked tests ------------------------------------------------------------------------------
 if "$PY" -c "import pytest" 2> /dev/null; then
-    step pytest_gpu 200 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
+    # only the files with GPU tests: collecting the others imports packages a GPU machine may lack
+    # (msgspec, TensorFlow), which fails the collection before any GPU test runs
+    step pytest_gpu 200 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider $(grep -l "mark.gpu" tests/test_*.py)
 else
     log "SKIP pytest_gpu: pytest is missing and .device/pylib was not carried along"
     echo "pytest_gpu skipped no-pytest" >> "$RES/status.txt"
@@ -170,7 +174,8 @@ timeout 60 "$PY" - "$RES" << 'EOF'
 import json, os, sys
 
 res = sys.argv[1]
-cases = ["c09_faulty", "c09_fixed", "c09_faulty_step", "c23_faulty", "c21_faulty_big", "c21_fixed_big"]
+cases = ["c09_faulty", "c09_fixed", "c09_faulty_step", "c23_faulty", "c21_faulty_big", "c21_fixed_big",
+         "compile_varlen"]
 
 
 def script_result(name):

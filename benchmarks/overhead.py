@@ -10,6 +10,10 @@ Cases (``--cases``, comma-separated; default all):
   ``Sequential(Linear, ReLU)``, width 64, batch 32: 64 blocks are 194 module calls per forward, steps
   of a few ms), where a cost per module call shows (whyidle's ``Module.__call__`` wrapper runs on
   every call, nested ones included). Goal ≤ 1.05.
+- ``compiled``: the ``10ms`` loop with ``model = torch.compile(model)`` (``--compile-backend``,
+  default inductor; the compilation falls in the warm-up steps): whyidle's forward wrapper stays in
+  for good once the program compiles, and the compile callbacks of
+  ``whyidle.instrument.compile`` run at each compilation only. Goal ≤ 1.02.
 - ``lightning``: a LightningModule with a small MLP under ``Trainer(max_steps=...,
   enable_progress_bar=False, logger=False, enable_checkpointing=False)``, steps of a few ms; the
   step time is the interval between two ``on_train_batch_start`` calls of a Callback
@@ -72,7 +76,8 @@ else:
 '''
 
 #: Plain PyTorch loop: argv = steps, width, batch, warm-up steps[, blocks: a deep model of that many
-#: ``Sequential(Linear, ReLU)`` blocks instead of the MLP]. Prints one RESULT line.
+#: ``Sequential(Linear, ReLU)`` blocks instead of the MLP (0: the MLP)[, a torch.compile backend]].
+#: Prints one RESULT line.
 WORKLOAD = r'''
 import json, os, sys, time
 import torch
@@ -82,6 +87,8 @@ steps, width, batch, warmup = (int(a) for a in sys.argv[1:5])
 blocks = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
 ''' + MODEL + r'''
+if len(sys.argv) > 6:
+    model = torch.compile(model, backend=sys.argv[6])
 ddp = "RANK" in os.environ  # under torchrun: gloo DDP, each rank its shard
 if ddp:
     torch.distributed.init_process_group("gloo")
@@ -165,13 +172,13 @@ print("RESULT " + json.dumps({"median_s": d[len(d) // 2], "p20_s": d[len(d) // 5
                               "n": len(d)}))
 '''
 
-CASE_NAMES = ("10ms", "2ms", "deep", "lightning", "ddp", "memory")
+CASE_NAMES = ("10ms", "2ms", "deep", "compiled", "lightning", "ddp", "memory")
 
 #: Command prefix pinning the training process (plain and observed alike) to one CPU (``--pin``):
 #: this box's two virtual CPUs run the same code at speeds up to 1.5× apart, which alone swamps a
 #: few-percent difference. whyidle's own process is not pinned.
 PIN: list[str] = []
-GOALS = {"10ms": 1.02, "2ms": 1.05, "deep": 1.05, "lightning": 1.03, "ddp": 1.02}
+GOALS = {"10ms": 1.02, "2ms": 1.05, "deep": 1.05, "compiled": 1.02, "lightning": 1.03, "ddp": 1.02}
 
 #: How the ``ddp`` case launches its workload (instead of the CPU pin).
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -329,6 +336,7 @@ def main() -> None:
     parser.add_argument("--lightning-width", type=int, default=256, help="MLP width of the Lightning case")
     parser.add_argument("--lightning-batch", type=int, default=32, help="batch size of the Lightning case")
     parser.add_argument("--memory-steps", type=int, default=100_000, help="steps of the memory run")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled case")
     parser.add_argument("--pin", default="0", help="CPU to pin the training process to with taskset ('none': no pin)")
     args = parser.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -358,6 +366,9 @@ def main() -> None:
             summary.append(ab_case("deep", script, [args.deep_steps, args.deep_width, args.deep_batch,
                                                     min(200, args.deep_steps // 2), args.deep_blocks],
                                    args.rounds, workdir, extra))
+        if "compiled" in cases:
+            summary.append(ab_case("compiled", script, [args.steps, args.width, 64, min(100, args.steps // 2), 0,
+                                                        args.compile_backend], args.rounds, workdir, extra))
         if "lightning" in cases:
             summary.append(ab_case("lightning", lscript, [args.lightning_steps, args.lightning_width,
                                                           args.lightning_batch, min(100, args.lightning_steps // 2)],

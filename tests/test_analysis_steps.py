@@ -66,7 +66,8 @@ def test_steps_of_empty():
 def test_warmup_counts(n, warmup):
     steps = uniform(n)
     analyzed, info = select_steps(steps)
-    assert info == {"total": n, "warmup": warmup, "boundary_excluded": 0, "boundary_s": 0.0, "profiled_excluded": 0}
+    assert info == {"total": n, "warmup": warmup, "boundary_excluded": 0, "boundary_s": 0.0, "profiled_excluded": 0,
+                    "compile_excluded": 0}
     assert analyzed == steps[warmup:]
 
 

@@ -371,36 +371,6 @@ def test_probe_pci_finds_nvidia_display_controllers_only(tmp_path):
     assert probe.probe_pci(str(tmp_path / "missing")) == {"readable": False, "nvidia_gpus": []}
 
 
-def test_cgroup_v2_quota_and_memory_limit(tmp_path):
-    root = tmp_path / "cgroup"
-    leaf = root / "kubepods" / "pod1"
-    leaf.mkdir(parents=True)
-    (root / "kubepods" / "cpu.max").write_text("400000 100000\n")
-    (leaf / "cpu.max").write_text("max 100000\n")
-    (leaf / "memory.max").write_text(f"{8 << 30}\n")
-    proc = tmp_path / "cgroup.txt"
-    proc.write_text("0::/kubepods/pod1\n")
-    assert probe.cgroup_cpu_quota(str(root), str(proc)) == 4.0
-    assert probe.cgroup_memory_limit(str(root), str(proc)) == 8 << 30
-    proc.write_text("0::/\n")
-    assert probe.cgroup_cpu_quota(str(root), str(proc)) is None
-
-
-def test_cgroup_v1_quota(tmp_path):
-    root = tmp_path / "cgroup"
-    cpu = root / "cpu,cpuacct" / "docker" / "abc"
-    cpu.mkdir(parents=True)
-    (cpu / "cpu.cfs_quota_us").write_text("150000\n")
-    (cpu / "cpu.cfs_period_us").write_text("100000\n")
-    mem = root / "memory"
-    mem.mkdir()
-    (mem / "memory.limit_in_bytes").write_text("9223372036854771712\n")
-    proc = tmp_path / "cgroup.txt"
-    proc.write_text("4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n")
-    assert probe.cgroup_cpu_quota(str(root), str(proc)) == 1.5
-    assert probe.cgroup_memory_limit(str(root), str(proc)) is None
-
-
 def test_probe_cpu_and_memory_on_this_machine():
     cpu = probe.probe_cpu()
     assert cpu["logical"] >= 1 and 0 < cpu["usable"] <= cpu["logical"]

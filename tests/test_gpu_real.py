@@ -91,7 +91,9 @@ def test_instrumentation_adds_no_sync(tmp_path):
     proc, report = run(tmp_path, [str(script)], "no_sync")
     assert "trained 60 steps" in proc.stdout
     notes = " ".join(report["notes"])
-    assert "synchronizing" not in proc.stderr + notes, proc.stderr[-3000:]
+    # the error (or warning) PyTorch raises at a sync under the debug mode; its own UserWarning when the
+    # mode is set ("... does not yet detect all synchronizing operations", torch 2.11 on an H200) is not one
+    assert "called a synchronizing" not in proc.stderr + notes, proc.stderr[-3000:]
     assert "disabled" not in notes, notes  # no part of the instrumentation hit an error
     assert "sync counting off" in notes  # the program's own debug mode wins: the watch steps aside
     assert report["metrics"]["steps"] == 60

@@ -126,3 +126,82 @@ def test_iteration_without_training_is_not_steps():
 def test_steps_marked_by_an_abandoned_window_are_ordinary_steps():
     steps, info = keras_analysis.input_wait(keras_steps(), [])
     assert not any(s["profiled"] for s in steps)
+
+
+# -- the torch and JAX backends: each batch's fetch timed ------------------------------------------
+
+US = 1000
+DATA, OTHER, COMPUTE = 1, 6, 7  # PHASE_CODES
+
+
+def jax_steps(n, data_ms, dispatch_ms=1, host_ms=1):
+    """Host-side JAX steps: the train function (dispatch) fetches the batch first (data inside it),
+    then the loop's own work; as recorded by whyidle.instrument.keras."""
+    out, t = [], 0
+    for i in range(n):
+        fn = (data_ms + dispatch_ms) * MS
+        dur = fn + host_ms * MS
+        ph = [COMPUTE, 0, DATA, 0, COMPUTE, data_ms * MS // US, OTHER, fn // US]
+        out.append({"k": "step", "i": i, "t0": t, "t1": t + dur, "by": "keras", "fn": fn, "data": data_ms * MS,
+                    "comp": dispatch_ms * MS, "batches": 1, "samples": 32, "boundary": i == 0, "ph": ph})
+        t += dur
+    return out
+
+
+def test_measured_batches_are_the_input_wait():
+    steps = jax_steps(5, data_ms=8)
+    out, info = keras_analysis.input_wait(steps, [])
+    assert out == steps and info == {"method": "fit_input", "reason": None}
+
+
+def test_jax_steps_take_the_pace_of_a_slower_computation():
+    """The loop (10 ms a step) runs ahead of a computation that takes 30 ms a step: the steps are
+    30 ms apart, all computation, and the batch fetches that overlapped it cost nothing."""
+    steps = jax_steps(10, data_ms=8)
+    done = [[s["i"], 100 * MS + 30 * MS * s["i"]] for s in steps]
+    out, info = keras_analysis.input_wait(steps, [{"k": "keras_done", "t": 0, "done": done}])
+    assert info["method"] == "fit_input"
+    assert [s["t1"] - s["t0"] for s in out[1:]] == [30 * MS] * 9
+    assert all(s["data"] == 0 and s["comp"] == 30 * MS for s in out[1:])
+    assert out[0]["t0"] == 0 and out[0]["t1"] == 100 * MS  # the first step (its jit compilation) where it began
+    m = step_analysis.step_metrics(out[2:])
+    assert m["shares"]["compute"] == pytest.approx(1.0) and m["shares"]["data_wait"] == 0.0
+
+
+@pytest.mark.parametrize("compute_ms, data, comp", [(0.5, 8, 1.5), (3, 6, 4)])
+def test_jax_steps_waiting_for_the_loop_count_its_batch_fetch(compute_ms, data, comp):
+    """The loop takes 10 ms a step (8 ms fetching the batch, 1 ms dispatching, 1 ms of its own), the
+    computation less: the steps keep the loop's pace. A computation of 0.5 ms ends before the next
+    fetch starts: the whole fetch is waited for. One of 3 ms runs through the next fetch's first
+    2 ms, which cost nothing."""
+    steps = jax_steps(10, data_ms=8)
+    done = [[s["i"], s["t0"] + s["fn"] + int(compute_ms * MS)] for s in steps]
+    out, _ = keras_analysis.input_wait(steps, [{"k": "keras_done", "t": 0, "done": done}])
+    steady = out[2:]
+    assert all(s["t1"] - s["t0"] == 10 * MS for s in steady)
+    assert all(s["data"] == data * MS and s["comp"] == comp * MS for s in steady), steady[0]
+    m = step_analysis.step_metrics(steady)
+    assert m["shares"]["data_wait"] == pytest.approx(data / 10)
+    assert m["shares"]["other_host"] == pytest.approx(1 - (data + comp) / 10)
+
+
+def test_steps_without_a_completion_keep_their_own_times():
+    steps = jax_steps(4, data_ms=8)
+    done = [[0, steps[0]["t1"]], [1, steps[1]["t1"] + MS]]
+    out, _ = keras_analysis.input_wait(steps, [{"k": "keras_done", "t": 0, "done": done}])
+    assert out[1]["t1"] == steps[1]["t1"] + MS and out[2] == steps[2] and out[3] == steps[3]
+
+
+def test_decoding_share_counts_the_functions_that_mostly_decode():
+    """The data wait's samples: a ``decode`` function whose samples are mostly inside PIL (its own
+    np.asarray line too), and ``__getitem__``'s crop/flip in numpy: 8 of 10 samples are decoding."""
+    from whyidle.analysis.stacks import DECODE_LEAVES, function_leaf_share, leaf_share
+
+    sites = [["data", "train.py:12 decode", "PIL/ImageFile.py:300 load", 6, 60],
+             ["data", "train.py:13 decode", "train.py:13 decode", 2, 20],  # np.asarray(image): the pixel copy
+             ["data", "train.py:30 __getitem__", "numpy/core/fromnumeric.py:50 copy", 2, 20],
+             ["other", "train.py:40 main", "keras/src/x.py:1 f", 5, 50]]
+    recs = [{"k": "stacks", "t": 0, "hz": 100, "n": 15, "sites": sites}]
+    assert function_leaf_share(recs, "data", DECODE_LEAVES) == pytest.approx(0.8)
+    assert leaf_share(recs, "data", DECODE_LEAVES) == pytest.approx(0.6)  # the leaves alone miss the copy
+    assert function_leaf_share(recs, "forward", DECODE_LEAVES) is None

@@ -223,3 +223,106 @@ def test_c03_output_and_exit_code_pass_through(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "usage: " in proc.stderr and "invalid choice: 'bogus'" in proc.stderr
     assert proc.stdout == ""
+
+
+# -- the torch and JAX backends ------------------------------------------------------------------
+
+BACKEND_PRELUDE = """\
+import os, sys, time
+BACKEND = os.environ["KERAS_BACKEND"] = "@BACKEND@"
+import numpy as np
+import keras
+
+SLEEP = 0.012  # per batch: the input's own wait, a floor for the measured data wait
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self, n, **kwargs):
+        super().__init__(**kwargs)
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        time.sleep(SLEEP)
+        return np.full((4, 8), i % 7, np.float32), np.arange(4) % 2
+
+def gen():
+    while True:
+        time.sleep(SLEEP)
+        yield np.ones((4, 8), np.float32), np.arange(4) % 2
+
+m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+"""
+
+
+def run_backend(tmp_path, backend, body, name):
+    script = tmp_path / f"{name}.py"
+    script.write_text(BACKEND_PRELUDE.replace("@BACKEND@", backend) + textwrap.dedent(body))
+    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], name=name, timeout=240,
+                                    cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report is not None, proc.stderr[-3000:]
+    records = []
+    for path in glob.glob(os.path.join(run_dir, "proc-*.jsonl")):
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return proc, report, records
+
+
+def steps_of_fit(records, call):
+    """The Keras steps inside one fit's keras_call window."""
+    return [s for s in kinds(records, "step") if s["by"] == "keras" and call["t0"] <= s["t0"] <= call["t1"]]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("jax", marks=needs("jax"))])
+def test_each_batch_fit_takes_is_timed_on_the_torch_and_jax_backends(tmp_path, backend):
+    """PyDataset (with validation data), a Python generator and, on torch, a torch DataLoader:
+    every training step carries the batch's wait (at least the input's own sleep), apart from the
+    train function; validation batches are not training input; nothing of whyidle stays on the
+    model; on torch the PyTorch instrumentation stood aside (no DataLoader or steps of its own)."""
+    body = """
+    m.fit(Batches(8), validation_data=Batches(3), epochs=2, verbose=0)
+    print("WRAPPED", getattr(m.train_function, "_whyidle", False))
+    m.fit(gen(), steps_per_epoch=6, epochs=1, verbose=0)
+    if BACKEND == "torch":
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        class Rows(Dataset):
+            def __len__(self):
+                return 24
+            def __getitem__(self, i):
+                time.sleep(SLEEP / 4)
+                return np.ones(8, np.float32), i % 2
+        m.fit(DataLoader(Rows(), batch_size=4), epochs=1, verbose=0)
+    m.evaluate(Batches(3), verbose=0)
+    print("DONE")
+    """
+    proc, report, records = run_backend(tmp_path, backend, body, f"inputs-{backend}")
+    assert "WRAPPED False" in proc.stdout and "DONE" in proc.stdout
+    calls = [c for c in kinds(records, "keras_call") if c["fn"] == "fit"]
+    assert [c["input"] for c in calls] == ["PyDataset", "generator"] + (["torch DataLoader"] if backend == "torch" else [])
+    assert calls[0]["workers"] == 1 and calls[0]["input_class"] == "Batches" and calls[0]["input_kwargs"] is True
+    assert calls[0]["site"].endswith(".py:" + str(BACKEND_PRELUDE.count("\n") + 2))
+    for call, n in zip(calls, (16, 6, 6)):
+        steps = steps_of_fit(records, call)
+        assert len(steps) == n, (call["input"], len(steps))
+        # the torch loop fetches a step's next batch at its end (the last of an epoch has none); Keras
+        # takes a generator's first batches ahead to learn their shapes (they wait for nothing)
+        floor = 12e6 if call["input"] != "torch DataLoader" else 4 * 3e6
+        fetched = [s for s in steps if s["data"] >= floor * 0.9]
+        assert len(fetched) >= n - 3, (call["input"], [s["data"] for s in steps])
+        assert all(0 <= s["comp"] <= s["fn"] for s in steps)
+        assert all(s["samples"] == 4 for s in fetched), [s["samples"] for s in steps]
+    # validation ran as evaluation, its batches no training input (2 epochs x 3 batches of 12 ms)
+    evals = [r for r in kinds(records, "region") if r["kind"] == "evaluation" and r["entry"] == "Model.evaluate"]
+    assert len(evals) == 3, evals  # two validations inside fit, one evaluate after
+    assert not [r for r in kinds(records, "region") if r.get("entry") in ("Module.eval", "exit")
+                and r["t1"] - r["t0"] > 0.5e9], kinds(records, "region")
+    assert report["keras"]["input_wait"]["method"] == "fit_input"
+    assert report["metrics"]["shares"]["data_wait"] > 0.3
+    assert {s["by"] for s in kinds(records, "step")} == {"keras"}
+    assert not kinds(records, "loader") or backend == "torch" and all(
+        r["dataset"] == "Rows" for r in kinds(records, "loader"))  # the program's own DataLoader, built outside fit
+    if backend == "jax":  # completions of every training step
+        done = {i for r in kinds(records, "keras_done") for i, _ in r["done"]}
+        assert {s["i"] for s in kinds(records, "step")} <= done

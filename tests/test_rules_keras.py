@@ -228,3 +228,103 @@ def test_keras_small_batch_counts_the_compiled_steps_fixed_cost():
     assert sb["est_speedup"] == pytest.approx(4 / (fixed + (1 - fixed) * 4), rel=1e-3)
     assert sb["severity"] == "warning" and "ds = ds.batch(32)" in sb["fix"]["code"]
     assert "model.fit(x, y, batch_size=32" in sb["fix"]["code"] and "DataLoader" not in sb["fix"]["code"]
+
+
+# -- Keras on the torch and JAX backends -----------------------------------------------------------
+
+def backend_facts(backend, data_share=0.8, step_s=0.06, fit=None, decode=0.9, trainer_cores=1.0, compute=None,
+                  **extra):
+    """A Keras run on ``backend`` whose every batch fetch was timed (``fit_input``), fed by a
+    ``PyDataset`` with the default ``workers=1`` (``fit`` overrides the ``keras_call``)."""
+    call = {"k": "keras_call", "fn": "fit", "input": "PyDataset", "source": "train.py:30 __getitem__",
+            "workers": 1, "use_multiprocessing": False, "max_queue_size": 10, "input_class": "Photos",
+            "input_init": "train.py:24", "input_kwargs": True, "site": "train.py:60"}
+    call.update(fit or {})
+    f = facts(data_share=data_share, step_s=step_s, pipeline=None, method="fit_input", keras_calls=[call],
+              proc={"framework": "keras", "backend": backend}, data_decode_share=decode, **extra)
+    f.input_wait = {"method": "fit_input", "reason": None}
+    f.host = dict(f.host, trainer_cores=trainer_cores)
+    if compute is not None:
+        f.step["shares"].update(compute=compute, other_host=1 - data_share - compute)
+    return f
+
+
+def test_a_pydataset_decoding_in_the_training_thread_gets_the_cache_fix_in_keras_terms():
+    """The issue's case: Keras on torch, a PyDataset with workers=1 decoding images per batch.
+    Decoding holds 90 % of the 48 ms wait: keeping the decoded arrays leaves 16.8 ms of the 60 ms
+    step. Worker processes are the other option, each estimated; nothing speaks TensorFlow."""
+    f = rules_keras.input_bound(backend_facts("torch"))
+    ev = f["evidence"]
+    assert ev["cause"] == "python_in_pipeline" and ev["fit_input"] == "PyDataset"
+    assert ev["input_wait_method"] == "fit_input" and ev["workers_now"] == 0
+    assert "built in the training thread" in f["summary"] and "`__getitem__` at train.py:30" in f["summary"]
+    assert f["est_speedup"] == pytest.approx(0.06 / (0.06 - 0.9 * 0.8 * 0.06), rel=1e-3)
+    assert "Decode once" in f["fix"]["text"] and "class Photos(keras.utils.PyDataset)" in f["fix"]["code"]
+    workers = next(o for o in f["fix"]["options"] if "worker processes" in o["text"])
+    # 48 ms of loading over 2 processes beside 12 ms of the rest, floored by 60 ms of CPU over 2 x 0.85 cores
+    assert workers["est_speedup"] == pytest.approx(0.06 / max(0.012, 0.048 / 2, 0.06 / 1.7), rel=1e-3)
+    assert "Photos(..., workers=2, use_multiprocessing=True)" in workers["code"]
+    assert "Photos.__init__` (train.py:24)" in workers["text"]
+    text = " ".join(o["text"] + (o["code"] or "") for o in f["fix"]["options"])
+    assert "tf." not in text and "tf.data" not in text
+    assert f["fix"]["docs"] == [rules_keras.DOCS_PYDATASET]
+
+
+def test_without_decoding_the_workers_are_the_fix_and_a_class_without_kwargs_gets_its_super_call():
+    f = rules_keras.input_bound(backend_facts("torch", decode=0.05, trainer_cores=0.5,
+                                              fit={"input_kwargs": False}))
+    assert "worker processes" in f["fix"]["text"]
+    assert f["est_speedup"] == pytest.approx(0.06 / (0.048 / 2), rel=1e-3)  # the loading, over 2 processes
+    assert "super().__init__(workers=2, use_multiprocessing=True)   # was workers=1" in f["fix"]["code"]
+    assert not any("Decode once" in o["text"] for o in f["fix"]["options"])
+    # 5 MB batches: Keras pickles each one through a pipe (14 ms here), which the workers cannot hide
+    big = rules_keras.input_bound(backend_facts("torch", decode=0.05, trainer_cores=0.5, fit={"batch_bytes": 5 << 20}))
+    handover = 5 * 2.8e-3
+    assert big["evidence"]["handover_s_per_batch"] == pytest.approx(handover, rel=1e-3)
+    workers = next(o for o in big["fix"]["options"] if "worker processes" in o["text"])
+    assert workers["est_speedup"] == pytest.approx(0.06 / ((0.048 + handover) / 2), rel=1e-3)
+
+
+def test_on_jax_the_cache_gain_is_the_slower_of_computation_and_loop_and_workers_are_threads():
+    # the computation (11.4 ms a step) runs beside the loop: keeping the decoded arrays leaves the loop
+    # 24.6 ms of its own a step (on torch, one after the other: 36 ms)
+    f = rules_keras.input_bound(backend_facts("jax", data_share=0.8, compute=0.19, decode=0.5))
+    mean, comp, decode = 0.06, 0.19 * 0.06, 0.5 * 0.8 * 0.06
+    assert f["est_speedup"] == pytest.approx(mean / (mean - comp - decode), rel=1e-3)
+    torch = rules_keras.input_bound(backend_facts("torch", data_share=0.8, compute=0.19, decode=0.5))
+    cache = next(o for o in torch["fix"]["options"] if "Decode once" in o["text"])
+    assert cache["est_speedup"] == pytest.approx(mean / (mean - decode), rel=1e-3)
+    workers = next(o for o in f["fix"]["options"] if "worker threads" in o["text"])
+    assert workers["assumed"] and "use_multiprocessing" not in workers["code"] and "fork" in workers["condition"]
+
+
+def test_workers_that_cannot_keep_up_and_a_torch_dataloader():
+    few = rules_keras.input_bound(backend_facts("torch", decode=None, fit={"workers": 2, "use_multiprocessing": True},
+                                                **{"host": {"cores": 8, "cpu_busy_share": 0.5}}))
+    assert few["evidence"]["workers_now"] == 2 and "built in 2 workers the step still waits for" in few["summary"]
+    assert few["evidence"]["suggested_workers"] > 2
+    loader = rules_keras.input_bound(backend_facts("torch", decode=None, fit={"input": "torch DataLoader", "workers": 0}))
+    assert loader["evidence"]["cause"] == "loader_in_main_process"
+    assert "num_workers=2, persistent_workers=True" in loader["fix"]["code"]
+
+
+def test_no_tensorflow_advice_to_keras_on_torch_or_jax():
+    from whyidle.diagnose import fixes, rules
+
+    for backend in ("torch", "jax"):
+        f = backend_facts(backend, data_share=0.02)
+        f.step["batch_size"] = 8
+        f.step["shares"].update(other_host=0.4, compute=0.58)
+        host = rules.host_bound(f)
+        assert "tf.function" not in host["fix"]["text"] and "steps_per_execution" in host["fix"]["text"]
+        small = rules.small_batch(f)
+        assert "ds.batch" not in (small["fix"]["code"] or "") and "PyDataset" in small["fix"]["code"]
+        assert "XLA" not in fixes.keras_jit_text(f)
+        gpu = backend_facts(backend, tf_devices={"physical_gpus": 0, "is_cuda_build": False, "tf_version": "2.21.0"},
+                            gpu_static={"devices": [{"index": 0, "cuda_driver_version": "12.2"}]})
+        assert rules_keras.gpu_not_visible(gpu) is None  # TensorFlow's GPUs are not the job's
+        arrays = rules_keras.input_bound(backend_facts(backend, fit={"input": "numpy"}))
+        assert "tf.data" not in arrays["fix"]["text"]
+    tf_run = facts(data_share=0.02)
+    tf_run.step["shares"].update(other_host=0.4)
+    assert "tf.function" in rules.host_bound(tf_run)["fix"]["text"]  # Keras on TensorFlow keeps its terms

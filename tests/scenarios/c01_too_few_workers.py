@@ -11,7 +11,8 @@ S-CNN, batch 32, SGD, 80 steps.
 - faulty: ``num_workers=1, prefetch_factor=2`` (``--faulty-workers 0`` for the in-process
   loader instead): the single worker cannot keep up; the main process blocks in
   ``next(dataloader)`` for ~70 % of each step while the worker mostly sleeps.
-- fixed:  ``num_workers=4, prefetch_factor=4, persistent_workers=True``: step ~ T_c.
+- fixed:  ``num_workers=4, prefetch_factor=4, persistent_workers=True``: step ~ T_c
+  (``--workers N``: N workers instead, e.g. the count whyidle suggests under a CPU limit).
 
 Expected diagnosis (faulty): ``input_bound``, cause ``too_few_workers`` (with
 ``--faulty-workers 0``: ``loader_in_main_process``). Signature: data wait >= 60 % of the step;
@@ -71,6 +72,7 @@ def worker_init_fn(worker_id):
 def main():
     p = make_parser(__doc__, steps=80, tc=True)
     p.add_argument("--faulty-workers", type=int, choices=(0, 1), default=1)
+    p.add_argument("--workers", type=int, default=4, help="num_workers of the fixed variant (default 4)")
     args = p.parse_args()
     torch.set_num_threads(1)
     seed_everything(args.seed)
@@ -101,7 +103,7 @@ def main():
             batch_size=32,
             shuffle=True,
             drop_last=True,
-            num_workers=4,
+            num_workers=args.workers,
             prefetch_factor=4,
             persistent_workers=True,
             worker_init_fn=worker_init_fn,

@@ -7,7 +7,12 @@ import keras
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Wall time between consecutive batch ends, skipping the first ``skip`` (tracing, warm-up)."""
+    """Wall time between consecutive batch ends, skipping the first ``skip`` (tracing, warm-up).
+    ``async_safe``: where Keras runs batch-end callbacks in its own threads (JAX, torch) it keeps
+    doing so, and a batch end is then seen once the step's logs are computed (JAX dispatches steps
+    asynchronously: the loop's own pace is not the training's)."""
+
+    async_safe = True
 
     def __init__(self, skip=3):
         super().__init__()

@@ -16,6 +16,9 @@ Parts (seconds, each second of the window in exactly one part, so they add up to
 - ``epoch_boundary``: DataLoader iterator start-ups after each loader's first (``iter()``: workers
   start again each epoch unless ``persistent_workers``) and the excess of each new iterator's first
   batch over a steady batch; a loader's first iterator is ``startup``;
+- ``compile``: torch.compile's recompilations anywhere, and its first compilations of frames that
+  end after the first step (:func:`whyidle.analysis.compile.training_intervals`); the first
+  compilations before that are start-up (its split's ``compile_s``);
 - ``teardown``: after the last step to the command's end.
 
 Where parts overlap, the first in :data:`PRIORITY` takes the time (a checkpoint saved by a
@@ -36,8 +39,8 @@ from whyidle.instrument import regions
 
 #: Overlapping parts: the first listed takes the time. ``startup`` here is a loader's first
 #: iterator (its workers' first start), which is start-up cost even inside the first step.
-PRIORITY = ("checkpoint", "logging", "evaluation", "epoch_boundary", "startup")
-PARTS = ("startup", "training", "evaluation", "checkpoint", "logging", "epoch_boundary", "teardown")
+PRIORITY = ("compile", "checkpoint", "logging", "evaluation", "epoch_boundary", "startup")
+PARTS = ("startup", "training", "compile", "evaluation", "checkpoint", "logging", "epoch_boundary", "teardown")
 #: Stack-sample phases that name each part's lines: samples taken inside a region are labelled
 #: ``"<kind>:<step phase>"`` (``evaluation:eval``, ``evaluation:data``, ...), before the first step
 #: ``setup``.
@@ -169,7 +172,8 @@ def save_storage(regions: list[dict], w0: int, w1: int) -> dict | None:
 
 def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], iters: list[dict],
                     firsts: list[dict], steady_fetch_s: float = 0.0, records: list[dict] | None = None,
-                    source_root: str | None = None, entry_sites: frozenset = frozenset()) -> TimeAccounting:
+                    source_root: str | None = None, entry_sites: frozenset = frozenset(),
+                    compiles: tuple[list, list] = ((), ())) -> TimeAccounting:
     """Splits ``window`` into the parts of the module docstring.
 
     Args:
@@ -185,6 +189,9 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
             analyzed steps): the part of a first batch that is not epoch-boundary cost.
         records: the process's records, for the lines that held each part (stack samples).
         source_root, entry_sites: as for :func:`whyidle.analysis.stacks.hotspots`.
+        compiles: ``(compile part, start-up compilations)``: torch.compile's ``(t0, t1)`` ns
+            intervals that are the ``compile`` part, and those that are start-up
+            (:mod:`whyidle.analysis.compile`).
     Returns:
         ``{"wall_s", "window", "parts": {part: {"s", "share", "count", "every_steps", "sites",
         "host_sites", "mix", "callers"}}, "training_span_s"}``: seconds, share of ``wall_s`` (0–1), how many regions /
@@ -216,6 +223,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
 
     by_kind: dict[str, list[tuple[int, int]]] = {k: [] for k in PRIORITY}
     callers: dict[str, dict[str, list]] = {k: {} for k in PRIORITY if k != "startup"}
+    by_kind["compile"] = [(max(w0, int(a)), min(w1, int(b))) for a, b in compiles[0] if min(w1, int(b)) > max(w0, int(a))]
     for r in regions:
         kind = r.get("kind")
         if kind not in by_kind:
@@ -289,7 +297,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
     parts = {}
     for part in PARTS:
         s = seconds[part]
-        if part in ("evaluation", "checkpoint", "logging"):  # nested or overlapping records count once
+        if part in ("evaluation", "checkpoint", "logging", "compile"):  # nested or overlapping records count once
             count = len(merged(by_kind[part]))
         elif part in callers:
             count = sum(c[0] for c in callers[part].values())
@@ -327,6 +335,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
                        "storage": save_storage(regions, w0, w1) if part == "checkpoint" else None, "split": None,
                        "devices": dict(eval_devices) if part == "evaluation" and eval_devices else None,
                        "gpu_util_pct": None}
-    parts["startup"]["split"] = startup_split(records or [], (w0, w1), steps, parts["startup"]["s"], source_root)
+    parts["startup"]["split"] = startup_split(records or [], (w0, w1), steps, parts["startup"]["s"], source_root,
+                                              list(compiles[1]))
     return {"wall_s": wall, "window": [w0, w1], "parts": parts,
             "training_span_s": (last - first) / 1e9 if steps else 0.0}

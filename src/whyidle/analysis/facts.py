@@ -97,7 +97,13 @@ class HostMetrics(TypedDict):
 
     window_s: float
     cores: int
+    cores_usable: float
+    cores_limit_by: str | None
     cpu_affinity: int | None
+    cpu_quota: float | None
+    cpu_throttled_share: float | None
+    cpu_throttled_s: float | None
+    mem_limit_bytes: int | None
     cpu_busy_share: float
     percpu_busy_share: list[float]
     iowait_share: float
@@ -119,6 +125,7 @@ class HostMetrics(TypedDict):
     loader_read_bytes_per_sample: float | None
     trainer_rss_max_bytes: int | None
     tree_rss_max_bytes: int | None
+    worker_rss_max_bytes: int | None
     tree_threads: int
     psi_cpu_share: float | None
     psi_io_share: float | None
@@ -202,7 +209,8 @@ class LoaderIters(TypedDict):
 
 class InputWait(TypedDict, total=False):
     """:func:`whyidle.analysis.keras.input_wait`: how a Keras/TensorFlow run's input wait was
-    measured (``method``: ``"tf_profiler"``, ``"iterator"`` or None with the ``reason``) and, for
+    measured (``method``: ``"tf_profiler"``, ``"fit_input"`` (the torch and JAX backends: each
+    batch the trainer takes from its input, timed), ``"iterator"`` or None with the ``reason``) and, for
     the profiler, ``ratio`` (fraction of train-function time spent in ``GetNext``), ``calls``,
     ``get_next_ms_mean``/``fn_ms_mean`` (ms per call), ``fn_name``, ``iterators``, ``file`` and
     ``gpu_busy`` ([plane, fraction] pairs)."""
@@ -259,6 +267,37 @@ class TimeAccounting(TypedDict):
     training_span_s: float
 
 
+class CompileFacts(TypedDict):
+    """:func:`whyidle.analysis.compile.compile_facts`: ``compilations`` (Dynamo compile ids seen),
+    ``total_s`` / ``startup_s`` / ``training_s`` (seconds compiling: all, the first compilations up
+    to the first step's end, the rest: the ``compile`` part), ``recompilations`` and
+    ``recompile_s`` (count, seconds), ``recompiles`` (per frame: ``frame``, ``site``, ``count``,
+    ``seconds``, ``reasons``: ``[{text, tensor, dim, example, count}]``), ``limit`` (the recompile
+    limit was hit: ``frame``, ``limit``, ``reason``, ``hits``, ``steps_after``,
+    ``compiled_step_s``, ``eager_step_s`` (median seconds; None when not measured), else None),
+    ``breaks`` (graph-break sites: ``site``, ``function``, ``line``, ``file``, ``resumes``
+    (compilations that broke there: Dynamo's count of the resume functions it made, not of calls),
+    ``reasons``), ``compile_steps`` (steps holding a compilation), ``cudagraph_recordings`` (CUDA-graph recordings
+    under ``mode="reduce-overhead"``, from the callbacks' trigger),
+    ``call`` (the ``torch.compile`` call: ``site``, ``dynamic``, ``mode``, ``backend``,
+    ``fullgraph``; None when not seen), ``observed`` (compile times came from the compiler's
+    callbacks)."""
+
+    compilations: int
+    total_s: float
+    startup_s: float
+    training_s: float
+    recompilations: int
+    recompile_s: float
+    recompiles: list[dict]
+    limit: dict | None
+    breaks: list[dict]
+    compile_steps: int
+    cudagraph_recordings: int
+    call: dict | None
+    observed: bool
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class RunFacts:
     """What was measured in one run, over its analyzed (steady) steps.
@@ -267,7 +306,8 @@ class RunFacts:
 
     - ``framework``: ``"torch"``, ``"keras"``, ``"tensorflow"`` or ``"none"``.
     - ``api``: the training API and its settings (:func:`whyidle.analysis.api.training_api`).
-    - ``compiled``: ``torch.compile`` was used (bool).
+    - ``compiled``: ``torch.compile`` was used (bool); ``compile``: its compilations, recompilations,
+      recompile limit and graph breaks (:func:`whyidle.analysis.compile.compile_facts`), or None.
     - ``trainers`` (pids with steps, most steps first), ``primary`` (the pid analyzed),
       ``instrumented`` (pids that imported a framework), ``proc`` (the primary's ``proc`` record),
       ``other_trainers`` (per extra trainer: ``pid``, ``steps``, ``samples_per_s``,
@@ -304,7 +344,10 @@ class RunFacts:
       (:func:`whyidle.analysis.run._module_loops`); ``preamble``: the model's forward before its
       first layer (:func:`whyidle.analysis.run._preamble`); ``data_ipc_share``: with DataLoader
       workers, the fraction of the training thread's sampled data wait spent receiving batches
-      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None; ``hooks``: the
+      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None; ``data_decode_share``
+      (Keras): the fraction of the training thread's sampled data wait spent decoding images (in
+      the program's functions that mostly run :data:`whyidle.analysis.stacks.DECODE_LEAVES`,
+      :func:`whyidle.analysis.stacks.function_leaf_share`), else None; ``hooks``: the
       program's own model hooks (:func:`whyidle.analysis.run._hooks`), or None when none ran.
     - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
       (:func:`whyidle.analysis.logged.logged_metrics`).
@@ -319,6 +362,7 @@ class RunFacts:
     framework: str | None = None
     api: TrainingApi | None = None
     compiled: bool | None = None
+    compile: CompileFacts | None = None
     trainers: list[int] | None = None
     primary: int | None = None
     proc: dict | None = None
@@ -365,6 +409,7 @@ class RunFacts:
     module_loops: list[dict] | None = None
     preamble: dict | None = None
     data_ipc_share: float | None = None
+    data_decode_share: float | None = None
     hooks: dict | None = None
 
     def replace(self, **changes) -> RunFacts:

@@ -14,6 +14,7 @@ Units: ``*_cores`` are CPU-seconds per second (1.0 = one core fully busy); ``*_s
 from __future__ import annotations
 
 from whyidle.analysis.facts import HostMetrics
+from whyidle.sampling.limits import usable_cores
 
 # Indexes into a ``procs`` row of a host record (docs/run-format.md).
 PID, PPID, CPU_S, RSS, THREADS, CTX_VOL, CTX_INVOL, READ_BYTES, READ_CHARS, RUN_DELAY, MAIN_RUN_DELAY, CHILDREN_CPU = range(12)
@@ -96,6 +97,44 @@ def process_roles(records: list[dict], trainers) -> tuple[dict[int, int], set[in
     return parents, descendants(parents, set(trainers)) - helpers, helpers
 
 
+def job_limits(records: list[dict], pids) -> dict:
+    """The CPU and memory limits the job runs under: those last recorded (``host_proc``) for the
+    first of ``pids`` that has them (the primary trainer first: its DataLoader workers inherit
+    them), else whyidle's own affinity (``host_static``; older runs).
+
+    Returns:
+        ``{"cores": logical CPUs of the machine, "cores_usable": cores the job may use (float: a
+        quota of 1.5 CPUs is 1.5), "cores_limit_by": "affinity" | "cgroup quota" | "affinity and
+        cgroup quota" | None (the machine's cores), "cpu_affinity", "cpu_quota" (CPUs, None = no
+        quota), "cpu_quota_cgroup", "mem_limit_bytes" (None = no limit below the machine's
+        memory)}`` (:func:`whyidle.sampling.limits.usable_cores`).
+    """
+    static = next((r for r in records if r.get("k") == "host_static"), {})
+    last: dict[int, dict] = {}
+    for rec in records:
+        if rec.get("k") == "host_proc" and "cpu_affinity" in rec:
+            last[rec["pid"]] = rec
+    rec = next((last[p] for p in pids if p in last), {})
+    cores = static.get("cpu_count") or next((len(r.get("percpu_busy_s") or []) for r in records
+                                             if r.get("k") == "host"), 0) or 1
+    affinity = rec.get("cpu_affinity") if rec else static.get("cpu_affinity")
+    usable, why = usable_cores(cores, affinity, rec.get("cpu_quota"))
+    mem = rec.get("mem_limit_bytes")
+    total = static.get("mem_total_bytes")
+    return {"cores": cores, "cores_usable": usable, "cores_limit_by": why, "cpu_affinity": affinity,
+            "cpu_quota": rec.get("cpu_quota"), "cpu_quota_cgroup": rec.get("cpu_quota_cgroup"),
+            "mem_limit_bytes": mem if mem and not (total and mem >= total) else None}
+
+
+def _throttling(span: list[dict], folder: str | None) -> tuple[float | None, float | None]:
+    """(share of the quota's enforcement periods in which it ran out, seconds throttled) between
+    the first and last ticks of ``span`` that sampled ``folder``'s ``cpu.stat``; Nones without."""
+    rows = [row for rec in span for row in rec.get("cpu_throttle") or [] if folder and row[0] == folder]
+    if len(rows) < 2 or rows[-1][1] <= rows[0][1]:
+        return None, None
+    return (rows[-1][2] - rows[0][2]) / (rows[-1][1] - rows[0][1]), max(0.0, rows[-1][3] - rows[0][3])
+
+
 def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: set[int],
                  primary: int | None, whyidle_pid: int | None, samples_in_window: float | None = None,
                  loader_in_main: bool = True, num_workers: int | None = None) -> HostMetrics | None:
@@ -112,8 +151,13 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         num_workers: the DataLoader's ``num_workers``; ``worker_busy_share`` divides by it
             (workers re-spawned every epoch would otherwise count several times).
     Returns:
-        None when fewer than two host ticks exist; otherwise a dict with ``cores``,
-        ``cpu_affinity`` (CPUs the job may run on, None when not recorded),
+        None when fewer than two host ticks exist; otherwise a dict with ``cores`` (the machine's
+        logical CPUs), the limits of :func:`job_limits`: ``cores_usable``, ``cores_limit_by``,
+        ``cpu_affinity`` (CPUs the job may run on, None when not recorded), ``cpu_quota``,
+        ``mem_limit_bytes``; ``cpu_throttled_share`` (fraction of the cgroup quota's enforcement
+        periods in the window in which the quota ran out and the job was stopped until the next
+        period; None without a quota) and ``cpu_throttled_s`` (seconds its run queues spent
+        throttled, summed over CPUs),
         ``cpu_busy_share``, ``percpu_busy_share`` (list; both count CPU time stolen by the hypervisor as busy:
         the guest cannot use it; ``cpu_busy_share`` leaves out the CPU of yielding processes, see
         ``yielding_procs_cores``), ``iowait_share``, ``steal_share`` (fraction of the machine's CPU
@@ -129,6 +173,8 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         ``invol_ctx_per_s``, ``disk_read_bytes_per_s``, ``loader_read_bytes_per_s`` and
         ``loader_read_bytes_per_sample`` (``read_chars``: bytes returned by read(), page-cache
         hits and pipes included), ``trainer_rss_max_bytes``, ``tree_rss_max_bytes``,
+        ``worker_rss_max_bytes`` (the largest resident memory of one loader worker; shared pages
+        count in each, so it is an upper bound of what one more worker costs),
         ``tree_threads``, ``psi_cpu_share``, ``psi_io_share``, ``window_s``.
     """
     pair = _bracket(records, window)
@@ -136,8 +182,8 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         return None
     a, b = pair
     dt = (b["t"] - a["t"]) / 1e9
-    static = next((r for r in records if r.get("k") == "host_static"), {})
-    cores = static.get("cpu_count") or len(b.get("percpu_busy_s") or []) or 1
+    limits = job_limits(records, [p for p in (primary, *sorted(trainers)) if p is not None])
+    cores = limits["cores"]
 
     rows_a = {r[PID]: r for r in a["procs"]}
     # Each process's last row in [a, b]: a worker that exited mid-window keeps its CPU time.
@@ -207,6 +253,8 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
                    for r in rec["procs"] if r[PID] in trainer_set]
     rss_tree = [sum(r[RSS] for r in rec["procs"] if r[PID] in tree) for rec in records
                 if rec.get("k") == "host" and (window is None or a["t"] <= rec["t"] <= b["t"])]
+    rss_worker = [r[RSS] for rec in span for r in rec["procs"] if r[PID] in worker_set]
+    throttled_share, throttled_s = _throttling(span, limits["cpu_quota_cgroup"])
     workers_cores = cores_of(worker_set) + tail["workers"] / dt
     measured_other = _other_cores(records, a["t"], b["t"])
     yielding = _other_cores(records, a["t"], b["t"], "yielding_cpu_s") or 0.0
@@ -214,7 +262,13 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
     return {
         "window_s": dt,
         "cores": cores,
-        "cpu_affinity": static.get("cpu_affinity"),
+        "cores_usable": limits["cores_usable"],
+        "cores_limit_by": limits["cores_limit_by"],
+        "cpu_affinity": limits["cpu_affinity"],
+        "cpu_quota": limits["cpu_quota"],
+        "cpu_throttled_share": throttled_share,
+        "cpu_throttled_s": throttled_s,
+        "mem_limit_bytes": limits["mem_limit_bytes"],
         # the scans' window differs from the ticks': never below what the job itself used
         "cpu_busy_share": min(1.0, max(busy_cores - yielding, min(busy_cores, tree_cores + whyidle_cores)) / cores),
         "percpu_busy_share": [min(1.0, x) for x in percpu],
@@ -238,6 +292,7 @@ def host_metrics(records: list[dict], window: tuple[int, int] | None, trainers: 
         "loader_read_bytes_per_sample": (read_chars / samples_in_window) if samples_in_window else None,
         "trainer_rss_max_bytes": max(rss_trainer) if rss_trainer else None,
         "tree_rss_max_bytes": max(rss_tree) if rss_tree else None,
+        "worker_rss_max_bytes": max(rss_worker) if rss_worker else None,
         "tree_threads": sum(r[THREADS] for r in b["procs"] if r[PID] in tree),
         "psi_cpu_share": psi("psi_cpu_us"),
         "psi_io_share": psi("psi_io_us"),

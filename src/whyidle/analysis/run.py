@@ -9,6 +9,7 @@ from __future__ import annotations
 from whyidle.analysis import accounting
 from whyidle.analysis import api as api_analysis
 from whyidle.analysis import collectives as coll_analysis
+from whyidle.analysis import compile as compile_analysis
 from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
@@ -184,7 +185,12 @@ def analyze(run: RunData) -> RunFacts:
         if not step_lists[primary]:  # eager iteration that trained nothing (analysis/keras.py)
             trainers = [p for p in trainers if p != primary]
             primary = None
-    analyzed, info = step_analysis.select_steps(step_lists[primary]) if primary is not None else ([], {"total": 0})
+    rows = step_lists[primary] if primary is not None else []
+    compiled = compile_analysis.compile_facts(recs, rows)
+    comps = compile_analysis.intervals(recs)
+    compile_part = compile_analysis.training_intervals(comps, int(rows[0]["t1"]) if rows else None)
+    analyzed, info = step_analysis.select_steps(rows, [(c["t0"], c["t1"]) for c in comps]) if primary is not None \
+        else ([], {"total": 0})
     outside = accounting.merged([(r["t0"], r["t1"]) for r in recs if r.get("k") == "region"
                                  and r.get("kind") in accounting.OUTSIDE_STEP])
     step = step_analysis.step_metrics(analyzed, outside) if analyzed else None
@@ -241,14 +247,15 @@ def analyze(run: RunData) -> RunFacts:
         "memory_total_bytes": (_first(run.host, "host_static") or {}).get("mem_total_bytes"),
     }
     audit = devices[-1] if devices else None
-    rows = step_lists[primary] if primary is not None else []
-    time_parts = _accounting(run, recs, rows, step, entry_sites)
+    time_parts = _accounting(run, recs, rows, step, entry_sites,
+                             (compile_part, [(c["t0"], c["t1"]) for c in comps if (c["t0"], c["t1"]) not in compile_part]))
     if time_parts and run.gpu:
         _part_gpu_util(time_parts, run.gpu, recs, rows)
     return RunFacts(
         framework=framework,
         api=api,
-        compiled=bool((audit or {}).get("compiled") or api["config"].get("compiled")),
+        compiled=bool((audit or {}).get("compiled") or api["config"].get("compiled") or compiled),
+        compile=compiled,
         trainers=trainers,
         primary=primary,
         proc=proc,
@@ -296,6 +303,8 @@ def analyze(run: RunData) -> RunFacts:
         preamble=_preamble(_last(recs, "module_calls"), step, hotspots.get("forward") or []),
         data_ipc_share=stack_analysis.leaf_share(recs, "data", stack_analysis.IPC_LEAVES, window)
         if (loader or {}).get("num_workers") else None,
+        data_decode_share=stack_analysis.function_leaf_share(recs, "data", stack_analysis.DECODE_LEAVES, window)
+        if framework == "keras" and window else None,
         hooks=_hooks(_last(recs, "hooks"), analyzed, step),
     )
 
@@ -377,7 +386,7 @@ def _window(meta: dict, recs: list[dict]) -> tuple[int, int] | None:
     return start, end
 
 
-def _accounting(run: RunData, recs: list[dict], rows: list, step, entry_sites) -> dict | None:
+def _accounting(run: RunData, recs: list[dict], rows: list, step, entry_sites, compiles=((), ())) -> dict | None:
     """:func:`whyidle.analysis.accounting.time_accounting` of the training process, or None."""
     window = _window(run.meta, recs)
     if window is None or not recs:
@@ -387,7 +396,7 @@ def _accounting(run: RunData, recs: list[dict], rows: list, step, entry_sites) -
         steady = step["data_wait_s_per_step"] / max(1.0, step.get("batches_per_step") or 1.0)
     return accounting.time_accounting(
         window, rows, [r for r in recs if r.get("k") == "region"], [r for r in recs if r.get("k") == "iter"],
-        [r for r in recs if r.get("k") == "iter_first"], steady, recs, run.meta.get("cwd"), entry_sites)
+        [r for r in recs if r.get("k") == "iter_first"], steady, recs, run.meta.get("cwd"), entry_sites, compiles)
 
 
 def _part_gpu_util(time_parts: dict, gpu: list[dict], recs: list[dict], rows: list) -> None:

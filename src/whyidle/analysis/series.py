@@ -209,16 +209,17 @@ def cpu_series(records: list[dict], trainers, whyidle_pid: int | None, origin_ns
         ``tree_other`` (the rest of the observed command), ``whyidle``, ``other`` (the rest of the
         machine: busy time of all cores minus the above, floored at 0) — all in cores;
         ``mem_used_bytes`` (machine), ``tree_rss_bytes`` (resident memory of the observed
-        command's processes); and ``cores`` (logical CPUs, an int). A worker that exits between
+        command's processes); ``cores`` (logical CPUs, an int), ``cores_usable`` and
+        ``cores_limit_by`` (the cores the job may use and why, :func:`whyidle.analysis.host.job_limits`). A worker that exits between
         two ticks loses the CPU of its last interval here (the run's totals recover it,
         :func:`whyidle.analysis.host.host_metrics`).
     """
     P = host_analysis
     ticks = [r for r in records if r.get("k") == "host"]
-    static = next((r for r in records if r.get("k") == "host_static"), {})
     keys = ("t_s", "trainer", "workers", "tree_other", "whyidle", "other", "mem_used_bytes", "tree_rss_bytes")
     out: dict = {k: [] for k in keys}
-    out["cores"] = static.get("cpu_count") or (len(ticks[0].get("percpu_busy_s") or []) if ticks else 0) or 1
+    limits = P.job_limits(records, sorted(trainers))
+    out.update(cores=limits["cores"], cores_usable=limits["cores_usable"], cores_limit_by=limits["cores_limit_by"])
     if len(ticks) < 2:
         return out
     trainer_set = set(trainers)

@@ -88,6 +88,32 @@ IPC_LEAVES = ("multiprocessing/connection.py", "multiprocessing/reduction.py", "
               "torch/multiprocessing/reductions.py", "torch/_utils.py", "torch/storage.py")
 
 
+#: Innermost frames of decoding images: what caching the decoded arrays once takes out of every
+#: batch (PIL's whole-image work counts: decoding, colour conversion, resizing).
+DECODE_LEAVES = ("PIL/", "imageio/", "cv2", "torchvision/io/", "turbojpeg", "simplejpeg")
+
+
+def function_leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...],
+                        window: tuple[int, int] | None = None) -> float | None:
+    """The fraction (0–1) of ``phase``'s sampled time inside the program's functions that mostly
+    (half their time or more) run ``leaves``: the whole of such a function counts, its own lines
+    around the library call too (a ``decode(data)`` that opens the bytes with PIL and copies the
+    pixels with ``np.asarray``: the copy runs under the function's own line). Time whose innermost
+    user frame is not known counts by its leaf. None without samples in ``phase``."""
+    by_func: dict[tuple, list[float]] = {}
+    total = 0.0
+    for _phase, user, leaf, _count, seconds, _callers in sampled_sites(records, {phase}, window):
+        total += seconds
+        path, _line, func = split_site(user) if user else (leaf, None, "")
+        acc = by_func.setdefault((path, func), [0.0, 0.0])
+        acc[0] += seconds
+        if leaf and any(p in leaf for p in leaves):
+            acc[1] += seconds
+    if total <= 0:
+        return None
+    return sum(s for s, hit in by_func.values() if hit >= 0.5 * s) / total
+
+
 def leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...], window: tuple[int, int] | None = None
                ) -> float | None:
     """The fraction (0–1) of ``phase``'s sampled time whose innermost frame's path contains one of

@@ -14,7 +14,10 @@ start to the end of the first step. It is split into, in order:
 - ``framework_s``: sampled start-up time after the program called a training framework's entry
   point (Lightning ``Trainer.fit``, HF ``Trainer.train``, Keras ``fit``: phase ``"framework"``):
   the framework's own start before its first step (a sanity check is evaluation, not this);
-- ``first_step_s``: the first training step (its one-time costs: compilation or tracing, the
+- ``compile_s``: torch.compile's first compilations up to the end of the first step (measured by
+  the compiler's callbacks, :mod:`whyidle.analysis.compile`; their samples, phase ``"compile"``,
+  are in no other item);
+- ``first_step_s``: the rest of the first training step (its other one-time costs: tracing, the
   DataLoader workers' first start).
 
 The samples are the start-up sampler's (:mod:`whyidle.instrument.startup`, phases ``"setup"`` and
@@ -51,7 +54,7 @@ def is_import(phase: str, user_site: str | None, source_root: str | None) -> boo
 
 
 def startup_split(records: list[dict], window: tuple[int, int], steps: list, startup_s: float,
-                  source_root: str | None = None) -> dict | None:
+                  source_root: str | None = None, compiles: list | None = None) -> dict | None:
     """Splits the start-up (module docstring).
 
     Args:
@@ -61,8 +64,9 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
         startup_s: the ``startup`` part's seconds; the parts below are trimmed to it (an evaluation
             before the first step takes its time, :data:`whyidle.analysis.accounting.PRIORITY`).
         source_root: the run's working directory (to read the program's lines).
+        compiles: torch.compile's start-up compilations, ``(t0, t1)`` ns.
     Returns:
-        ``{"framework_import_s", "imports_s", "program_s", "framework_s", "first_step_s", "sampled": bool,
+        ``{"framework_import_s", "imports_s", "program_s", "framework_s", "compile_s", "first_step_s", "sampled": bool,
         "program_model_share", "program_sites": [{"site", "function", "leaf", "seconds", "code"}],
         "block": ...}``: ``program_sites`` the innermost program lines, ``block`` the statements
         that ran the set-up (:func:`whyidle.analysis.setup_block.setup_block`: what a cache goes
@@ -80,6 +84,9 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
     before = (installed - w0) / 1e9
     span = max(0.0, (s0 - installed) / 1e9)
     first = max(0.0, (s1 - max(s0, installed)) / 1e9)
+    in_span = sum(max(0, min(b, s0) - max(a, installed)) for a, b in compiles or ()) / 1e9
+    in_first = sum(max(0, min(b, s1) - max(a, s0, installed)) for a, b in compiles or ()) / 1e9
+    span, first = max(0.0, span - in_span), max(0.0, first - in_first)
     imports = program = model = framework = 0.0
     by_site: dict[str, dict] = {}
     by_anchor: dict[str, float] = {}
@@ -107,7 +114,7 @@ def startup_split(records: list[dict], window: tuple[int, int], steps: list, sta
     room = max(0.0, startup_s)
     out = {}
     for name, s in (("framework_import_s", before), ("imports_s", imports_s), ("program_s", program_s),
-                    ("framework_s", framework_s), ("first_step_s", first)):
+                    ("framework_s", framework_s), ("compile_s", in_span + in_first), ("first_step_s", first)):
         out[name] = min(s, room)
         room -= out[name]
     keep = out["program_s"] / program if program > 0 else 0.0

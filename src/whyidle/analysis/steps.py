@@ -76,12 +76,18 @@ def steps_of(records) -> list:
     return steps
 
 
-def select_steps(steps: list[dict]) -> tuple[list[dict], dict]:
+def select_steps(steps: list[dict], compile_spans: list[tuple[int, int]] | None = None) -> tuple[list[dict], dict]:
     """Chooses the steady-state steps to analyze.
 
+    Args:
+        steps: the process's steps in order (``t0``/``t1`` ns).
+        compile_spans: ``(t0, t1)`` ns of the process's torch.compile compilations: the steps that
+            overlap one hold a compilation and are left out (when at least 3 others remain), like
+            warm-up; their time is the wall time's ``compile`` part
+            (:mod:`whyidle.analysis.compile`).
     Returns:
         (analyzed, info) where info = ``{"total", "warmup", "boundary_excluded",
-        "boundary_s", "profiled_excluded"}`` (counts, and seconds spent in excluded boundary
+        "boundary_s", "profiled_excluded", "compile_excluded"}`` (counts, and seconds spent in excluded boundary
         steps). Steps run under whyidle's TensorFlow profiler window (``profiled``) are left out
         like boundary steps when at least 3 others remain: the profiler slows them a little; they
         only give the input-wait ratio (:mod:`whyidle.analysis.keras`).
@@ -89,6 +95,11 @@ def select_steps(steps: list[dict]) -> tuple[list[dict], dict]:
     n = len(steps)
     warmup = WARMUP_STEPS_LONG if n >= MIN_STEPS_FOR_LONG_WARMUP else (WARMUP_STEPS_SHORT if n >= 3 else 0)
     rest = steps[warmup:]
+    compiling = [s for s in rest if compile_spans and in_spans(s, compile_spans)]
+    if compiling and len(rest) - len(compiling) >= 3:
+        rest = [s for s in rest if not in_spans(s, compile_spans)]
+    else:
+        compiling = []
     boundary = [s for s in rest if s.get("boundary")]
     excluded: list[dict] = []
     if boundary and len(boundary) <= MAX_BOUNDARY_FRACTION_TO_EXCLUDE * len(rest) and len(rest) - len(boundary) >= 3:
@@ -105,8 +116,14 @@ def select_steps(steps: list[dict]) -> tuple[list[dict], dict]:
         "boundary_excluded": len(excluded),
         "boundary_s": sum(s["t1"] - s["t0"] for s in excluded) / 1e9,
         "profiled_excluded": len(profiled),
+        "compile_excluded": len(compiling),
     }
     return rest, info
+
+
+def in_spans(step, spans: list[tuple[int, int]]) -> bool:
+    a, b = int(step["t0"]), int(step["t1"])
+    return any(s < b and e > a for s, e in spans)
 
 
 def percentile(values: list[float], q: float) -> float:

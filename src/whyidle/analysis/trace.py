@@ -90,6 +90,10 @@ Definitions (all for the *device used*: the GPU with the most busy time, see ``d
   stream) or never runs again. Several syncs returning into one idle gap: the gap goes to the
   first of them, so the per-sync figures add up to the total without double counting.
   ``events``: groups by (name, op, frame), largest idle first, at most :data:`MAX_SYNC_GROUPS`.
+  Syncs that begin inside torch.compile's compile work (inductor benchmarks the kernels it
+  tunes; :func:`whyidle.analysis.trace_compile.compile_intervals`) are the compiler's, not the
+  loop's: left out of all of these, counted in ``in_compile``; compile work inside the idle gap
+  after a sync is not that sync's idle.
 * **Memcpy**: ``h2d_bytes``/``h2d_s`` (sum of the HtoD copies' bytes and device durations),
   ``h2d_gbps`` = bytes / s / 1e9 over the copies whose size the trace gives (None when none: ROCm
   traces give the size on the runtime call only); ``d2h_bytes``; pageable copies (``Pageable`` in
@@ -429,8 +433,10 @@ def _steps(t: TraceData, gpu_sets: list | None, host_sets: list) -> dict:
 
 
 def _syncs(t: TraceData, merged: tuple[np.ndarray, np.ndarray] | None, aten_ids, py_ids,
-           sync_ids, step_bounds) -> dict:
-    """Host-blocking syncs, their enclosing op and the idle that follows (module docstring)."""
+           sync_ids, step_bounds, compiling: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+    """Host-blocking syncs, their enclosing op and the idle that follows (module docstring);
+    syncs that begin inside ``compiling`` (disjoint, sorted µs intervals of torch.compile's work:
+    inductor benchmarks its kernels) are the compiler's, counted in ``in_compile`` only."""
     rt, cpu, sy, S = t.runtime, t.cpu, t.syncs, t.strings
     m = np.isin(rt["name"], sync_ids)
     q_ts, q_end = rt["ts"][m], rt["ts"][m] + np.maximum(rt["dur"][m], 0)
@@ -452,6 +458,12 @@ def _syncs(t: TraceData, merged: tuple[np.ndarray, np.ndarray] | None, aten_ids,
         q_end = np.concatenate([q_end, cs_end[orphan]])
         q_name = np.concatenate([q_name, sy["name"][orphan]])
         q_tid = np.concatenate([q_tid, np.full(int(orphan.sum()), -(10 ** 12), dtype=np.int64)])
+    in_compile = 0
+    if compiling is not None and len(compiling[0]) and len(q_ts):
+        k = np.searchsorted(compiling[0], q_ts, side="right") - 1
+        inside = (k >= 0) & (q_ts < compiling[1][np.maximum(k, 0)])
+        in_compile = int(inside.sum())
+        q_ts, q_end, q_name, q_tid = q_ts[~inside], q_end[~inside], q_name[~inside], q_tid[~inside]
     n = len(q_ts)
     # enclosing aten:: op and python frame on the same thread
     c_end = cpu["ts"] + np.maximum(cpu["dur"], 0)
@@ -476,6 +488,8 @@ def _syncs(t: TraceData, merged: tuple[np.ndarray, np.ndarray] | None, aten_ids,
             _, first = np.unique(k[cand], return_index=True)
             win = cand[first]
             idle[win] = ms[k[win] + 1] - q_end[win]
+            if compiling is not None and len(compiling[0]):  # a compilation in the gap holds that part
+                idle[win] -= _Cover(*compiling, merged=True).between(q_end[win], ms[k[win] + 1])
     # per-step count
     a, b = step_bounds  # sorted by start (TraceData.steps is)
     in_step = np.zeros(n, dtype=bool)
@@ -506,6 +520,7 @@ def _syncs(t: TraceData, merged: tuple[np.ndarray, np.ndarray] | None, aten_ids,
         "per_step": (float(in_step.sum()) / len(a)) if len(a) else None,
         "idle_after_s": float(np.nansum(idle)) / 1e6 if merged is not None else None,
         "cuda_sync_events": int(len(cs_ts)),
+        "in_compile": in_compile,
         "events": events,
     }
 
@@ -557,7 +572,8 @@ def rank_metrics(t: TraceData) -> dict:
     """Every metric of one rank's trace (definitions in the module docstring). Keys: ``rank``,
     ``world_size``, ``events``, ``gpu_events``, ``has_gpu``, ``device``, ``device_name``,
     ``window_s``, ``gpu_busy_s``, ``busy_share``, ``idle_share``, ``compute_busy_share``,
-    ``devices``, ``idle_breakdown``, ``steps``, ``kernels``, ``launches``, ``syncs``, ``memcpy``.
+    ``devices``, ``idle_breakdown``, ``steps``, ``kernels``, ``launches``, ``syncs``, ``memcpy``,
+    ``compile`` (:func:`whyidle.analysis.trace_compile.compile_metrics`; None without torch.compile).
     GPU figures are None when the trace has no GPU op."""
     S = t.strings
     g, rt, cpu = t.gpu, t.runtime, t.cpu
@@ -616,5 +632,8 @@ def rank_metrics(t: TraceData) -> dict:
         })
     out["steps"] = _steps(t, gpu_sets, host_sets)
     out["launches"] = _launches(t)
-    out["syncs"] = _syncs(t, merged, aten_ids, py_ids, sync_ids, step_bounds)
+    from whyidle.analysis.trace_compile import compile_intervals, compile_metrics  # they import this module
+
+    out["syncs"] = _syncs(t, merged, aten_ids, py_ids, sync_ids, step_bounds, compile_intervals(t))
+    out["compile"] = compile_metrics(t, step_bounds)
     return out

@@ -111,7 +111,9 @@ def plan_workers(paths: list[str], workers: int | None = None, available: int | 
         import psutil
 
         available = psutil.virtual_memory().available
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from whyidle.sampling.limits import own_usable_cores
+
+    cores = int(own_usable_cores() + 1e-9) or 1  # the affinity mask and a cgroup CPU quota
     peak = max(json_bytes(p) for p in paths) * PEAK_PER_JSON_BYTE + WORKER_BASE_BYTES
     return max(1, min(cores, len(paths), int(available * MEMORY_SHARE // peak)))
 

@@ -11,7 +11,7 @@ and answers the question before any other bottleneck does.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import (rules, rules_device, rules_gpu, rules_job, rules_keras, rules_loop, rules_precision,
+from whyidle.diagnose import (rules, rules_device, rules_compile, rules_gpu, rules_job, rules_keras, rules_loop, rules_precision,
                               rules_ranks, rules_startup, rules_work)
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.types import Finding
@@ -170,7 +170,10 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
                             rules_work.preprocess_in_forward(facts), rules_work.model_hooks(facts)) if f]
         if host:
             findings.append(max(host, key=lambda f: f["bound"] or 0))
-        for rule in (*rules_job.RULES, rules_startup.startup_bound, rules_loop.no_training):  # time outside the step: bound is a share of the wall time
+        breaks = rules_compile.graph_breaks(facts)
+        if breaks:
+            findings.append(breaks)
+        for rule in (*rules_job.RULES, *rules_compile.RULES, rules_startup.startup_bound, rules_loop.no_training):  # time outside the step: bound is a share of the wall time
             f = rule(facts)
             if f:
                 findings.append(f)

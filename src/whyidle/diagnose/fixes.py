@@ -40,6 +40,67 @@ def api_name(facts: RunFacts) -> str:
     return api.get("name") or facts.framework or "none"
 
 
+def keras_backend(facts: RunFacts) -> str | None:
+    """The backend a Keras run trained on (``"tensorflow"``, ``"torch"``, ``"jax"``; the ``proc``
+    record's, else the ``tf_devices`` one's), None when unknown or not a Keras run."""
+    if facts.framework != "keras":
+        return None
+    return (facts.proc or {}).get("backend") or (facts.tf_devices or {}).get("backend")
+
+
+def speaks_tensorflow(facts: RunFacts) -> bool:
+    """A fix may be written in TensorFlow (``tf.function``, ``tf.data``, ``tf.device``): a
+    TensorFlow run, or Keras on the TensorFlow backend (or on one not recorded, as before backends
+    were). Never for Keras on torch or JAX, whose program may have no TensorFlow at all."""
+    return facts.framework == "tensorflow" or keras_backend(facts) in (None, "tensorflow")
+
+
+def keras_fit_call(facts: RunFacts) -> dict:
+    """The ``keras_call`` record of the last ``fit`` (empty when there is none)."""
+    fits = [c for c in facts.keras_calls or [] if c.get("fn") == "fit"]
+    return fits[-1] if fits else {}
+
+
+def keras_host_text(facts: RunFacts, what: str) -> str:
+    """The ``host_bound`` fix of a Keras / TensorFlow run for ``what`` (the named work), in the
+    backend's terms: ``tf.function`` only where the program has TensorFlow; on torch and JAX,
+    ``keras.ops`` inside ``train_step`` and ``steps_per_execution`` for Keras's own per-batch loop."""
+    if speaks_tensorflow(facts):
+        return (f"Move {what} out of the per-batch path or make it cheaper: vectorize Python loops into whole-"
+                "tensor TensorFlow ops, put per-batch tensor work inside the compiled step (a tf.function or "
+                "the model's train_step), and read values (.numpy(), float()) only every N batches.")
+    return (f"Move {what} out of the per-batch path or make it cheaper: vectorize Python loops into whole-array "
+            "keras.ops (or numpy) calls, put per-batch tensor work inside the model's train_step, read values "
+            "(float(), .numpy()) only every N batches, and let model.compile(..., steps_per_execution=N) run N "
+            f"batches per pass of Keras's own loop (its callbacks and logs once per N); {keras_jit_text(facts)}.")
+
+
+def keras_jit_text(facts: RunFacts) -> str:
+    """How a Keras program compiles its step, by backend: XLA on TensorFlow, ``torch.compile`` on
+    torch, ``jax.jit`` (Keras's default there) on JAX."""
+    backend = keras_backend(facts)
+    if backend == "torch":
+        return "a compiled step (model.compile(..., jit_compile=True) runs it through torch.compile)"
+    if backend == "jax":
+        return "a jit-compiled step (model.compile(..., jit_compile=True), Keras's default on JAX)"
+    return "XLA (model.compile(..., jit_compile=True))"
+
+
+def keras_batch_code(facts: RunFacts, target: int, batch: float) -> str:
+    """The ``small_batch`` fix of a Keras / TensorFlow run, where its batches are made: a
+    ``tf.data`` batch line only where the program has TensorFlow or fit took a tf.data dataset,
+    ``fit(batch_size=)`` for arrays, the batch a ``PyDataset`` or generator returns."""
+    kind = keras_fit_call(facts).get("input")
+    lines = []
+    if kind == "tf.data" or (kind is None and speaks_tensorflow(facts)):
+        lines.append(f"ds = ds.batch({target})                     # tf.data: was {batch:g}")
+    if kind in ("PyDataset", "generator"):
+        lines.append(f"# your {kind}: return batches of {target} samples (was {batch:g})")
+    if kind in (None, "numpy", "tensor"):
+        lines.append(f"model.fit(x, y, batch_size={target}, ...)   # NumPy arrays: was {batch:g}")
+    return "\n".join(lines) or f"# batches of {target} samples (was {batch:g})"
+
+
 def _config(facts: RunFacts) -> dict:
     return (facts.api or {}).get("config") or {}
 

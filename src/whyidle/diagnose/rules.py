@@ -108,6 +108,56 @@ def _round(d: dict) -> dict:
     return out
 
 
+def usable_cores(host: dict) -> float:
+    """Cores the job may use (``cores_usable``: the machine's cores, less what its affinity mask or
+    cgroup CPU quota leaves it), else the smaller of the machine's cores and the affinity (runs
+    recorded before the quota was). A float: a quota of 1.5 CPUs is 1.5 cores."""
+    cores = host.get("cores") or 1
+    return host.get("cores_usable") or min(cores, host.get("cpu_affinity") or cores)
+
+
+def whole_cores(host: dict) -> int:
+    """:func:`usable_cores` as a count of threads or processes that fit them (at least 1)."""
+    return max(1, int(usable_cores(host) + 1e-9))
+
+
+def cores_text(host: dict) -> str:
+    """The cores said in a finding: ``"2 cores"``, or where fewer may be used than the machine has,
+    ``"1 usable core (cgroup quota)"``."""
+    n = usable_cores(host)
+    why = host.get("cores_limit_by")
+    return f"{n:g} {'usable ' if why else ''}core{'s' if n != 1 else ''}" + (f" ({why})" if why else "")
+
+
+def job_busy_share(host: dict) -> float | None:
+    """How busy the cores the job may use are (0–1): the machine's ``cpu_busy_share``, or where its
+    affinity or quota leaves it fewer cores, at least the job's own CPU (whyidle's included) over
+    those."""
+    busy = host.get("cpu_busy_share")
+    if not host.get("cores_limit_by"):
+        return busy
+    own = sum(host.get(k) or 0.0 for k in ("trainer_cores", "workers_cores", "tree_other_cores", "whyidle_cores"))
+    return min(1.0, max(busy or 0.0, own / usable_cores(host)))
+
+
+def _workers_by_memory(host: dict, nw: int) -> tuple[int | None, str | None]:
+    """The most loader workers that fit the cgroup memory limit, and a sentence about it (Nones
+    without a limit). Each worker is counted at the largest resident memory one worker had
+    (``worker_rss_max_bytes``; shared pages count in each, so this errs toward fewer), added to the
+    job's largest resident memory, against ``MEM_LIMIT_FILL`` of the limit; without a worker in
+    the run its memory is unknown: no cap, and the sentence says so."""
+    limit = host.get("mem_limit_bytes")
+    if not limit:
+        return None, None
+    used = host.get("tree_rss_max_bytes") or 0
+    per = host.get("worker_rss_max_bytes")
+    gb = f"the cgroup memory limit is {limit / 1e9:.1f} GB and the job used up to {used / 1e9:.1f} GB"
+    if not nw or not per:
+        return None, f"{gb}; a worker's memory was not measured (no worker ran): watch it against the limit"
+    most = nw + max(0, math.floor((limit * T.MEM_LIMIT_FILL - used) / per))
+    return most, f"{gb}, each worker up to {per / 1e9:.2f} GB: at most {most} worker{'s' if most != 1 else ''} fit"
+
+
 def _loader_extras(loader: dict) -> str:
     """The worker options the loader fix adds beside ``num_workers``, as a sentence ending
     (``", keep them alive across epochs and queue batches ahead"``); only what the loader does not do
@@ -127,11 +177,14 @@ def loader_model(facts: RunFacts) -> dict:
     - ``fetch_s``: loader work per batch in one process: the data wait itself with
       ``num_workers=0``; ``num_workers`` × step time with workers (each worker delivers one batch
       per ``num_workers`` steps while the loop waits on them). ``compute_s``: the rest of the step.
-    - ``need``: ⌈fetch / compute × headroom⌉ workers (cases.md C01), capped at the cores when the
-      loader is on a CPU at least half its time (``cpu_bound``), else at 4 per core.
+    - ``need``: ⌈fetch / compute × headroom⌉ workers (cases.md C01), capped at the usable cores
+      when the loader is on a CPU at least half its time (``cpu_bound``), else at 4 per core, and at
+      the workers that fit a cgroup memory limit (``memory_cap``, ``memory_note``:
+      :func:`_workers_by_memory`).
     - The step with ``w`` workers is a roofline, continuous in the CPU the job uses:
       max(compute, fetch / w, (loader CPU + training-process CPU) / usable cores), usable cores =
-      the smaller of cores − other processes and the job's CPU affinity, less whyidle's own. On a
+      the smaller of the machine's cores − other processes and the cores the job may use (its
+      affinity mask, its cgroup CPU quota: :func:`usable_cores`), less whyidle's own. On a
       CPU-only run the cores *are* the device: when the cores the model's compute keeps busy (its measured CPU ÷ compute time, at most its intra-op
       threads) plus ``w`` workers exceed the usable cores, the fix also lowers
       ``torch.set_num_threads`` to cores − w (``threads``) and the compute is counted as slower in
@@ -140,7 +193,7 @@ def loader_model(facts: RunFacts) -> dict:
     - ``workers``: of the counts up to ``need`` whose predicted step is within 3 % of the best, the
       smallest when the cores cap it, else the largest (headroom); one more than today at least,
       unless fetching is cheaper than a worker's IPC (``WORKER_MIN_FETCH_S``). The cores term is
-      divided by ``CPU_PARALLEL_EFFICIENCY``.
+      divided by ``CPU_PARALLEL_EFFICIENCY`` (``ONE_CORE_EFFICIENCY`` where the job may use one core).
     - ``limit``: what caps the prediction: ``cores``, ``compute`` or ``workers``;
       ``cores_for_all`` / ``est_speedup_unbounded``: the cores at which enough workers (``need``)
       would reach the compute-only step, and that gain.
@@ -151,7 +204,7 @@ def loader_model(facts: RunFacts) -> dict:
     host = facts.host or {}
     loader = facts.loader or {}
     nw = loader.get("num_workers") or 0
-    cores = host.get("cores") or 1
+    cores = usable_cores(host)
     per_batch = 1 / max(1.0, step.get("batches_per_step") or 1)
     now = step["step_time_s"]["mean"] * per_batch
     wait = step["data_wait_s_per_step"] * per_batch
@@ -164,12 +217,15 @@ def loader_model(facts: RunFacts) -> dict:
     trainer_cpu = (host.get("trainer_cores") or step.get("main_cpu_share") or 1.0) * now
     compute_cpu = max(trainer_cpu - (loader_cpu if nw == 0 else 0.0), 0.0)
     own = host.get("whyidle_cores") or 0.0
-    usable = max(1.0, min(cores - (host.get("other_procs_cores") or 0.0), host.get("cpu_affinity") or cores) - own)
+    usable = max(1.0, min((host.get("cores") or 1) - (host.get("other_procs_cores") or 0.0), cores) - own)
     on_cpu = (facts.device or {}).get("kind") == "cpu"
     threads = (facts.devices or {}).get("threads") or (facts.proc or {}).get("threads") or 1
     compute_cpu = min(compute_cpu, compute * min(threads, usable))  # no more cores than its threads, or the box
     # cores the model's own compute keeps busy, measured (its intra-op threads at work)
     parallel = min(max(1.0, compute_cpu / compute), usable, float(threads))
+
+    # one core, known from the records (an unknown host counts as one core, but may have more)
+    efficiency = T.ONE_CORE_EFFICIENCY if host.get("cores") and cores <= 1 else T.CPU_PARALLEL_EFFICIENCY
 
     def predict(w: int, cost: float = 1.0) -> tuple[float, int, str]:
         """The step with ``w`` workers and each sample ``cost`` × today's work (threads, limit)."""
@@ -180,14 +236,18 @@ def loader_model(facts: RunFacts) -> dict:
             t = max(1, round(usable - taken))
             comp = compute * max(1.0, parallel / t)
         terms = {"compute": comp, "workers": fetch * cost / w if w else fetch * cost + comp,
-                 "cores": (loader_cpu * cost + compute_cpu) / (usable * T.CPU_PARALLEL_EFFICIENCY)}
+                 "cores": (loader_cpu * cost + compute_cpu) / (usable * efficiency)}
         limit = max(terms, key=terms.get)
         return min(now, terms[limit]) if w else now - fetch * (1.0 - cost), t, limit
 
     need = math.ceil(fetch / compute * T.WORKER_HEADROOM)
-    cap = min(cores if cpu_bound else max(4, 4 * cores), T.MAX_SUGGESTED_WORKERS)
+    whole = whole_cores(host)
+    cap = min(whole if cpu_bound else max(4, 4 * whole), T.MAX_SUGGESTED_WORKERS)
+    memory_cap, memory_note = _workers_by_memory(host, nw)
+    if memory_cap is not None:
+        cap = min(cap, memory_cap)
     tiny = fetch < T.WORKER_MIN_FETCH_S
-    if tiny:
+    if tiny or (memory_cap is not None and memory_cap <= nw):
         workers = nw
     else:
         tried = {w: predict(w)[0] for w in range(nw + 1, max(nw + 1, min(need, cap)) + 1)}
@@ -203,6 +263,7 @@ def loader_model(facts: RunFacts) -> dict:
             "workers": workers, "step_s": now, "predicted_step_s": predicted, "est_speedup": now / predicted,
             "demand": demand, "threads": new_threads if new_threads != threads else None, "limit": limit,
             "loader_cpu_s": loader_cpu, "compute_cpu_s": compute_cpu, "usable_cores": usable,
+            "memory_cap": memory_cap, "memory_note": memory_note,
             "cores_for_all": math.ceil(cpu_total / floor) if floor > 0 else None,
             "est_speedup_unbounded": now / floor if floor > 0 else None,
             "est_speedup_cheaper": now / max(predict(nw, T.CHEAPER_SAMPLE_COST)[0], 1e-9)}
@@ -219,15 +280,18 @@ def cpu_given(share: float | None, host: dict) -> float | None:
     return share / (1.0 - steal)
 
 
-def _workers_condition(model: dict, cores: int) -> str | None:
-    """When more workers would give more than they do here (``None`` when this machine is not
-    what caps them): ``"≈8.6× with ≥ 11 cores and 10 workers"``."""
+def _workers_condition(model: dict, host: dict) -> str | None:
+    """When more workers would give more than they do here (``None`` when the cores the job may
+    use are not what caps them): ``"≈8.6× with ≥ 11 cores and 10 workers"``."""
     big = model.get("est_speedup_unbounded")
     need_cores = model.get("cores_for_all")
-    if model["limit"] != "cores" or not big or not need_cores or need_cores <= cores \
+    if model["limit"] != "cores" or not big or not need_cores or need_cores <= usable_cores(host) \
             or big < model["est_speedup"] * T.VERDICT_MIN_SPEEDUP:
         return None
-    return f"≈{big:.1f}× with ≥ {need_cores} cores and {model['need']} workers (the {cores} cores here cap it)"
+    n, why = usable_cores(host), host.get("cores_limit_by")
+    here = (f"the job may use {n:g} core{'s' if n != 1 else ''} here: its {why}" if why
+            else f"the {n:g} cores here cap it")
+    return f"≈{big:.1f}× with ≥ {need_cores} cores and {model['need']} workers ({here})"
 
 
 def rank_options(options: list[dict]) -> list[dict]:
@@ -328,13 +392,13 @@ def input_bound(facts: RunFacts) -> dict | None:
     host = facts.host or {}
     loader = facts.loader or {}
     nw = loader.get("num_workers")
-    cores = host.get("cores") or 1
+    cores = usable_cores(host)
     busy = cpu_given(step.get("data_cpu_share") if not nw else host.get("worker_busy_share"), host)
     waiting_for_cpu = (host.get("workers_run_delay_share") or 0.0) if nw else 0.0
     off_cpu = None if busy is None else max(0.0, 1.0 - busy - waiting_for_cpu)
     per_sample = host.get("loader_read_bytes_per_sample")
     iowait = host.get("iowait_share") or 0.0
-    cpu_busy = host.get("cpu_busy_share")
+    cpu_busy = job_busy_share(host)
     reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
     model = loader_model(facts) if loader else None
     tensors = (facts.devices or {}).get("batch_tensors") or 0
@@ -368,7 +432,8 @@ def input_bound(facts: RunFacts) -> dict | None:
                    f"({(per_sample or 0) / 1024:.1f} KiB read per sample, iowait {_pct(iowait)})",
         "loader_in_main_process": f"batches are prepared in the training process itself (num_workers=0), "
                                   f"{_pct(busy)} of that time on the CPU",
-        "cpu_preprocessing": f"the machine's {cores} cores are {_pct(cpu_busy)} busy and the {nw} DataLoader "
+        "cpu_preprocessing": f"the {'job' if host.get('cores_limit_by') else 'machine'}'s {cores_text(host)} "
+                             f"{'is' if cores == 1 else 'are'} {_pct(cpu_busy)} busy and the {nw} DataLoader "
                              f"worker{'s' if nw != 1 else ''} ({_pct(busy)} busy on CPU each) cannot prepare "
                              "samples any faster",
         "too_few_workers": f"{nw} DataLoader worker{'s' if nw != 1 else ''} cannot keep up "
@@ -384,7 +449,7 @@ def input_bound(facts: RunFacts) -> dict | None:
     code = fixes.loader_code(facts, workers)
     where = fixes.loader_where(facts)
     also = _loader_extras(loader)
-    grows = _workers_condition(model, cores) if model else None
+    grows = _workers_condition(model, host) if model else None
     threads = ""
     if model and model["threads"]:
         threads = (f"; give the training process {model['threads']} intra-op thread{'s' if model['threads'] != 1 else ''} "
@@ -398,8 +463,15 @@ def input_bound(facts: RunFacts) -> dict | None:
         "unknown": f"Try num_workers={workers}{where}{also}, then re-run whyidle.",
     }
     options = []
-    if model and not model["tiny_fetch"] and cause in worker_text:
-        options.append(fix_option(worker_text[cause], gain, grows, code))
+    full = model is not None and model["memory_cap"] is not None and model["memory_cap"] <= (nw or 0)
+    if full:  # no more workers fit the cgroup memory limit
+        summary += f" No more workers fit the memory: {model['memory_note']}."
+        worker_text["unknown"] = ("More workers would not fit the cgroup memory limit; make each worker lighter (load "
+                                  "samples lazily, keep large arrays in a memmap shared by the workers), or raise "
+                                  "the limit.")
+    elif model and not model["tiny_fetch"] and cause in worker_text:
+        memory = f" Memory: {model['memory_note']}." if model["memory_note"] else ""
+        options.append(fix_option(worker_text[cause] + memory, gain, grows, code))
     if cause == "many_tensors":
         # the workers mostly wait for the training process to take their batches: packing removes
         # the wait (measured 4-10x where this estimates 4x: tests/scenarios/README.md)
@@ -428,16 +500,17 @@ def input_bound(facts: RunFacts) -> dict | None:
                                   cheaper, f"estimated for a {1 / T.CHEAPER_SAMPLE_COST:g}× cheaper sample; up to "
                                   f"{removed:.1f}× if loading cost nothing", assumed=True))
     if not options:
-        options.append(fix_option(worker_text["unknown"], gain, None, code))
+        options.append(fix_option(worker_text["unknown"], None if full else gain, None, None if full else code))
     options = rank_options(options)
     text, code, est = options[0]["text"], options[0]["code"], options[0]["est_speedup"]
     evidence = _round({
         "cause": cause, "data_wait_share": host_share, "gpu_idle_share": gpu_share,
         "data_wait_s_per_step": wait, "step_time_s_mean": mean,
         "num_workers": nw, "suggested_num_workers": workers,
+        "max_workers_by_memory": model["memory_cap"] if model else None,
         "suggested_threads": model["threads"] if model else None, "loader_cpu_busy_share": busy,
         "loader_read_bytes_per_sample": per_sample, "iowait_share": iowait, "cpu_busy_share": cpu_busy,
-        "cores": cores, "pin_memory": loader.get("pin_memory"),
+        "cores": cores, "cores_limit_by": host.get("cores_limit_by"), "pin_memory": loader.get("pin_memory"),
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
         "fetch_s_per_batch": model["fetch_s"] if model else None,
         "est_speedup_if_removed": removed, "batch_tensors": tensors or None,
@@ -570,10 +643,7 @@ def host_bound(facts: RunFacts) -> dict | None:
             text += (" Lightning runs training_step inside optimizer.step's closure: this is your training_step's "
                      "own Python, measured apart from forward and backward.")
         if facts.framework in ("keras", "tensorflow"):
-            text = (f"Move {what} out of the per-batch path or make it cheaper: vectorize Python loops into whole-"
-                    "tensor TensorFlow ops, put per-batch tensor work inside the compiled step (a tf.function or "
-                    "the model's train_step), and read values (.numpy(), float()) only every N batches.")
-            code = None
+            text, code = fixes.keras_host_text(facts, what), None
     evidence = _round({"other_host_share": share, "attributed_share": attributed,
                        "step_time_s_mean": step["step_time_s"]["mean"]})
     evidence["focus"] = focus
@@ -717,8 +787,7 @@ def small_batch(facts: RunFacts) -> dict | None:
     severity = "warning" if est >= 1.3 else "info"
     code = fixes.batch_code(facts, target, batch)
     if keras:
-        code = (f"ds = ds.batch({target})                     # tf.data: was {batch:g}\n"
-                f"model.fit(x, y, batch_size={target}, ...)   # NumPy arrays: was {batch:g}")
+        code = fixes.keras_batch_code(facts, target, batch)
     return finding("small_batch", severity, "Small batch: per-step overhead dominates", summary, evidence, est, text,
                    code, [DOCS_TUNING], bound=fixed)
 
@@ -730,7 +799,11 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     (``/proc/stat`` steal) ≥ ``RUN_DELAY_WARN`` of the time and the run-queue wait is below that,
     or steal ≥ ``STEAL_WARN`` and at least the run-queue wait: the thread was "running" as far as
     the kernel knew, and no process of this machine is to blame (severity by ``STEAL_WARN`` /
-    ``STEAL_CRITICAL``, info below); ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
+    ``STEAL_CRITICAL``, info below); ``cpu_quota`` when the job's cgroup ran out of its CPU quota
+    in ≥ ``QUOTA_THROTTLED_WARN`` of the quota's periods (cgroup ``cpu.stat``): a throttled cgroup's
+    threads wait on the run queue for the next period, which reads as run-queue wait whatever
+    else runs on the machine (``est_speedup`` null: the gain depends on the limit set);
+    ``other_processes`` when processes outside the job use ≥ ``OTHER_PROCS_MIN_CORES``;
     ``own_threads`` (info below ``RUN_DELAY_CRITICAL``, else warning; ``est_speedup`` null) when the job has no loader workers and its training
     processes' compute threads fit the cores: the wait is the job's other threads taking turns;
     else ``oversubscription`` (the job's own threads and processes want more cores than exist).
@@ -742,8 +815,10 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     stolen = steal >= T.RUN_DELAY_WARN and (not waited or (steal >= T.STEAL_WARN and steal >= delay))
     if not stolen and (delay is None or delay < T.RUN_DELAY_WARN):
         return None
-    cores = host.get("cores") or 1
+    cores = whole_cores(host)
+    here = cores_text(host)
     others = host.get("other_procs_cores") or 0.0
+    throttled = host.get("cpu_throttled_share")
     top = facts.top_others or []
     proc = facts.proc or {}
     devices = facts.devices or {}
@@ -753,7 +828,7 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     gain = speedup_if_removed(delay) if delay else None  # the printed fix removes the wait
     if stolen:
         cause = "hypervisor_steal"
-        reason = (f"the hypervisor gave this virtual machine's {cores} cores to other guests {_pct(steal)} of the time "
+        reason = (f"the hypervisor gave this virtual machine's {host.get('cores') or 1} cores to other guests {_pct(steal)} of the time "
                   "(CPU steal): every CPU phase of the step took longer for it")
         text = ("Nothing on this machine can win that time back: run on a dedicated or non-burstable instance (or "
                 "one with spare credits), and compare runs only when the steal share of both is low "
@@ -761,10 +836,25 @@ def cpu_contention(facts: RunFacts) -> dict | None:
         code = None
         gain = None  # depends on the host's other tenants, not on the job
         delay = steal
+    elif throttled is not None and throttled >= T.QUOTA_THROTTLED_WARN:
+        cause = "cpu_quota"
+        quota = host.get("cpu_quota") or usable_cores(host)
+        reason = (f"the job's cgroup allows {quota:g} CPU{'s' if quota != 1 else ''} and used it up in {_pct(throttled)} "
+                  f"of the quota's periods ({host.get('cpu_throttled_s') or 0:.1f} s throttled): the kernel stops "
+                  f"its threads until the next period ({trainers} training process{'es' if trainers > 1 else ''} × "
+                  f"{threads} thread{'s' if threads != 1 else ''}{f' + {workers} loader workers' if workers else ''})")
+        fit = max(1, math.floor(quota))
+        text = (f"The job wants more CPU than its quota of {quota:g}: raise the limit (docker --cpus, Kubernetes "
+                f"resources.limits.cpu, Slurm --cpus-per-task) to cover its busy threads, which removes this wait (up "
+                f"to {speedup_if_removed(delay):.1f}×), or fit the job to the quota: {fit} busy thread{'s' if fit != 1 else ''} "
+                "in all (torch.set_num_threads, OMP_NUM_THREADS; loader workers that compute count too), so no "
+                "thread spins on CPU time the work itself needs.")
+        code = None
+        gain = None  # depends on the limit set, and on how much of the quota the threads' spinning takes
     elif others >= T.OTHER_PROCS_MIN_CORES:
         cause = "other_processes"
         names = ", ".join(f"`{p['command']}` (pid {p['pid']}, {p['cores']:.1f} cores)" for p in top[:3])
-        reason = f"other processes use {others:.1f} of {cores} cores" + (f": {names}" if names else "")
+        reason = f"other processes use {others:.1f} of {host.get('cores') or 1} cores" + (f": {names}" if names else "")
         text = ("Other processes take the cores this job needs: stop or move them, run the job on an idle machine, "
                 "or give it dedicated cores (taskset / cgroups / the scheduler's CPU request).")
         code = None
@@ -772,7 +862,7 @@ def cpu_contention(facts: RunFacts) -> dict | None:
         cause = "oversubscription"
         per = max(1, cores // trainers)
         reason = (f"{trainers} training process{'es' if trainers > 1 else ''} × {threads} thread{'s' if threads != 1 else ''}"
-                  f"{f' + {workers} loader workers' if workers else ''} compete for {cores} cores "
+                  f"{f' + {workers} loader workers' if workers else ''} compete for {here} "
                   f"({host.get('tree_threads')} threads in the job, {host.get('invol_ctx_per_s', 0):.0f} forced "
                   f"context switches/s)")
         if (threads or 1) > per:
@@ -792,7 +882,7 @@ def cpu_contention(facts: RunFacts) -> dict | None:
             # parallel region, whyidle's samplers). No setting is known to win that time back here.
             cause = "own_threads"
             gain = None
-            text = (f"The job's compute threads ({trainers} × {threads}) fit the {cores} cores; the wait is its other "
+            text = (f"The job's compute threads ({trainers} × {threads}) fit the {here}; the wait is its other "
                     f"threads ({host.get('tree_threads')} in all: a tracker's or logger's writer, prefetch threads, OpenMP "
                     "threads spinning between parallel regions) taking turns with the training thread. Move background "
                     f"work off the training loop's path or measure torch.set_num_threads({max(1, cores - 1)}) (one core left "
@@ -814,19 +904,22 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                          "longer" if wait is not None else "fewer workers would make the step wait for data")
                 text = (f"Threads are already {threads} per process; {trainers} training process"
                         f"{'es' if trainers > 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} share "
-                        f"{cores} cores, and {keeps}. This contention is the price of preparing samples on these cores: "
+                        f"{here}, and {keeps}. This contention is the price of preparing samples on these cores: "
                         "make each sample cheaper (decode at reduced size, cache decoded samples) or use a machine with "
                         "more cores.")
             else:
                 fewer = (f"use at most {limit} loader worker{'s' if limit != 1 else ''} per process, "
                          if workers > limit else "")
                 text = (f"Threads are already {threads} per process, but {busy} busy process{'es' if busy != 1 else ''} ({trainers} training, "
-                        f"{workers} loader workers) share {cores} cores: {fewer}fewer processes per machine, or a "
+                        f"{workers} loader workers) share {here}: {fewer}fewer processes per machine, or a "
                         "machine with more cores.")
             code = None
     summary = (f"The training thread lost its CPU {_pct(delay)} of the time: {reason}." if stolen else
                f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}.")
-    evidence = _round({"cause": cause, "run_delay_share": host.get("trainer_run_delay_share"), "steal_share": steal, "cores": cores, "other_procs_cores": others,
+    evidence = _round({"cause": cause, "run_delay_share": host.get("trainer_run_delay_share"), "steal_share": steal,
+                       "cores": usable_cores(host), "cores_limit_by": host.get("cores_limit_by"),
+                       "cpu_quota": host.get("cpu_quota"), "cpu_throttled_share": throttled,
+                       "cpu_throttled_s": host.get("cpu_throttled_s"), "other_procs_cores": others,
                        "cpu_busy_share": host.get("cpu_busy_share"), "intra_op_threads": threads,
                        "processes": trainers, "workers": workers, "tree_threads": host.get("tree_threads"),
                        "invol_ctx_per_s": host.get("invol_ctx_per_s")})
@@ -992,7 +1085,7 @@ def device_bound(facts: RunFacts, findings: list[dict] = ()) -> dict:
     if iw is not None:  # Keras / TensorFlow
         evidence["input_wait_measured"] = iw.get("method") is not None
         text = ("Nothing to fix upstream. For more speed: the mixed_float16 / mixed_bfloat16 policy on GPUs with "
-                "tensor cores, XLA (model.compile(..., jit_compile=True)), or a bigger device.")
+                f"tensor cores, {fixes.keras_jit_text(facts)}, or a bigger device.")
         if iw.get("method") is None:
             summary += (f" The input wait inside Keras's compiled step was not measured ({iw.get('reason')}), so part "
                         "of the compute share may be waiting for data.")

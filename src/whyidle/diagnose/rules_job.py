@@ -104,7 +104,8 @@ def _vectorize_code(facts: RunFacts) -> str:
     if name in ("keras", "tensorflow"):
         return ("# one call for the whole validation set, not predict_on_batch per sample\n"
                 "probs = model.predict(val_images, batch_size=256, verbose=0)\n"
-                "# the metric / NMS on whole arrays: numpy, keras.ops, tf.image.combined_non_max_suppression")
+                "# the metric / NMS on whole arrays: numpy, keras.ops"
+                + (", tf.image.combined_non_max_suppression" if fixes.speaks_tensorflow(facts) else ""))
     if name == "lightning":
         return fixes.metric_code(facts, "metric")
     return ("# the metric on whole batches, on the device: no .tolist(), no per-sample Python loop\n"
@@ -145,6 +146,9 @@ def _on_cpu(facts: RunFacts, part: dict, host_share: float) -> str | None:
 
 
 def _to_device_code(facts: RunFacts) -> str:
+    if fixes.api_name(facts) in ("keras", "tensorflow") and not fixes.speaks_tensorflow(facts):
+        return ("# evaluate on the training's device: the training model itself, or a copy built where it was\n"
+                "model.evaluate(val_data, verbose=0)")
     if fixes.api_name(facts) in ("keras", "tensorflow"):
         return ("# build (or load) the evaluation model outside any tf.device(\"/cpu:0\") scope,\n"
                 "# or evaluate the training model itself:\n"

@@ -13,9 +13,9 @@ Facts come from :func:`whyidle.analysis.run.analyze` (``input_wait``, ``tfdata``
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import rules_tfdata
+from whyidle.diagnose import fixes, keras_input, rules_tfdata
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import _ms, _pct, _round, finding, fix_option, rank_options, speedup_if_removed
+from whyidle.diagnose.rules import _ms, _pct, _round, finding, fix_option, rank_options, speedup_if_removed, whole_cores
 
 DOCS_TFDATA = "https://www.tensorflow.org/guide/data_performance"
 DOCS_TF_PROFILER = "https://www.tensorflow.org/guide/profiler#input_pipeline_analyzer"
@@ -31,7 +31,9 @@ IO_PARALLEL_CALLS = 16
 _METHOD_TEXT = {
     "tf_profiler": "measured with the TensorFlow profiler over {n} steps: IteratorGetNext inside the compiled step",
     "iterator": "measured around each next() on the tf.data iterator",
+    "fit_input": "measured around each batch fit takes from its input",
 }
+DOCS_PYDATASET = "https://keras.io/api/utils/python_utils/#pydataset-class"
 
 
 def is_tf(facts: RunFacts) -> bool:
@@ -102,8 +104,12 @@ def input_bound(facts: RunFacts) -> dict | None:
     ``cpu_preprocessing`` when the pipeline is already parallel and prefetched, or ``unknown``
     without a pipeline description — ``python_in_pipeline`` too when ``fit`` took a Python
     generator or ``PyDataset`` itself (``evidence.fit_input``, ``input_source``: its function), with
-    a vectorize-the-batch fix first and a ``PyDataset`` with worker processes as an option.
-    ``est_speedup`` follows :func:`_fix_model` (parallel calls
+    a vectorize-the-batch fix first and a ``PyDataset`` with worker processes as an option. On the
+    torch and JAX backends (``input_wait.method == "fit_input"``) a ``PyDataset``, generator or
+    torch ``DataLoader`` gets the options of :mod:`whyidle.diagnose.keras_input` instead, each
+    estimated on this machine (workers; caching decoded data), the vectorized batch as an
+    unestimated option; a ``DataLoader`` is cause ``loader_in_main_process`` (``num_workers=0``) or
+    ``too_few_workers``. ``est_speedup`` follows :func:`_fix_model` (parallel calls
     and prefetching) for ``sequential_map``, ``sequential_interleave`` and ``no_prefetch``,
     capped by 1/(1 − share) (``evidence.est_speedup_if_removed``); for the other causes the fix
     removes the per-element work, so it is 1/(1 − share).
@@ -117,16 +123,21 @@ def input_bound(facts: RunFacts) -> dict | None:
         return None
     pipeline = facts.tfdata
     host = facts.host or {}
-    cores = host.get("cores") or 1
+    cores = whole_cores(host)  # the cores the job may use (affinity, cgroup quota)
     mem = facts.host_mem_total_bytes
     smells = rules_tfdata.tfdata_smells(pipeline, mem) if pipeline else []
     cause = _cause(smells)
     fit_input, source = _fit_input(facts)
     if cause is None:
         cause = "cpu_preprocessing" if pipeline and not pipeline.get("error") else "unknown"
+    # the torch and JAX backends: each batch fit takes from a Python input was timed, the workers known
+    timed = method == "fit_input" and cause == "unknown" and fit_input in keras_input.PYTHON_INPUTS
     python_source = cause == "unknown" and fit_input in ("generator", "PyDataset")
     if python_source:
         cause = "python_in_pipeline"  # fit draws batches from the program's Python, one at a time
+    elif timed:  # a torch DataLoader handed to fit
+        cause = "too_few_workers" if keras_input.current_workers(keras_input.fit_call(facts)) else \
+            "loader_in_main_process"
     ops = [s.get("op") for s in (pipeline or {}).get("stages") or []]
     prefetched = bool(ops) and not any(s["kind"] == "no_prefetch" for s in smells)
     model = _fix_model(step, cause, cores, prefetched, host.get("trainer_cores"))
@@ -146,9 +157,13 @@ def input_bound(facts: RunFacts) -> dict | None:
     mean = step["step_time_s"]["mean"]
     lead = [s for s in smells if s["kind"] == {"python_in_pipeline": "generator_source"}.get(cause, cause)] or smells
     why = f": {lead[0]['text'].rstrip('.')}" if lead else ""
-    if python_source:
+    if python_source or timed:
         why = f": fit draws its batches from a Python {fit_input}" + (f", `{source.split()[-1]}` at {source.split()[0]}"
                                                                       if source else "")
+        if timed:
+            n = keras_input.current_workers(keras_input.fit_call(facts))
+            why += (f", built in {n} worker{'s' if n != 1 else ''} the step still waits for" if n else
+                    ", built in the training thread one batch at a time")
     summary = (f"The train step waits for the next batch {_pct(share)} of each step ({_ms(wait)} of {_ms(mean)}, "
                f"{how}){why}.")
     code = rules_tfdata.fix_code(pipeline, mem) if pipeline else None
@@ -174,12 +189,19 @@ def input_bound(facts: RunFacts) -> dict | None:
         text = (f"fit takes each batch from {what}, Python that builds it one sample at a time while the step "
                 "waits: make it build the whole batch with array operations (one numpy call over the batch instead "
                 "of a loop over samples and rows), or precompute what does not change between epochs.")
-        code = ("def batches(batch=64):                  # your generator, vectorized over the batch\n"
-                "    while True:\n"
-                "        idx = rng.integers(0, len(images), batch)\n"
-                "        x = images[idx]                     # (batch, H, W, C): one array\n"
-                "        x = (x - x.mean(axis=(1, 2), keepdims=True)) / (x.std(axis=(1, 2), keepdims=True) + 1e-6)\n"
-                "        yield x, labels[idx]")
+        if fit_input == "PyDataset":
+            code = ("def __getitem__(self, i):               # your PyDataset, vectorized over the batch\n"
+                    "    idx = self.order[i * BATCH:(i + 1) * BATCH]\n"
+                    "    x = self.images[idx]                 # (batch, H, W, C): one array\n"
+                    "    x = (x - x.mean(axis=(1, 2), keepdims=True)) / (x.std(axis=(1, 2), keepdims=True) + 1e-6)\n"
+                    "    return x, self.labels[idx]")
+        else:
+            code = ("def batches(batch=64):                  # your generator, vectorized over the batch\n"
+                    "    while True:\n"
+                    "        idx = rng.integers(0, len(images), batch)\n"
+                    "        x = images[idx]                     # (batch, H, W, C): one array\n"
+                    "        x = (x - x.mean(axis=(1, 2), keepdims=True)) / (x.std(axis=(1, 2), keepdims=True) + 1e-6)\n"
+                    "        yield x, labels[idx]")
     elif cause == "python_in_pipeline":
         text = ("The pipeline runs Python (from_generator / py_function / numpy_function), which holds the GIL: "
                 "parallel calls overlap only its I/O. Move the per-element work into TensorFlow ops (tf.io, "
@@ -188,10 +210,18 @@ def input_bound(facts: RunFacts) -> dict | None:
         text = ("The pipeline is already parallel: the per-element work itself is too expensive for these "
                 f"{cores} cores. Cache what is deterministic (.cache() after the expensive map), vectorize by "
                 "batching before the map, or precompute the preprocessing once.")
-    else:
+    elif fixes.speaks_tensorflow(facts):
         text = "Give fit a tf.data pipeline with parallel map calls and a final prefetch, then re-run whyidle."
+    else:
+        text = ("Keras slices each batch from the arrays in the training thread: give fit a keras.utils.PyDataset "
+                "with workers (and use_multiprocessing=True) that builds batch i, or raise batch_size.")
     alternatives = _alternatives(smells, pipeline, mem, cause, removed)
-    if python_source and fit_input == "generator":
+    extra: dict = {}
+    if timed:  # measured: worker and cache options in Keras terms, each estimated here; array operations assumed
+        alternatives, extra = keras_input.options(facts, removed)
+        vectorize = [fix_option(text, est, "if array operations make the batch cheap", code, assumed=True)]
+        options = rank_options((vectorize if python_source else []) + alternatives)
+    elif python_source and fit_input == "generator":
         alternatives.append(fix_option(
             f"Prepare batches in {max(1, cores - 1)} worker process{'es' if cores > 2 else ''}: a keras.utils.PyDataset "
             "whose __getitem__ builds batch i, with workers and use_multiprocessing=True (a generator runs in one "
@@ -201,8 +231,9 @@ def input_bound(facts: RunFacts) -> dict | None:
             "    def __len__(self):\n        return steps_per_epoch\n"
             "    def __getitem__(self, i):\n        return make_batch(i)      # the body of your generator's loop\n\n"
             "model.fit(Batches(), epochs=epochs)"))
-    options = rank_options([fix_option(text, est, _parallel_condition(cause, cores, est, removed), code)]
-                           + alternatives)
+    if not timed:
+        options = rank_options([fix_option(text, est, _parallel_condition(cause, cores, est, removed), code)]
+                               + alternatives)
     text, code, est = options[0]["text"], options[0]["code"], options[0]["est_speedup"]
     evidence = _round({
         "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
@@ -210,6 +241,7 @@ def input_bound(facts: RunFacts) -> dict | None:
         "load_cpu_share": model["load_cpu_share"], "parallel_gain": model["parallel"], "cpu_floor_s": model["cpu_floor_s"],
         "est_speedup_if_removed": removed,
     })
+    evidence.update(_round(extra))
     evidence["fit_input"] = fit_input
     evidence["input_source"] = source
     evidence["input_wait_method"] = method
@@ -218,15 +250,16 @@ def input_bound(facts: RunFacts) -> dict | None:
     evidence["pipeline"] = ops
     evidence["runtime_stages"] = (iw.get("iterators") or [])[:4]
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
+    docs = [DOCS_PYDATASET] if timed else [DOCS_TFDATA, DOCS_TF_PROFILER]
     return finding("input_bound", severity, "Input-bound: the step waits for data", summary, evidence, est,
-                   text, code, [DOCS_TFDATA, DOCS_TF_PROFILER], bound=share, options=options)
+                   text, code, docs, bound=share, options=options)
 
 
 def _fit_input(facts: RunFacts) -> tuple[str | None, str | None]:
     """What the last ``fit`` took as ``x`` (``keras_call`` ``input``: ``tf.data``, ``generator``,
     ``PyDataset``, ``numpy`` …) and where a Python source is defined (``source``), or Nones."""
-    fits = [c for c in facts.keras_calls or [] if c.get("fn") == "fit"]
-    return (fits[-1].get("input"), fits[-1].get("source")) if fits else (None, None)
+    call = keras_input.fit_call(facts)
+    return call.get("input"), call.get("source")
 
 
 def _parallel_condition(cause: str, cores: int, est: float, removed: float) -> str | None:
@@ -283,9 +316,12 @@ def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
 
 def gpu_not_visible(facts: RunFacts) -> dict | None:
     """NVML sees a GPU but TensorFlow lists none (``tf.config.list_physical_devices("GPU")``
-    empty): a CPU-only build, or a CUDA build whose CUDA/cuDNN libraries or driver do not match."""
+    empty): a CPU-only build, or a CUDA build whose CUDA/cuDNN libraries or driver do not match.
+    Never for Keras on the torch or JAX backend (TensorFlow may be installed CPU-only beside them)."""
     tfd = facts.tf_devices or {}
     static = facts.gpu_static or {}
+    if not fixes.speaks_tensorflow(facts):  # Keras on torch or JAX: TensorFlow's GPUs are not the job's
+        return None
     gpus = len(static.get("devices") or [])
     if not gpus or tfd.get("physical_gpus") is None or tfd["physical_gpus"] > 0:
         return None

@@ -14,7 +14,7 @@ import textwrap
 from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
-from whyidle.diagnose.rules import finding, fix_option
+from whyidle.diagnose.rules import finding, fix_option, whole_cores
 from whyidle.diagnose.rules_job import part_of, trains, wall_gain
 from whyidle.diagnose.types import Finding
 
@@ -49,7 +49,7 @@ def _cached(facts: RunFacts, target: str, value: str, body: str, where: str, hf_
         code = (f'import os, datasets\nCACHE = "prepared_dataset"{where}\nif os.path.exists(CACHE):\n'
                 f"    {target} = datasets.load_from_disk(CACHE)\nelse:\n{body}\n    {target}.save_to_disk(CACHE)")
         if ".map(" in source and "batched=True" not in source:
-            cores = (facts.host or {}).get("cores") or 2
+            cores = whole_cores(facts.host) if facts.host else 2
             code += (f"\n# faster still, on the first launch: .map(fn, batched=True) with an fn that takes lists, "
                      f"num_proc={min(4, cores)}")
         return code
@@ -70,6 +70,9 @@ def _prepare_text(facts: RunFacts, at: str, seconds: float, hf_dataset: bool) ->
     if fixes.api_name(facts) in TORCH_APIS:
         return first + ("Save its results with torch.save and load them, or move the per-sample work into the "
                         "Dataset's __getitem__ so the DataLoader's workers do it beside the training.")
+    if not fixes.speaks_tensorflow(facts):  # Keras on torch / JAX
+        return first + ("Save its results (pickle, numpy .npy) and load them, or move the per-sample work into a "
+                        "keras.utils.PyDataset's __getitem__ run by its workers (workers=N) beside the training.")
     return first + ("Save its results (pickle, numpy .npy) and load them, or move the per-sample work into a tf.data "
                     "pipeline (dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)) that runs beside the training.")
 

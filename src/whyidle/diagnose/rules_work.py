@@ -22,7 +22,7 @@ from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.loader_call import Change
-from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding
+from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding, usable_cores
 from whyidle.instrument.hooks import TRACKERS
 
 DOCS_AMP = "https://pytorch.org/docs/stable/amp.html"
@@ -463,7 +463,7 @@ def preprocess_in_forward(facts: RunFacts) -> dict | None:
     could do it during the previous step (cases.md C36).
 
     ``bound``: the preamble's share of the steady step time. ``est_speedup``: 1 / (1 − bound), the
-    step without it, when the DataLoader has workers or the machine has a core besides the
+    step without it, when the DataLoader has workers or the job may use a core besides the
     training thread to run them (otherwise null: moved work would still be serial). Reported as
     ``host_bound`` with ``evidence.kind = "preprocess_in_forward"``.
     """
@@ -473,7 +473,7 @@ def preprocess_in_forward(facts: RunFacts) -> dict | None:
     share = pre["share_of_step"]
     loader = facts.loader or {}
     workers = loader.get("num_workers") or 0
-    cores = (facts.host or {}).get("cores") or 0
+    cores = usable_cores(facts.host) if facts.host else 0
     gain = round(1 / (1 - share), 2) if share < 1 and (workers or cores >= 2) else None
     cls = pre.get("cls") or "the model"
     site = pre.get("site")

@@ -56,6 +56,11 @@ MAX_SUGGESTED_WORKERS = 32
 #: image pipeline measured 1.49-1.71x (median 1.59, ratio 0.90); Lightning's 1.98x measured
 #: 1.43-1.64x (0.77); 0.85 sits between.
 CPU_PARALLEL_EFFICIENCY = 0.85
+#: The same where the job may use one core at most (its affinity or cgroup quota): its processes
+#: take turns on that core, which stays busy while any of them can run, so no share is lost to
+#: cores waiting on each other. Measured on C01 (issue 31): with 0.85 the estimates were 3-38 %
+#: below the measured fix under ``taskset -c 0`` and 8-21 % under a 1-CPU quota; with 1.0, -13 to +17 %.
+ONE_CORE_EFFICIENCY = 1.0
 #: Loading work per batch below which worker processes cost more than they save: a worker
 #: hands each batch over through a pipe and shared memory (~1 ms per batch on a small machine);
 #: measured here, a 0.2 ms in-memory fetch moved to one worker made the loop 1.6× slower.
@@ -79,6 +84,15 @@ STEAL_WARN = 0.25
 STEAL_CRITICAL = 0.5
 #: Other processes using at least half a core are named as the cause of contention.
 OTHER_PROCS_MIN_CORES = 0.5
+#: Share of a cgroup CPU quota's enforcement periods (``cpu.stat`` nr_throttled / nr_periods) in
+#: which the quota ran out, from which run-queue wait is put on the quota (``cpu_contention`` cause
+#: ``cpu_quota``): each such period stops every thread of the cgroup until the next one
+#: (kernel Documentation/scheduler/sched-bwc.rst), as often as the 10 % of RUN_DELAY_WARN.
+QUOTA_THROTTLED_WARN = 0.10
+#: Share of a cgroup memory limit that loader workers may be planned up to: the kernel reclaims
+#: page cache and then OOM-kills at the limit, and allocator slack and the page cache the job
+#: reads through count against it, so a tenth is left free.
+MEM_LIMIT_FILL = 0.9
 
 #: Host cost of one PyTorch operation with autograd (forward dispatch + its backward node) when
 #: the op itself does almost nothing: 5 µs, measured on the 2-core CPU machine this was built on
@@ -108,6 +122,15 @@ VERDICT_MIN_SPEEDUP = 1.10
 #: would gain 1/(1 − 0.10) = 1.11×, the noise of a shared machine (as ``DATA_WAIT_WARN``). Below
 #: it on every finding the verdict is ``device_bound``.
 VERDICT_MIN_BOUND = 0.10
+# -- torch.compile (rules_compile.py) --
+#: Recompilations' share of the wall time that makes ``recompiles`` a warning (critical from the
+#: second): the same shares as the other whole-job parts (``CHECKPOINT_WARN_SHARE``,
+#: ``LOGGING_WARN_SHARE``); below, one recompilation at a new length is an info line.
+COMPILE_WARN_SHARE = 0.10
+COMPILE_CRITICAL_SHARE = 0.30
+#: Share of the step that the eager code at graph breaks takes for ``graph_breaks`` to warn (as
+#: ``VERDICT_MIN_BOUND``: what a shared machine's noise hides below).
+BREAK_WARN_SHARE = 0.10
 # -- time outside the step: eval_bound, checkpoint_bound, logging_bound, epoch_boundary (rules_job.py) --
 # Shares of the command's wall time (analysis/accounting.py).
 
@@ -245,6 +268,12 @@ THROTTLE_MIN_OBSERVED_S = 2.0
 #: snapshot is an instant, and with fewer than 5 one snapshot alone is above 20 %.
 THROTTLE_MIN_SNAPSHOTS = 5
 
+#: Seconds per byte a ``keras.utils.PyDataset`` with ``use_multiprocessing=True`` takes to hand a
+#: batch from its worker processes to the training process (pickled by the worker, sent through a
+#: pipe, unpickled by the trainer; no shared memory): measured here (Keras 3.15, 2 workers, batches
+#: of 1 and 5 MB that cost nothing to build) 3.7 and 14.4 ms per batch, ~2.8 ms per MB. It is CPU
+#: work on both sides and serial through the pool's result pipe.
+PYDATASET_IPC_S_PER_BYTE = 2.8e-3 / 2**20
 #: Fixed cost of one call of Keras's compiled train step (tf.function dispatch, the Keras loop,
 #: metric updates) that does not shrink with the batch: a two-layer Dense model took 0.4-0.5 ms
 #: per step at batch 4, 8 and 32 alike on the 2-core CPU box this was built on; 0.3 ms keeps

@@ -20,6 +20,7 @@ from whyidle.diagnose.rules import (
 )
 from whyidle.diagnose.rules import speedup_if_removed as _speedup
 from whyidle.diagnose.rules_ranks import DOCS_DDP
+from whyidle.diagnose.trace_compile_rules import compile_findings
 from whyidle.diagnose.verdict import choose_verdict, order
 
 #: A straggler rank whose median step is this much longer than the others' median makes the job
@@ -102,7 +103,9 @@ def sync_bound(m: dict) -> dict | None:
 def host_bound(m: dict) -> dict | None:
     """The GPU waits for the host to launch work: device-level host-wait idle (HTA's rule) less the
     part spent in the DataLoader (that is ``input_bound``'s) ≥ ``HOST_SHARE_WARN`` of the GPU
-    window. With mostly short kernels it is launch-bound (``evidence.kind = "launch_bound"``:
+    window, less the share of the traced steps spent in torch.compile's compilations
+    (``compile.compile_share``: those are ``recompiles``' or start-up, not the loop's host work).
+    With mostly short kernels it is launch-bound (``evidence.kind = "launch_bound"``:
     per-kernel overhead; fix: fewer, larger kernels); else the host's own work
     (``python_compute``). est = 1/(1 − share)."""
     window = m.get("window_s")
@@ -110,7 +113,8 @@ def host_bound(m: dict) -> dict | None:
     if not window or dev.get("host_wait_s") is None:
         return None
     loading = ((m.get("steps") or {}).get("shares") or {}).get("dataloader") or 0.0
-    share = max(0.0, dev["host_wait_s"] / window - loading)
+    compiling = (m.get("compile") or {}).get("compile_share") or 0.0
+    share = max(0.0, dev["host_wait_s"] / window - loading - compiling)
     if share < T.HOST_SHARE_WARN:
         return None
     k = m.get("kernels") or {}
@@ -233,18 +237,19 @@ def device_bound(m: dict) -> dict:
 
 
 def _own(m: dict, loader: str | None) -> list[dict]:
-    """One rank's own findings (without GPU activity, only ``input_bound``: the cores are the
-    device, and the GPU rules have nothing to read)."""
+    """One rank's own findings (without GPU activity, only ``input_bound`` and the torch.compile
+    findings: the cores are the device, and the GPU rules have nothing to read)."""
     rules = (input_bound(m, loader), sync_bound(m), host_bound(m), pageable_transfers(m)) if m.get("has_gpu") else (
         input_bound(m, loader),)
-    return [f for f in rules if f]
+    return [f for f in rules if f] + compile_findings(m)
 
 
 def no_gpu_activity(ranks: list[dict]) -> dict:
     """The note of a trace without GPU activity."""
     return finding("no_steps", "info", "No GPU activity in the trace",
                    "The trace holds no kernel, memcpy or memset events (a CPU-only run, or the profiler did not "
-                   "record CUDA activities): only the DataLoader and the ranks' collectives are judged.",
+                   "record CUDA activities): only the DataLoader, torch.compile and the ranks' collectives are "
+                   "judged.",
                    {"events": sum(r["metrics"].get("events") or 0 for r in ranks)}, None,
                    "Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA].",
                    "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], ...)",
@@ -260,8 +265,9 @@ def diagnose_trace(job: dict, loader: str | None = None) -> tuple[str, list[dict
     nor do those name why the straggler is late). Verdict as for live runs
     (:func:`whyidle.diagnose.verdict.choose_verdict`: the largest measured ``bound``), else
     ``device_bound`` (``unknown`` when the device's activity spans no measurable time, e.g. one
-    instant). Without GPU activity on any rank only ``input_bound`` and ``imbalance`` are
-    judged (verdict ``unknown`` when neither qualifies), with a ``no_steps`` note."""
+    instant). Without GPU activity on any rank only ``input_bound``, the torch.compile findings
+    (:mod:`whyidle.diagnose.trace_compile_rules`) and ``imbalance`` are judged (verdict
+    ``unknown`` when none qualifies), with a ``no_steps`` note."""
     from whyidle.diagnose import _cap_at_the_others_pace
 
     ranks = job.get("ranks") or []

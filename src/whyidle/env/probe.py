@@ -10,7 +10,8 @@ Everything here only *reads*; what it means is decided by :mod:`whyidle.diagnose
   call is guarded there, so a missing function or permission reads as ``None`` ("not available").
 * PCI: ``/sys/bus/pci/devices/*/{vendor,class}`` tells "an NVIDIA GPU is present but the driver
   cannot reach it" apart from "no NVIDIA GPU on this machine".
-* CPU and memory: psutil, the affinity mask, and the cgroup (v2, else v1) CPU quota / memory limit.
+* CPU and memory: psutil, the affinity mask, and the cgroup (v2, else v1) CPU quota / memory limit
+  (:mod:`whyidle.sampling.limits`, which ``whyidle run`` records per process too).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 
 import psutil
+
+from whyidle.sampling import limits
 
 #: Frameworks probed, module name → display name.
 FRAMEWORKS: dict[str, str] = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX"}
@@ -325,14 +328,6 @@ def probe_nvml() -> dict:
 
 # -- PCI -------------------------------------------------------------------------------------------
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
 def probe_pci(root: str = "/sys/bus/pci/devices") -> dict:
     """NVIDIA display/3D controllers on the PCI bus, whether or not a driver is loaded.
 
@@ -351,113 +346,38 @@ def probe_pci(root: str = "/sys/bus/pci/devices") -> dict:
     gpus = []
     for slot in slots:
         base = os.path.join(root, slot)
-        vendor = (_read(os.path.join(base, "vendor")) or "").lower()
-        cls = (_read(os.path.join(base, "class")) or "").lower()
+        vendor = (limits.read_text(os.path.join(base, "vendor")) or "").lower()
+        cls = (limits.read_text(os.path.join(base, "class")) or "").lower()
         if vendor != PCI_VENDOR_NVIDIA or not cls.startswith(PCI_CLASS_DISPLAY):
             continue
         try:
             driver = os.path.basename(os.readlink(os.path.join(base, "driver")))
         except OSError:
             driver = None
-        gpus.append({"slot": slot, "device": _read(os.path.join(base, "device")), "class": cls, "driver": driver})
+        gpus.append({"slot": slot, "device": limits.read_text(os.path.join(base, "device")), "class": cls, "driver": driver})
     return {"readable": True, "nvidia_gpus": gpus}
 
 
 # -- CPU and memory ---------------------------------------------------------------------------------
 
-def _cgroup_dirs(root: str, proc_cgroup: str, v1_controller: str | None = None) -> list[str]:
-    """This process's cgroup folder and its ancestors (nearest first): cgroup v2 (``0::/path`` in
-    ``/proc/self/cgroup``, under ``root``) or, with ``v1_controller``, that v1 hierarchy
-    (``N:cpu,cpuacct:/path``, under ``root/<controllers>``). In a container the recorded path may not
-    exist in its own view; the walk up still reaches the hierarchy's root, the container's cgroup."""
-    base = rel = None
-    for line in (_read(proc_cgroup) or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if v1_controller is None and parts[0] == "0" and parts[1] == "":
-            base, rel = root, parts[2]
-        elif v1_controller is not None and v1_controller in parts[1].split(","):
-            base = os.path.join(root, parts[1])
-            if not os.path.isdir(base):
-                base = os.path.join(root, v1_controller)
-            rel = parts[2]
-    if base is None or rel is None:
-        return []
-    dirs = []
-    path = os.path.normpath(os.path.join(base, rel.strip().lstrip("/")))
-    while True:
-        dirs.append(path)
-        if path == base or not path.startswith(base + os.sep):
-            break
-        path = os.path.dirname(path)
-    return dirs
-
-
-def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
-    """CPUs per second this process's cgroup may use: ``cpu.max`` quota / period (cgroup v2), else
-    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (v1), the smallest along the path to the root;
-    ``None`` when there is no limit or no cgroup file."""
-    quotas = []
-    for d in _cgroup_dirs(root, proc_cgroup):
-        parts = (_read(os.path.join(d, "cpu.max")) or "").split()
-        if len(parts) == 2 and parts[0] != "max":
-            try:
-                quotas.append(int(parts[0]) / int(parts[1]))
-            except (ValueError, ZeroDivisionError):
-                pass
-    if not quotas:
-        for d in _cgroup_dirs(root, proc_cgroup, "cpu"):
-            try:
-                q = int(_read(os.path.join(d, "cpu.cfs_quota_us")) or -1)
-                if q > 0:
-                    quotas.append(q / int(_read(os.path.join(d, "cpu.cfs_period_us")) or 0))
-            except (ValueError, ZeroDivisionError):
-                pass
-    return round(min(quotas), 2) if quotas else None
-
-
-#: cgroup v1 writes a number near 2**63 for "no memory limit".
-_V1_UNLIMITED = 1 << 60
-
-
-def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
-    """Bytes this process's cgroup may use: ``memory.max`` (v2), else ``memory.limit_in_bytes`` (v1),
-    the smallest along the path to the root; ``None`` when unlimited or unknown."""
-    limits = []
-    for d in _cgroup_dirs(root, proc_cgroup):
-        v = _read(os.path.join(d, "memory.max"))
-        if v and v.isdigit():
-            limits.append(int(v))
-    if not limits:
-        for d in _cgroup_dirs(root, proc_cgroup, "memory"):
-            v = _read(os.path.join(d, "memory.limit_in_bytes"))
-            if v and v.isdigit() and int(v) < _V1_UNLIMITED:
-                limits.append(int(v))
-    return min(limits) if limits else None
-
-
 def probe_cpu() -> dict:
     """CPU cores: ``logical`` and ``physical`` (psutil; ``None`` where unknown), ``affinity`` (cores
     this process may run on, ``os.sched_getaffinity``), ``cgroup_quota`` (CPUs per second allowed by
-    the cgroup, ``None`` = no limit) and ``usable`` (the smallest of these, in cores)."""
+    the cgroup, ``None`` = no limit) and ``usable`` (the smallest of these, in cores:
+    :func:`whyidle.sampling.limits.usable_cores`)."""
     logical = psutil.cpu_count(logical=True) or os.cpu_count()
     physical = psutil.cpu_count(logical=False)
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
-    quota = cgroup_cpu_quota()
-    candidates = [c for c in (logical, affinity, quota) if c]
-    return {"logical": logical, "physical": physical, "affinity": affinity, "cgroup_quota": quota,
-            "usable": min(candidates) if candidates else None}
+    own = limits.process_limits()
+    usable, _why = limits.usable_cores(logical, own["cpu_affinity"], own["cpu_quota"])
+    return {"logical": logical, "physical": physical, "affinity": own["cpu_affinity"],
+            "cgroup_quota": own["cpu_quota"], "usable": usable}
 
 
 def probe_memory() -> dict:
     """Host memory in bytes: ``total`` and ``available`` (psutil), ``cgroup_limit`` (``None`` = no
     limit below the machine's)."""
     vm = psutil.virtual_memory()
-    limit = cgroup_memory_limit()
+    limit = limits.process_limits()["mem_limit_bytes"]
     return {"total_bytes": vm.total, "available_bytes": vm.available,
             "cgroup_limit_bytes": limit if limit is not None and limit < vm.total else None}
 

@@ -303,7 +303,8 @@ _install_lightning = _installer("frameworks", "install_lightning", "Lightning")
 #: for a program that only builds models would cost seconds.
 #: torch.compile's frame evaluator: before it imports, the Module.__call__ wrapper goes in
 #: (TorchDynamo keeps the __call__ it finds as PyTorch's own); after, whyidle's frames are skipped.
-_install_dynamo = _installer("forward", "install_dynamo", "torch.compile support")
+_install_dynamo = _then(_installer("forward", "install_dynamo", "torch.compile support"),
+                        _installer("compile", "install", "torch.compile timing"))
 _install_dynamo.before = lambda: importlib.import_module("whyidle.instrument.forward").put_in()
 _INSTALLERS = {"torch": _then(_override_torch, _installer("torch", "install", "PyTorch")),
                "tensorflow": _then(_override_tf, _installer("keras", "install_tensorflow", "TensorFlow")),

@@ -18,9 +18,33 @@ What it observes, without a code change in the user's program:
   ``TensorBoard`` callback with ``profile_batch``, ``tf.profiler.experimental.start``,
   ``tf.summary.trace_on(profiler=True)``): a user's start while whyidle's window is open closes
   whyidle's window first, discarding it.
+- **Input wait on the torch and JAX backends**: their trainers take each batch from the iterator
+  the epoch iterator makes (``TorchEpochIterator`` / ``JAXEpochIterator._get_iterator``: a torch
+  ``DataLoader`` over the input, or a generator over it), whatever ``fit`` was given
+  (``PyDataset``, Python generator, tf.data, torch ``DataLoader``, arrays). That iterator is
+  wrapped: each ``next()`` of a training batch is timed as ``data`` (on torch between train-function
+  calls, on JAX inside them: ``comp`` is the train function's time less that), with the training
+  thread's CPU time in it (``data_cpu``). Nothing is synchronized: the time is what the loop waits.
+  On JAX the first call of the train function compiles it with ``jit``: it is the first step's
+  (start-up, like TensorFlow's tracing).
+- **Completion on JAX**: JAX dispatches each train step asynchronously (on the CPU too), so the
+  loop runs ahead of the computation and Keras waits for it in the batch-end callbacks it runs in
+  its own threads (and at each epoch's end). The whyidle callback's ``on_train_batch_end`` runs in
+  that thread once Keras has read the step's logs, i.e. once the step's computation finished: its
+  time is the step's completion (``keras_done`` records), from which the analysis puts the steps
+  on the computation's pace (:func:`whyidle.analysis.keras.completion_paced`). Keras's own wait
+  for those callbacks at an epoch's end is training, not the epoch-end callbacks' evaluation
+  region: it runs before that region opens.
+- On the torch backend the PyTorch instrumentation stands aside during ``fit``/``evaluate``/
+  ``predict`` (:meth:`whyidle.instrument.torch.TorchInstrument.stand_aside`: Keras's own loop, not
+  PyTorch's hooks, says what a step is) and lends its stack sampler, whose samples then take
+  Keras's phases. Keras's own ``model.eval()`` of the modules is not an evaluation region (its
+  ``evaluate`` is).
 - The dataset given to ``fit`` is described once (:func:`whyidle.instrument.tfdata.describe`) for
-  the tf.data lint; the GPUs TensorFlow sees, its CUDA/cuDNN build and the Keras dtype policy are
-  recorded once (``tf_devices``).
+  the tf.data lint; a ``PyDataset``'s ``workers``/``use_multiprocessing``/``max_queue_size``, a torch
+  ``DataLoader``'s ``num_workers`` and the user's lines (the class, ``fit``'s call) are kept in the
+  ``keras_call`` record; the GPUs TensorFlow sees, its CUDA/cuDNN build and the Keras dtype policy
+  are recorded once (``tf_devices``).
 - Custom loops (``for x, y in dataset:`` with a ``tf.GradientTape`` step, no ``fit``): each eager
   ``next()`` on a tf.data iterator of the main thread marks a step; ``data`` is the time inside
   ``next()``, ``comp`` the time inside ``tf.function`` calls of that step and ``grad`` the eager
@@ -34,6 +58,7 @@ instrumentation off and says so once; nothing here synchronizes a device.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -60,6 +85,9 @@ WINDOW_MAX_S = 3.0
 #: A custom loop's dataset is described (for the tf.data lint) at this many next() calls on one
 #: iterator: a loop that really trains, not a peek such as ``for x in ds.take(1): print(x)``.
 ITERATOR_DESCRIBE_AT = 3
+
+#: JAX step completions per ``keras_done`` record (besides one at each epoch's end): a few KB.
+DONE_PER_RECORD = 256
 
 _INSTANCE: "KerasInstrument | None" = None
 
@@ -106,6 +134,15 @@ class KerasInstrument:
         self.described_iterator = False  # a custom loop's dataset is described once
         self.it_count = 0  # next() calls on the current iterator
         self.backend: str | None = None  # Keras backend, once Keras is imported
+        self.input_timed = False  # the backend's epoch iterator is wrapped (_watch_input): steps carry data
+        self.testing = False  # validation inside fit: its batches are no training input
+        self.in_fn = False  # inside the train function (JAX fetches its batches there)
+        self.fn_data: list = []  # (t0, t1) of the batches fetched inside the current train-function call
+        self.open_calls = 0  # Keras fit/evaluate/predict calls running (the stack samples' phase is ours)
+        self.torch_aside = False  # the PyTorch instrumentation stands aside for the Keras call
+        self.model = None  # the model whose train_function is wrapped, until its fit ends
+        self.done: list = []  # JAX: (step, monotonic ns) of completed steps, appended by Keras's callback threads
+        self.batch_step: dict = {}  # JAX: Keras's end_step of this epoch → our step index
 
     # -- errors ----------------------------------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
@@ -117,9 +154,9 @@ class KerasInstrument:
             self.window.abandon()
 
     # -- fit ---------------------------------------------------------------------------------------
-    def on_fit_start(self, method: str, model, bound: dict) -> None:
+    def on_fit_start(self, method: str, model, bound: dict, site: str | None = None) -> None:
         """``Model.fit``/``evaluate``/``predict`` was called (main thread); ``bound`` holds its
-        arguments by name."""
+        arguments by name, ``site`` the program's line that called it (``"train.py:40"``)."""
         startup.entered(self.agent)  # until its first step, Keras's own start
         if self.tid is None:
             self.tid = threading.get_ident()
@@ -133,6 +170,7 @@ class KerasInstrument:
             return
         x = bound.get("x")
         self.fit_info = {"t0": monotonic_ns(), "input": _input_kind(x), "source": _input_source(x),
+                         **_input_settings(x), "site": site, "jit_compile": _jit_compile(model),
                          "epochs": bound.get("epochs"),
                          "batch_size": bound.get("batch_size"), "steps_per_epoch": bound.get("steps_per_epoch"),
                          "validation": bound.get("validation_data") is not None or bool(bound.get("validation_split"))}
@@ -167,9 +205,11 @@ class KerasInstrument:
     def on_train_begin(self, model) -> None:
         self.training += 1
         self.phase = "other"
+        self.testing = False
         fn = getattr(model, "train_function", None)
         if fn is not None and not getattr(fn, "_whyidle", False):
             model.train_function = self._timed(fn)
+            self.model = model
         if not self.devices_recorded:
             self.devices_recorded = True
             self.agent.record(_devices_record(model))
@@ -183,23 +223,26 @@ class KerasInstrument:
             if inst.off or not inst.training or threading.get_ident() != inst.tid:
                 return fn(*args, **kwargs)
             inst.phase = "compute"
+            inst.in_fn = True
             t0 = monotonic_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
                 t1 = monotonic_ns()
                 inst.phase = "other"
+                inst.in_fn = False
                 cur = inst.cur
                 if cur is not None:
                     cur["fn"] += t1 - t0
-                    _spans(cur, t0, t1, COMPUTE)
+                    _spans(cur, t0, t1, COMPUTE, inst.fn_data)
+                inst.fn_data = []
                 inst.calls += 1
 
         train_function._whyidle = True
         train_function.__wrapped__ = fn
         return train_function
 
-    def on_batch_begin(self) -> None:
+    def on_batch_begin(self, batch: int = 0) -> None:
         now = monotonic_ns()
         if self.cur is not None:
             self._end_step(now, False)
@@ -208,26 +251,67 @@ class KerasInstrument:
         w = self.window
         if w is not None and not self.off and w.before_call(self.calls, now):
             now = monotonic_ns()  # the profiler's own start / stop-and-save is in no step
-        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "i": self.step_i, "ph": [],
-                    "first": self.cur_first, "profiled": w is not None and w.active}
+        self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "data": 0, "data_in_fn": 0, "data_cpu": 0,
+                    "i": self.step_i, "ph": [], "first": self.cur_first, "profiled": w is not None and w.active}
         self.cur_first = False
+        if self.backend == "jax":
+            self.batch_step[batch + self.spe - 1] = self.step_i  # the end_step Keras gives on_train_batch_end
         self.step_i += 1
 
     def _end_step(self, now: int, boundary: bool) -> None:
         cur, self.cur = self.cur, None
-        samples = self.batch_size * self.spe if self.batch_size else None
-        self.agent.record({
+        samples = self.batch_size * self.spe if self.batch_size else (cur.get("samples") or None)
+        rec = {
             "k": "step", "t": now, "i": cur["i"], "t0": cur["t0"], "t1": now, "by": "keras",
             "fn": cur["fn"], "batches": self.spe, "samples": samples, "cpu": thread_time_ns() - cur["c0"],
             "boundary": bool(boundary or cur["first"]), "profiled": cur["profiled"], "ph": cur["ph"],
-        })
+        }
+        if self.input_timed:  # the batches' wait, measured (on JAX inside the train function)
+            rec.update(data=cur["data"], comp=cur["fn"] - cur["data_in_fn"], data_cpu=cur["data_cpu"])
+        self.agent.record(rec)
+        if len(self.done) >= DONE_PER_RECORD:
+            self.flush_done(now)
+
+    def on_step_done(self, batch: int) -> None:
+        """JAX: Keras read the logs of the step ending at its ``batch`` (in its callback thread): that
+        step's computation has finished."""
+        i = self.batch_step.get(batch)
+        if i is not None:
+            self.done.append((i, monotonic_ns()))
+
+    def flush_done(self, now: int) -> None:
+        """Writes the completions gathered so far as one ``keras_done`` record."""
+        done, self.done = self.done, []
+        if done:
+            self.agent.record({"k": "keras_done", "t": now, "done": [list(d) for d in done]})
+
+    def on_batch_fetched(self, t0: int, t1: int, c0: int, batch) -> None:
+        """The training loop took a batch from its input (``t0``/``t1`` monotonic ns, ``c0`` the
+        thread's CPU time at ``t0``); ``batch`` is None at the input's end."""
+        cur = self.cur
+        if cur is None:  # the epoch's first batch, fetched before its first step begins
+            return
+        cur["data"] += t1 - t0
+        cur["data_cpu"] += thread_time_ns() - c0
+        if self.in_fn:
+            cur["data_in_fn"] += t1 - t0
+            self.fn_data.append((t0, t1))
+        else:
+            _spans(cur, t0, t1, DATA)
+        if batch is not None and not self.batch_size:
+            cur["samples"] = (cur.get("samples") or 0) + (_samples_of(batch) or 0)
+        if batch is not None and "batch_bytes" not in self.fit_info:  # once: what worker processes would pickle
+            self.fit_info["batch_bytes"] = _nbytes(batch)
 
     def on_epoch_begin(self) -> None:
         self.cur_first = True
 
     def on_epoch_end(self) -> None:
+        now = monotonic_ns()
         if self.cur is not None:
-            self._end_step(monotonic_ns(), True)
+            self._end_step(now, True)
+        self.flush_done(now)  # Keras waited for every batch-end callback of the epoch before this
+        self.batch_step = {}
 
     def on_train_end(self) -> None:
         now = monotonic_ns()
@@ -235,8 +319,14 @@ class KerasInstrument:
             self._end_step(now, True)
         self.training = max(0, self.training - 1)
         self.phase = "setup"
+        model, self.model = self.model, None
+        fn = getattr(model, "train_function", None)
+        if getattr(fn, "_whyidle", False):  # nothing of ours left on the program's model
+            model.train_function = fn.__wrapped__
         if self.window is not None:
             self.window.close(now)
+        self.flush_done(now)
+        self.batch_step = {}
         info = self.fit_info
         if info:
             self.agent.record(dict(info, k="keras_call", t=now, fn="fit", t1=now, steps_per_execution=self.spe,
@@ -247,6 +337,29 @@ class KerasInstrument:
         """``fit`` returned or raised: whatever ``on_train_end`` did not close is closed here."""
         if self.training:
             self.on_train_end()
+
+    # -- calls on the torch backend ----------------------------------------------------------------
+    def enter_call(self) -> None:
+        """A Keras ``fit``/``evaluate``/``predict`` starts (outermost): on the torch backend the
+        PyTorch instrumentation stands aside until it ends."""
+        self.open_calls += 1
+        if self.backend == "torch" and self.open_calls == 1:
+            torch_inst = _torch_instrument()
+            self.torch_aside = torch_inst is not None and torch_inst.stand_aside(True)
+
+    def leave_call(self, model) -> None:
+        """The Keras call ended: the PyTorch instrumentation takes its hooks back, and the
+        ``model.eval()`` Keras left its modules in is no evaluation region (``evaluate``'s is)."""
+        self.open_calls = max(0, self.open_calls - 1)
+        if self.backend != "torch" or self.open_calls:
+            return
+        if self.torch_aside:
+            self.torch_aside = False
+            _torch_instrument().stand_aside(False)
+        regions = region_mod.get(self.agent)
+        if regions.eval_module == id(model):
+            regions.eval_module = None
+            regions.end("mode", "Module.eval", drop=True)
 
     def on_other_call(self, fn: str, t0: int, batches: int) -> None:
         """``evaluate``/``predict`` ended (outside ``fit``)."""
@@ -306,18 +419,33 @@ class KerasInstrument:
 
     # -- stacks ----------------------------------------------------------------------------------
     def _start_stacks(self) -> None:
-        if self.backend != "torch":  # on the PyTorch backend, the PyTorch instrumentation does this
-            startup.hand_over(self.agent)
-        if self.stacks is not None or self.agent.stack_hz <= 0 or self.backend == "torch":
-            return  # on the PyTorch backend, the PyTorch instrumentation samples the same thread
+        startup.hand_over(self.agent)
+        if self.stacks is not None or self.agent.stack_hz <= 0:
+            return
+        regions = region_mod.get(self.agent)
+        torch_inst = _torch_instrument() if self.backend == "torch" else None
+        if torch_inst is not None and torch_inst.tid == self.tid:  # one sampler per thread: PyTorch's, lent
+            self.stacks = torch_inst.lend_stacks(lambda: regions.sample_phase(self.phase) if self.open_calls else None)
+            return
         from whyidle.instrument.stacks import StackSampler
 
-        regions = region_mod.get(self.agent)
         self.stacks = StackSampler(self.tid, self.agent.stack_hz, lambda: regions.sample_phase(self.phase),
                                    native_id=threading.get_native_id(), notify=self.agent.notice)
         self.agent.collectors.append(self.stacks.drain)
         self.agent.on_exit.append(self.stacks.stop)
         self.stacks.start()
+
+
+def _nbytes(batch, _depth: int = 0) -> int:
+    """Bytes of the arrays/tensors in a (nested) batch (``nbytes``; 0 for anything else)."""
+    if _depth > 4:
+        return 0
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        return sum(_nbytes(b, _depth + 1) for b in batch)
+    n = getattr(batch, "nbytes", 0)
+    return n if isinstance(n, int) else 0
 
 
 def _input_kind(x) -> str:
@@ -355,6 +483,115 @@ def _input_source(x) -> str | None:
         return f"{defined_at(code)} {code.co_name}"
     except Exception:
         return None
+
+
+def _input_settings(x) -> dict:
+    """The settings of a Python input a fix names: a ``PyDataset``'s ``workers``,
+    ``use_multiprocessing``, ``max_queue_size``, its class (``input_class``), where that class's own
+    ``__init__`` is (``input_init``, ``"file:line"``, None when it inherits PyDataset's) and whether it
+    takes ``**kwargs`` (``input_kwargs``: PyDataset's settings can be passed where it is built); a
+    torch ``DataLoader``'s ``num_workers``. Empty for other inputs."""
+    out: dict = {}
+    try:
+        kind = _input_kind(x)
+        if kind == "PyDataset":
+            cls = type(x)
+            init = cls.__dict__.get("__init__")
+            code = getattr(init, "__code__", None)
+            out = {"workers": getattr(x, "workers", None), "use_multiprocessing": getattr(x, "use_multiprocessing", None),
+                   "max_queue_size": getattr(x, "max_queue_size", None), "input_class": cls.__name__,
+                   "input_init": defined_at(code) if code is not None else None,
+                   "input_kwargs": bool(code is not None and code.co_flags & inspect.CO_VARKEYWORDS)}
+        elif kind == "torch DataLoader":
+            out = {"workers": getattr(x, "num_workers", None)}
+    except Exception:
+        pass
+    return out
+
+
+def _jit_compile(model):
+    """The model's ``jit_compile`` (True/False; None when unknown)."""
+    try:
+        value = getattr(model, "jit_compile", None)
+        return value if isinstance(value, bool) else None
+    except Exception:
+        return None
+
+
+def _call_site(frame) -> str | None:
+    """``"file:line"`` of the program's line that called ``fit``/``evaluate``/``predict``."""
+    try:
+        return f"{defined_at(frame.f_code).rpartition(':')[0]}:{frame.f_lineno}"
+    except Exception:
+        return None
+
+
+def _torch_instrument():
+    """The process's PyTorch instrumentation (:mod:`whyidle.instrument.torch`), or None."""
+    return getattr(sys.modules.get("whyidle.instrument.torch"), "_INSTANCE", None)
+
+
+#: Where each backend's trainer takes its batches: the epoch iterator whose ``_get_iterator``
+#: makes the iterator ``fit`` draws from (Keras 3.x, ``keras/src/backend/*/trainer.py``).
+EPOCH_ITERATORS = {"torch": ("keras.src.backend.torch.trainer", "TorchEpochIterator"),
+                   "jax": ("keras.src.backend.jax.trainer", "JAXEpochIterator")}
+
+
+class _TimedBatches:
+    """The iterator a torch/JAX epoch iterator draws batches from, each training batch's
+    ``next()`` timed (:meth:`KerasInstrument.on_batch_fetched`). Keras's own object, not the
+    program's; it lives for one epoch's iteration."""
+
+    __slots__ = ("_it", "_inst")
+
+    def __init__(self, it, inst: KerasInstrument) -> None:
+        self._it = it
+        self._inst = inst
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        inst = self._inst
+        if inst.off or not inst.training or inst.testing or threading.get_ident() != inst.tid:
+            return next(self._it)
+        prev = inst.phase
+        inst.phase = "data"
+        batch = None
+        c0 = thread_time_ns()
+        t0 = monotonic_ns()
+        try:
+            batch = next(self._it)
+            return batch
+        finally:
+            t1 = monotonic_ns()
+            inst.phase = prev
+            _safe(inst, inst.on_batch_fetched, t0, t1, c0, batch)
+
+
+def _watch_input(inst: KerasInstrument, backend: str | None) -> None:
+    """Times the batches of the torch and JAX backends' training loops (module docstring): the
+    iterator their epoch iterator's ``_get_iterator`` returns is wrapped in :class:`_TimedBatches`.
+    A Keras without that method gets one notice and steps without an input wait."""
+    where = EPOCH_ITERATORS.get(backend or "")
+    if where is None:
+        return
+    try:
+        mod = sys.modules.get(where[0]) or importlib.import_module(where[0])
+        cls = getattr(mod, where[1])
+        orig = cls.__dict__["_get_iterator"]
+    except Exception as exc:
+        inst.agent.notice(f"Keras on the {backend} backend: its batches are not timed in this Keras version "
+                          f"({where[1]}._get_iterator: {exc!r}), so the input wait stays inside the train step")
+        return
+
+    @functools.wraps(orig)
+    def _get_iterator(self):
+        it = orig(self)
+        return it if inst.off else _TimedBatches(iter(it), inst)
+
+    cls._get_iterator = _get_iterator
+    inst.input_timed = True
 
 
 def _devices_record(model) -> dict:
@@ -400,9 +637,7 @@ def _new_window(inst: KerasInstrument):
         backend = keras.backend.backend()
     except Exception:
         backend = None
-    if backend != "tensorflow":
-        inst.agent.notice(f"Keras runs on the {backend} backend: the input wait inside the train step is not "
-                          "separated from compute (the TensorFlow profiler window needs the TensorFlow backend)")
+    if backend != "tensorflow":  # the batches are timed where the trainer takes them (_watch_input)
         return None
     from whyidle.instrument.tfprof import ProfilerWindow
 
@@ -415,7 +650,7 @@ def _make_callback(keras, inst: KerasInstrument):
     class WhyidleCallback(keras.callbacks.Callback):
         """whyidle's timing callback (added by ``whyidle run``; it changes nothing in training)."""
 
-        async_safe = True  # no batch-end hooks: Keras may keep dispatching batch ends asynchronously
+        async_safe = True  # Keras may keep dispatching batch ends asynchronously
 
         def __init__(self, method: str) -> None:
             super().__init__()
@@ -439,15 +674,21 @@ def _make_callback(keras, inst: KerasInstrument):
 
         def on_train_batch_begin(self, batch, logs=None):
             if not inst.off and threading.get_ident() == inst.tid:
-                _safe(inst, inst.on_batch_begin)
+                _safe(inst, inst.on_batch_begin, batch)
+
+        def on_train_batch_end(self, batch, logs=None):  # async_safe: Keras's dispatch stays as it was
+            if inst.backend == "jax" and inst.training and not inst.off:
+                _safe(inst, inst.on_step_done, batch)
 
         def on_test_begin(self, logs=None):
             self._t0, self._batches = monotonic_ns(), 0
+            inst.testing = True  # validation inside fit: its batches are not the training's
 
         def on_test_batch_begin(self, batch, logs=None):
             self._batches += 1
 
         def on_test_end(self, logs=None):
+            inst.testing = False
             if self._method == "evaluate" and not inst.off:
                 _safe(inst, inst.on_other_call, "evaluate", self._t0, self._batches)
 
@@ -488,15 +729,20 @@ def _wrap_method(cls, name: str, inst: KerasInstrument, callback_cls) -> None:
             if user is not None and not isinstance(user, (list, tuple)):
                 raise TypeError(f"callbacks given as {type(user).__name__}")
             bound.arguments["callbacks"] = [callback_cls(name)] + list(user or [])
-            inst.on_fit_start(name, self, dict(bound.arguments, callbacks=user))
+            inst.on_fit_start(name, self, dict(bound.arguments, callbacks=user), _call_site(sys._getframe(1)))
         except Exception as exc:
             inst.agent.notice(f"Keras {name}() not instrumented: {exc!r}")
             return orig(self, *args, **kwargs)
+        _safe(inst, inst.enter_call)
         try:
             return orig(*bound.args, **bound.kwargs)
         finally:
             if name == "fit":
                 _safe(inst, inst.after_fit)
+            try:  # even once off: the PyTorch instrumentation must get its hooks back
+                inst.leave_call(self)
+            except Exception as exc:
+                inst.fail("leave_call", exc)
 
     setattr(cls, name, method)
 
@@ -518,6 +764,7 @@ def install_keras(agent, keras) -> KerasInstrument:
     except Exception:
         pass
     inst.backend = backend
+    _watch_input(inst, backend)
     inst.keras_proc = {"k": "proc", "pid": os.getpid(), "ppid": os.getppid(),
                        "argv": redact_argv(list(getattr(sys, "argv", []))),
                        "python": sys.version.split()[0], "framework": "keras",
@@ -537,7 +784,25 @@ def install_keras(agent, keras) -> KerasInstrument:
     callback_list = getattr(getattr(keras, "callbacks", None), "CallbackList", None)
     if callback_list is not None:  # the program's callbacks at epoch end (fit's validation runs before)
         region_mod.wrap(callback_list, "on_epoch_end", "evaluation", agent, "callbacks.on_epoch_end")
+        _flush_first(callback_list)
     return inst
+
+
+def _flush_first(callback_list) -> None:
+    """``CallbackList.on_epoch_end`` first waits for the batch-end callbacks Keras dispatched to
+    its threads (``_flush_futures``: on JAX, the computation the loop ran ahead of); that wait is
+    done here, before the epoch-end callbacks' evaluation region opens. Keras's own wait then finds
+    nothing left: the order of what runs is unchanged."""
+    inner = callback_list.on_epoch_end
+
+    @functools.wraps(inner)
+    def on_epoch_end(self, *args, **kwargs):
+        flush = getattr(self, "_flush_futures", None)
+        if flush is not None and getattr(self, "_async_train", False) and getattr(self, "_futures", None):
+            flush()
+        return inner(self, *args, **kwargs)
+
+    callback_list.on_epoch_end = on_epoch_end
 
 
 def install_tensorflow(agent, tf) -> KerasInstrument:
@@ -594,11 +859,18 @@ def _watch_profiler(inst: KerasInstrument) -> None:
 DATA, OTHER, COMPUTE = (PHASE_CODES.index(p) for p in ("data", "other", "compute"))
 
 
-def _spans(step: dict, t0: int, t1: int, code: int) -> None:
-    """Adds the phase span [t0, t1] (ns) of ``code`` to a step's ``ph`` values, then back to other."""
+def _spans(step: dict, t0: int, t1: int, code: int, inner=()) -> None:
+    """Adds the phase span [t0, t1] (ns) of ``code`` to a step's ``ph`` values, then back to other;
+    ``inner``: the ``(t0, t1)`` data spans inside it (batches JAX fetches inside the train function).
+    A span that would pass ``MAX_PH_VALUES`` is left out whole."""
     ph = step["ph"]
-    if len(ph) < MAX_PH_VALUES:
-        ph += (code, (t0 - step["t0"]) // 1000, OTHER, (t1 - step["t0"]) // 1000)
+    if len(ph) + 4 + 4 * len(inner) > MAX_PH_VALUES:
+        return
+    base = step["t0"]
+    ph += (code, (t0 - base) // 1000)
+    for a, b in inner:
+        ph += (DATA, (a - base) // 1000, code, (b - base) // 1000)
+    ph += (OTHER, (t1 - base) // 1000)
 
 
 def _watch_iterators(inst: KerasInstrument, tf) -> None:

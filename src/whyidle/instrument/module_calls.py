@@ -33,7 +33,7 @@ def _batch_of(args) -> int | None:
     for a in args[:4] if isinstance(args, tuple) else ():
         shape = getattr(a, "shape", None)
         if shape is not None and len(shape) >= 1:
-            return int(shape[0])
+            return int(shape[0]) if shape[0] is not None else None  # Keras's symbolic build: (None, ...)
     return None
 
 

@@ -11,6 +11,8 @@ change to its files:
 - ``threads``: ``torch.set_num_threads`` once in the training process; ``cudnn_benchmark``,
   ``tf32`` (``torch.set_float32_matmul_precision("high")``); ``autocast`` (``"bf16"`` or
   ``"fp16"``): the outermost module call of each forward runs under ``torch.autocast``;
+- ``compile_dynamic``: every ``torch.compile(...)`` (and ``Module.compile()``) call gets
+  ``dynamic=True``: one compilation with symbolic sizes instead of a recompilation per new size;
 - tf.data: ``tfdata_parallel_map`` (``map`` without ``num_parallel_calls`` gets
   ``tf.data.AUTOTUNE``), ``tfdata_prefetch`` (the dataset given to ``Model.fit`` gets
   ``.prefetch(tf.data.AUTOTUNE)``), ``batch_size`` (``Dataset.batch(n)`` and ``Model.fit(batch_size=)``).
@@ -44,7 +46,7 @@ SCRATCH_ENV = "WHYIDLE_SCRATCH"
 KNOBS = {
     "num_workers": int, "pin_memory": bool, "persistent_workers": bool, "prefetch_factor": int,
     "batch_size": int, "threads": int, "cudnn_benchmark": bool, "tf32": bool, "autocast": str,
-    "tfdata_parallel_map": bool, "tfdata_prefetch": bool,
+    "tfdata_parallel_map": bool, "tfdata_prefetch": bool, "compile_dynamic": bool,
 }
 #: The DataLoader arguments among :data:`KNOBS`.
 LOADER_KNOBS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
@@ -242,6 +244,24 @@ def install_torch(agent, torch) -> None:
         _install_autocast(ov, torch)
     if any(k in s for k in LOADER_KNOBS):
         _wrap_loader(ov, torch)
+    if "compile_dynamic" in s and getattr(torch, "compile", None) is not None:
+        _wrap_compile(ov, torch)
+
+
+def _wrap_compile(ov: Overrides, torch) -> None:
+    """``torch.compile`` called with ``dynamic=`` the trial's ``compile_dynamic``."""
+    import functools
+
+    orig = torch.compile
+
+    @functools.wraps(orig)
+    def compile(*args, **kwargs):
+        was = kwargs.get("dynamic")
+        kwargs["dynamic"] = ov.settings["compile_dynamic"]
+        ov.note("compile_dynamic", True, was=was, site=_user_site())
+        return orig(*args, **kwargs)
+
+    torch.compile = compile
 
 
 def _redirect_loads(ov: Overrides, torch) -> None:

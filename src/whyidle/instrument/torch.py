@@ -138,8 +138,8 @@ def batch_size_of(batch, _depth: int = 0) -> int | None:
     """
     if _depth > 4:
         return None
-    if _is_array(batch):
-        return int(batch.shape[0]) if len(batch.shape) else None
+    if _is_array(batch):  # a symbolic tensor (Keras's build) has an unknown leading dimension
+        return int(batch.shape[0]) if len(batch.shape) and batch.shape[0] is not None else None
     if isinstance(batch, collections.abc.Mapping):
         return batch_size_of(next(iter(batch.values())), _depth + 1) if batch else None
     if not isinstance(batch, (list, tuple)) or not batch:
@@ -456,6 +456,40 @@ class TorchInstrument:
             except Exception:
                 pass
         self.agent.notice(f"PyTorch instrumentation disabled after an error in {where}: {exc!r}")
+
+    def stand_aside(self, aside: bool) -> bool:
+        """While another instrumentation times this thread's loop itself (Keras's ``fit`` /
+        ``evaluate`` / ``predict`` on the torch backend, :mod:`whyidle.instrument.keras`), every hook
+        here passes its calls through and the wrappers that can come out are out, the copy audit
+        for good (``aside`` True); False takes the hooks back. Returns whether it stood aside
+        (False when the instrumentation is already off). Between steps only; raises nothing."""
+        if aside == self.off:
+            return False
+        self.off = aside
+        if aside and self.transfers is not None:  # its Tensor.to wrapper: Keras calls .to() for every op's input
+            try:
+                self.transfers.stop()
+            except Exception:
+                pass
+            self.transfers = None
+        for switch in self.switches:
+            try:
+                switch(not aside and self.tracking)
+            except Exception:
+                pass
+        return True
+
+    def lend_stacks(self, phase_of):
+        """This thread's stack sampler for an instrumentation that times the loop itself (see
+        :meth:`stand_aside`), started now if it is not running: its samples take ``phase_of()``
+        whenever that is not None, this instrumentation's phase otherwise. Returns the sampler, or
+        None when stack sampling is off."""
+        self._start_stacks()
+        sampler = self.stacks
+        if sampler is not None:
+            own = sampler.phase_of
+            sampler.phase_of = lambda: phase_of() or own()
+        return sampler
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_fetch_start(self, it=None) -> None:
@@ -821,6 +855,16 @@ class TorchInstrument:
 
             self.classifier = FrameClassifier()
         return self.classifier
+
+    def on_compile_call(self, frame, kwargs: dict) -> None:
+        """``torch.compile(...)`` was called: a ``compile_call`` record with the program's line and
+        the options a recompilation fix names (``dynamic``, ``mode``, ``backend``, ``fullgraph``)."""
+        backend = kwargs.get("backend", "inductor")
+        self.agent.record({"k": "compile_call", "t": monotonic_ns(), "site": self.site_of(frame)[0],
+                           "dynamic": kwargs.get("dynamic") if isinstance(kwargs.get("dynamic"), bool) else None,
+                           "mode": kwargs.get("mode") if isinstance(kwargs.get("mode"), str) else None,
+                           "backend": backend if isinstance(backend, str) else getattr(backend, "__name__", "custom"),
+                           "fullgraph": bool(kwargs.get("fullgraph", False))})
 
     def site_of(self, frame) -> tuple[str | None, str | None]:
         """``(innermost user site, innermost site)`` of ``frame`` as ``"file:line function"``."""
@@ -1317,6 +1361,10 @@ def install(agent, torch) -> TorchInstrument:
         def compile(*args, **kwargs):
             inst.compiled = True
             forward_mod.pin()  # compiled code may be guarded on Module.__call__: no more switching
+            try:
+                inst.on_compile_call(sys._getframe(1), kwargs)
+            except Exception as exc:
+                agent.notice(f"torch.compile call not recorded: {exc!r}")
             return orig_compile(*args, **kwargs)
 
         torch.compile = compile

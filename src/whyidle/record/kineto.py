@@ -427,7 +427,9 @@ def _split_points(path: str, a0: int, workers: int | None) -> list[int]:
     """Offsets (of an event's ``{``) that split the array into parts of about equal size, verified
     to be event starts; [] when the file is too small or one process is asked for."""
     size = os.path.getsize(path)
-    n = min(workers or os.cpu_count() or 1, MAX_WORKERS)
+    from whyidle.sampling.limits import own_usable_cores
+
+    n = min(workers or int(own_usable_cores() + 1e-9) or 1, MAX_WORKERS)
     if n < 2 or size < PARALLEL_MIN_BYTES:
         return []
     import json

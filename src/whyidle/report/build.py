@@ -11,7 +11,8 @@ SCHEMA = "whyidle.report/1"
 
 #: Host metrics copied into ``metrics.host`` (names and units documented in
 #: :func:`whyidle.analysis.host.host_metrics`).
-HOST_KEYS = ("cores", "cpu_affinity", "cpu_busy_share", "percpu_busy_share", "iowait_share", "steal_share", "trainer_cores", "workers",
+HOST_KEYS = ("cores", "cores_usable", "cores_limit_by", "cpu_affinity", "cpu_quota", "cpu_throttled_share",
+             "cpu_throttled_s", "mem_limit_bytes", "cpu_busy_share", "percpu_busy_share", "iowait_share", "steal_share", "trainer_cores", "workers",
              "workers_cores", "worker_busy_share", "tree_other_cores", "other_procs_cores", "yielding_procs_cores", "whyidle_cores",
              "trainer_run_delay_share", "invol_ctx_per_s", "disk_read_bytes_per_s", "loader_read_bytes_per_s",
              "trainer_rss_max_bytes", "tree_rss_max_bytes", "tree_threads")
@@ -94,6 +95,9 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
                                                                                    "an epoch boundary or evaluation")
         notes.append(f"{info['boundary_excluded']} step(s) holding {held_text} ({info['boundary_s']:.2f} s) were left "
                      "out of the steady-state shares; the wall-time split counts that time.")
+    if info.get("compile_excluded"):
+        notes.append(f"{info['compile_excluded']} step(s) holding a torch.compile compilation were left out of the "
+                     "steady-state shares; the wall-time split counts the compilations (start-up, recompiling).")
     teardown = ((facts.time or {}).get("parts") or {}).get("teardown") or {}
     unrecorded = facts.records_end_s or 0.0
     if unrecorded >= TEARDOWN_NOTE_S:
@@ -129,6 +133,12 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
             if share is not None:
                 notes.append(f"{plane} ran kernels or copies {share:.0%} of the profiled steps' time (TensorFlow "
                              "profiler device trace).")
+    elif iw.get("method") == "fit_input":
+        backend = (facts.proc or {}).get("backend")
+        notes.append(f"Keras on the {backend or 'torch or JAX'} backend: data wait is the time its training loop spent "
+                     "taking each batch from fit's input, compute the train function's time less that"
+                     + (". JAX runs each step asynchronously: a step runs from one step's completion to the next, "
+                        "and the first (its jit compilation) is start-up." if backend == "jax" else "."))
     elif iw.get("method") == "iterator":
         notes.append("Custom TensorFlow loop: a step runs from one eager next() on a tf.data iterator to the next; "
                      "data wait is the time inside next(), compute the time inside tf.function calls, other host "
@@ -204,6 +214,20 @@ def time_of(facts: RunFacts) -> dict | None:
             "parts": {name: dict(p) for name, p in t["parts"].items()}}
 
 
+def compile_of(facts: RunFacts) -> dict | None:
+    """``metrics.compile`` (docs/report.md): torch.compile's compilations and their seconds, the
+    recompilations, whether the recompile limit was hit, graph-break sites; None when the program
+    compiled nothing."""
+    c = facts.compile
+    if not c:
+        return None
+    return {"compilations": c["compilations"], "compile_s": c["total_s"], "startup_compile_s": c["startup_s"],
+            "later_compile_s": c["training_s"], "recompilations": c["recompilations"], "recompile_s": c["recompile_s"],
+            "recompile_limit_hit": bool(c["limit"]), "graph_breaks": len(c["breaks"]),
+            "compile_steps": c["compile_steps"], "cudagraph_recordings": c["cudagraph_recordings"], "observed": c["observed"],
+            "call": dict(c["call"]) if c["call"] else None}
+
+
 def loop_of(facts: RunFacts) -> dict | None:
     """``metrics.loop`` (docs/report.md): what ends a step (``marker``), whether the loop trains,
     the optimizers stepping in each step (``parts``), backward calls and outermost model calls per
@@ -254,6 +278,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "gpu": gpu_metrics_of(facts),
         "time": time_of(facts),
         "loop": loop_of(facts),
+        "compile": compile_of(facts),
     }
     return _r({
         "schema": SCHEMA,

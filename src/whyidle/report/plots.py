@@ -60,6 +60,7 @@ IDLE_CAUSES = {
 TIME_PARTS = {
     "startup": ("start-up", "#7f7f7f"),
     "training": ("training steps", "#2ca02c"),
+    "compile": ("torch.compile recompiling", "#d62728"),
     "evaluation": ("evaluation", "#9467bd"),
     "checkpoint": ("checkpoints", "#8c564b"),
     "logging": ("logging", "#ff9f1c"),
@@ -293,7 +294,7 @@ def cpu_plot(cpu: dict, window_s=None, interval_s: float | None = None) -> Plot:
                 "CPU-seconds per second (1.0 = one core busy) between consecutive host samples, stacked by "
                 "role: the training process, its DataLoader workers, the rest of the observed command, whyidle "
                 "itself and every other process of the machine; the dashed line is the number of logical "
-                "CPUs. Below: memory used by the machine and resident memory of the command’s processes (GiB). "
+                "CPUs, the dotted one the cores the job may use where its affinity or a cgroup quota allows fewer. Below: memory used by the machine and resident memory of the command’s processes (GiB). "
                 "Shaded: the analyzed steps.")
     if len(cpu.get("t_s") or []) < 1:
         every = f" every {interval_s:g} s" if interval_s else ""
@@ -315,6 +316,11 @@ def cpu_plot(cpu: dict, window_s=None, interval_s: float | None = None) -> Plot:
     cores = cpu.get("cores") or 1
     fig.add({"type": "scatter", "x": [tx[0], tx[-1]], "y": [cores, cores], "mode": "lines", "name": f"{cores} cores",
              "line": {"dash": "dash", "color": "black", "width": 1}, "hoverinfo": "skip"}, row=1)
+    if cpu.get("cores_limit_by"):  # the job may use fewer (its affinity, a cgroup CPU quota)
+        usable = cpu["cores_usable"]
+        fig.add({"type": "scatter", "x": [tx[0], tx[-1]], "y": [usable, usable], "mode": "lines",
+                 "name": f"{usable:g} usable ({cpu['cores_limit_by']})",
+                 "line": {"dash": "dot", "color": "#d62728", "width": 1}, "hoverinfo": "skip"}, row=1)
     fig.add({"type": "scatter", "x": tx, "y": _clean(cols["mem_used"], 3), "mode": "lines",
              "name": "machine memory used", "line": {"color": "#555"}, "hovertemplate": "%{y:.2f} GiB"}, row=2)
     fig.add({"type": "scatter", "x": tx, "y": _clean(cols["rss"], 3), "mode": "lines", "name": "command RSS",
@@ -474,7 +480,8 @@ def _split_hover(part: dict) -> str:
     if not split.get("sampled"):
         return ""
     pieces = ((split["framework_import_s"] + split["imports_s"], "imports"), (split["program_s"], "the program's set-up"),
-              (split.get("framework_s", 0.0), "the framework's start"), (split["first_step_s"], "first step"))
+              (split.get("framework_s", 0.0), "the framework's start"), (split.get("compile_s", 0.0), "torch.compile"),
+              (split["first_step_s"], "first step"))
     return "<br>" + " · ".join(f"{label} {s:.1f} s" for s, label in pieces)
 
 
@@ -484,7 +491,8 @@ def time_plot(time: dict | None, why: str = "The command's wall time was not spl
     start-up) is seen beside the steps."""
     plot = Plot("time", "Wall time by part",
                 "Every second of the command in one part: start-up (to the first step), the training steps, "
-                "evaluation, checkpoint saving, tracker logging, DataLoader restarts at epoch boundaries and "
+                "torch.compile's later compilations, evaluation, checkpoint saving, tracker logging, DataLoader "
+                "restarts at epoch boundaries and "
                 "teardown (after the last step).")
     parts = (time or {}).get("parts") or {}
     if not parts:

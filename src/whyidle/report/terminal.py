@@ -121,7 +121,7 @@ def render_brief(report: dict, file: IO[str] | None = None, width: int | None = 
 
 
 #: Wall-time parts in the order the job goes through them, with the words the terminal uses.
-TIME_PARTS = (("startup", "start-up"), ("training", "training"), ("evaluation", "evaluation"),
+TIME_PARTS = (("startup", "start-up"), ("training", "training"), ("compile", "compiling"), ("evaluation", "evaluation"),
               ("checkpoint", "checkpoints"), ("logging", "logging"), ("epoch_boundary", "epoch boundaries"),
               ("teardown", "teardown"))
 
@@ -134,7 +134,8 @@ def _startup_split(part: dict) -> str:
     if not split.get("sampled"):
         return ""
     pieces = [(split["framework_import_s"] + split["imports_s"], "imports"), (split["program_s"], "set-up"),
-              (split.get("framework_s", 0.0), "framework start"), (split["first_step_s"], "first step")]
+              (split.get("framework_s", 0.0), "framework start"), (split.get("compile_s", 0.0), "compile"),
+              (split["first_step_s"], "first step")]
     shown = [f"{label} {s:.1f} s" for s, label in pieces if s >= 0.1]
     return ": " + ", ".join(shown) if shown else ""
 
@@ -269,10 +270,15 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None) 
     host = m.get("host")
     if host:
         parts = [f"{host['cores']} cores {host['cpu_busy_share']:.0%} busy"]
+        if host.get("cores_limit_by"):  # the job may use fewer than the machine has
+            parts[0] = (f"{host['cores_usable']:g} usable of {host['cores']} cores ({host['cores_limit_by']}) · "
+                        f"machine {host['cpu_busy_share']:.0%} busy")
+            if (host.get("cpu_throttled_share") or 0) >= 0.01:
+                parts.append(f"throttled by the quota in {host['cpu_throttled_share']:.0%} of periods")
         if m.get("steps"):  # without a training process there is no trainer to show
             parts.append(f"trainer {host['trainer_cores']:.2f} cores")
         if host.get("workers"):
-            parts.append(f"{host['workers']} workers {host['workers_cores']:.2f} cores")
+            parts.append(f"{host['workers']} worker{'s' if host['workers'] != 1 else ''} {host['workers_cores']:.2f} cores")
         parts.append(f"other processes {host['other_procs_cores']:.2f} cores")
         if (host.get("yielding_procs_cores") or 0) >= 0.05:
             parts.append(f"low-priority processes {host['yielding_procs_cores']:.2f} cores (they yield)")

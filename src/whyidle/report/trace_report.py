@@ -58,6 +58,7 @@ def _metrics(m: dict) -> dict:
         if step_s else None,
         "shares": shares or None, "host": None, "gpu": gpu,
         "events": m.get("events"), "gpu_events": m.get("gpu_events"),
+        "compile": m.get("compile"),
     }
 
 
@@ -87,6 +88,13 @@ def build_trace_report(path: str, traces: list, job: dict, verdict: str, finding
         notes.append("No ProfilerStep annotations: step figures are null (profile with schedule=... and prof.step()).")
     if m and not m.get("has_gpu"):
         notes.append("No GPU activity in the trace: GPU metrics are null.")
+    comp = m.get("compile") if m else None
+    if comp and comp.get("compile_in_basis_s"):
+        where = "steps" if comp.get("basis") == "steps" else "trace"
+        notes.append(f"The traced {where} include torch.compile compilations ({comp['compile_in_basis_s']:.2f} s, "
+                     f"{comp['compile_share']:.0%} of the traced {where}; `metrics.compile`): step times and shares "
+                     "include them; profile after warm-up (torch.profiler.schedule(wait=..., warmup=...)) for the "
+                     "steady state.")
     rep = {
         "schema": SCHEMA, "tool_version": whyidle.__version__, "source": "trace",
         "command": [], "name": None, "trace": path, "files": [t.path for t in traces],

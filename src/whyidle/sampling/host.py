@@ -4,7 +4,9 @@ Polled from the whyidle process (never the trainer), see :mod:`whyidle.sampling.
 raw cumulative counters (``docs/run-format.md``, ``host.jsonl``); rates are derived later for any
 window by :mod:`whyidle.analysis.host`. Uses psutil for everything psutil offers; reads
 ``/proc/<pid>/task/*/schedstat`` (run-queue wait) and ``/proc/pressure/*`` (PSI) directly, since
-psutil has neither (kernel Documentation/scheduler/sched-stats.rst, accounting/psi.rst).
+psutil has neither (kernel Documentation/scheduler/sched-stats.rst, accounting/psi.rst). The CPU
+and memory limits of each process of the tree (affinity, cgroup quota and memory limit) and the
+throttling of the cgroups whose quota binds come from :mod:`whyidle.sampling.limits`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import platform
 import psutil
 
 from whyidle.redact import redact_argv
+from whyidle.sampling import limits
 
 #: Seconds between scans of all other processes for the top CPU users (a full process scan costs
 #: milliseconds, so it runs far less often than the tick; ../shared/sampling.md §4.1).
@@ -237,6 +240,10 @@ class HostPoller:
         self._top_t = None
         self._top_due = 0
         self._tree_due = 0
+        self._limits: dict[int, dict] = {}  # pid → the limits last recorded for it
+        self._cgroups: dict[str, dict] = {}  # /proc/<pid>/cgroup text → its limits, read again every tree search
+        self._quota_dirs: set[str] = set()  # cgroups whose CPU quota binds a process of the tree
+        self._recheck = False  # a full tree search ran: look at every process's limits again
 
     def start(self, now_ns: int) -> list[dict]:
         try:
@@ -261,6 +268,8 @@ class HostPoller:
         other ticks (a process that exited is dropped by :meth:`poll`)."""
         if now_ns >= self._tree_due:
             self._tree_due = now_ns + int(TREE_SCAN_PERIOD_S * 1e9)
+            self._recheck = True
+            self._cgroups.clear()
             try:
                 children = self._root.children(recursive=True)
             except psutil.Error:
@@ -282,23 +291,54 @@ class HostPoller:
                             pass
         return [self._root, *self._procs.values()]
 
+    def _limits_of(self, pid: int) -> dict | None:
+        """The CPU and memory limits ``pid`` runs under (:func:`whyidle.sampling.limits.cgroup_limits`
+        with ``cpu_affinity``); the cgroup's files are read once per tree search for all the
+        processes in it. None once the process is exiting (a zombie's ``/proc/<pid>/cgroup`` is
+        empty) or gone."""
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                text = f.read()
+        except OSError:
+            return None
+        if not text.strip():
+            return None
+        cg = self._cgroups.get(text)
+        if cg is None:
+            cg = self._cgroups[text] = limits.cgroup_limits(text)
+        if cg["cpu_quota_cgroup"]:
+            self._quota_dirs.add(cg["cpu_quota_cgroup"])
+        return {"cpu_affinity": limits.affinity(pid), **cg}
+
     def poll(self, now_ns: int) -> list[dict]:
         out: list[dict] = []
         rows = []
-        for p in self._tree(now_ns):
+        tree = self._tree(now_ns)
+        recheck, self._recheck = self._recheck, False
+        for p in tree:
             row = _proc_row(p.pid) if _PROC_STAT else _psutil_row(p)
             if row is None:
                 self._procs.pop(p.pid, None)
+                self._limits.pop(p.pid, None)
                 continue
-            if p.pid not in self._seen:
-                self._seen.add(p.pid)
-                try:
-                    with p.oneshot():
-                        name, cmdline = p.name(), redact_argv(p.cmdline())[:12]
-                except psutil.Error:
-                    name, cmdline = None, []
-                out.append({"k": "host_proc", "t": now_ns, "pid": p.pid, "ppid": row[1], "name": name,
-                            "cmdline": cmdline})
+            if p.pid not in self._seen or recheck:
+                # a launcher or the program itself may narrow the affinity or move the process to
+                # another cgroup after it started (taskset, numactl, a wrapper writing cgroup.procs)
+                lim = self._limits_of(p.pid)
+                new = p.pid not in self._seen
+                if new or (lim is not None and lim != self._limits.get(p.pid)):
+                    try:
+                        with p.oneshot():
+                            name, cmdline = p.name(), redact_argv(p.cmdline())[:12]
+                    except psutil.Error:
+                        name, cmdline = None, []
+                    # an exiting process is moved to the root cgroup and has no command line left:
+                    # its limits did not change
+                    if new or cmdline:
+                        self._seen.add(p.pid)
+                        self._limits[p.pid] = lim
+                        out.append({"k": "host_proc", "t": now_ns, "pid": p.pid, "ppid": row[1], "name": name,
+                                    "cmdline": cmdline, **(lim or {})})
             rows.append(row)
         cpu = psutil.cpu_times()
         percpu = psutil.cpu_times(percpu=True)
@@ -318,6 +358,9 @@ class HostPoller:
             "psi_io_us": _psi_some_total_us("io"),
             "procs": rows,
         })
+        throttle = [[d, *c] for d in sorted(self._quota_dirs) if (c := limits.cpu_throttling(d))]
+        if throttle:
+            out[-1]["cpu_throttle"] = throttle
         if now_ns >= self._top_due:
             self._top_due = now_ns + int(TOP_SCAN_PERIOD_S * 1e9)
             top = self._scan_top({r[0] for r in rows}, now_ns)

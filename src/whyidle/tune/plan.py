@@ -26,7 +26,8 @@ import math
 #: Kind of each setting: one trial per kind goes into the combination.
 FAMILY = {"num_workers": "loader", "persistent_workers": "loader", "prefetch_factor": "loader", "pin_memory": "pin",
           "batch_size": "batch", "threads": "threads", "autocast": "precision", "tf32": "tf32",
-          "cudnn_benchmark": "cudnn", "tfdata_parallel_map": "tfdata", "tfdata_prefetch": "tfdata"}
+          "cudnn_benchmark": "cudnn", "tfdata_parallel_map": "tfdata", "tfdata_prefetch": "tfdata",
+          "compile_dynamic": "compile"}
 #: A doubled batch size must raise samples/s by more than this over the best smaller one for the
 #: ladder to go on: below it the gain is within the ±2–9 % run-to-run spread of identical runs on a
 #: shared machine (docs/report.md, "Comparing runs") and larger batches only cost memory and
@@ -98,12 +99,20 @@ def _finding(report: dict, fid: str) -> dict | None:
     return next((f for f in report.get("findings") or [] if f["id"] == fid and f["severity"] in SEVERE), None)
 
 
+def job_cores(report: dict | None, here: float) -> int:
+    """The cores worker and thread counts are kept to: the baseline run's usable cores
+    (``metrics.host.cores_usable``: the machine's, less what the job's affinity mask or cgroup CPU
+    quota leaves it), else ``here`` (what the tuning process itself may use), at least 1."""
+    host = ((report or {}).get("metrics") or {}).get("host") or {}
+    return max(1, int((host.get("cores_usable") or here) + 1e-9))
+
+
 def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -> list[Candidate]:
     """The settings to try first, from the baseline's report (``whyidle.report/1``).
 
     Args:
         report: the baseline run's report.
-        cores: CPU cores of the machine (worker and thread counts are kept to them).
+        cores: the cores the job may use (:func:`job_cores`; worker and thread counts are kept to them).
         tries: settings the user asked for (``--try num_workers=2,4``): knob → values.
     Returns: candidates in the order to run them, without duplicates. The batch-size ladder is
         not among them (:func:`ladder_start`, :func:`next_batch`).
@@ -128,8 +137,9 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
                            if "num_workers" in (o.get("code") or "")), None)
             predicted = option.get("est_speedup") if option else inp.get("est_speedup")
             out.append(Candidate(fix, "input_bound", predicted, "the input_bound worker fix as printed"))
+        most = ev.get("max_workers_by_memory") or math.inf  # more would not fit the cgroup memory limit
         for w in sorted({1, 2, max(1, cores // 2), cores} - {now, best}, key=lambda w: abs(w - best)):
-            if 0 < w <= max(cores, 2) and len([c for c in out if c.origin == "input_bound"]) < MAX_PER_FINDING:
+            if 0 < w <= min(max(cores, 2), most) and len([c for c in out if c.origin == "input_bound"]) < MAX_PER_FINDING:
                 out.append(Candidate({"num_workers": w, "persistent_workers": True}, "input_bound",
                                      why="a neighbouring worker count"))
     # a tf.data pipeline given to fit (its description is recorded when fit starts; fit_input only
@@ -149,14 +159,22 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
         if amp["evidence"].get("tf32") is False or dtype == "bf16":
             out.append(Candidate({"tf32": True}, "no_mixed_precision", why="TF32 matmuls, no autocast"))
     busy = _finding(report, "cpu_contention")
-    if busy and framework == "torch" and busy["evidence"].get("cause") in ("oversubscription", "own_threads"):
+    if busy and framework == "torch" and busy["evidence"].get("cause") in ("oversubscription", "own_threads", "cpu_quota"):
         ev = busy["evidence"]
         now = ev.get("intra_op_threads") or cores
-        # oversubscribed: cores ÷ processes each (the printed fix); own threads: one core left to them
-        per = max(1, cores // max(1, ev.get("processes") or 1)) if ev["cause"] == "oversubscription" else cores - 1
+        # oversubscribed: cores ÷ processes each (the printed fix); own threads: one core left to them;
+        # throttled by a CPU quota: the threads the quota covers
+        per = {"oversubscription": max(1, cores // max(1, ev.get("processes") or 1)), "own_threads": cores - 1,
+               "cpu_quota": cores}[ev["cause"]]
         if 0 < per < now:
             out.append(Candidate({"threads": per}, "cpu_contention",
                                  busy.get("est_speedup") if ev["cause"] == "oversubscription" else None, "fewer threads"))
+    recompiled = _finding(report, "recompiles") or _finding(report, "recompile_limit")
+    if recompiled and framework == "torch":  # symbolic sizes: one compilation for every length
+        option = next((o for o in (recompiled.get("fix") or {}).get("options") or []
+                       if "dynamic=True" in (o.get("code") or "")), None)
+        out.append(Candidate({"compile_dynamic": True}, recompiled["id"], option.get("est_speedup") if option else None,
+                             "torch.compile(dynamic=True)"))
     for name, values in (tries or {}).items():
         for v in values:
             out.append(Candidate({name: v}, "user", why="asked for (--try)"))

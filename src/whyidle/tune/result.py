@@ -8,6 +8,7 @@ import time
 
 import whyidle
 from whyidle.run.session import default_name
+from whyidle.sampling import limits
 from whyidle.tune import plan
 
 SCHEMA = "whyidle.tune/1"
@@ -37,7 +38,7 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
     """``whyidle.tune/1`` from a finished :class:`whyidle.tune.session.Tuner`.
 
     Keys: ``schema``, ``tool_version``, ``command``, ``name`` (the script's), ``tune_dir``, ``budget_s``, ``elapsed_s``,
-    ``trial_limit_s``, ``cores``, ``device``, ``interrupted``, ``baseline`` (``{run_dirs, status,
+    ``trial_limit_s``, ``cores`` (those the job may use, :func:`whyidle.tune.plan.job_cores`), ``device``, ``interrupted``, ``baseline`` (``{run_dirs, status,
     samples_per_s, steps_per_s, ci, batch_size, data_wait_share, verdict, findings}``), ``trials``
     (best first: ``{label, settings, origin, why, predicted, status, detail, run_dirs,
     samples_per_s, ci, ratio, ratio_ci, claim, basis, batch_size, data_wait_share, verdict, applied,
@@ -80,7 +81,7 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
         "schema": SCHEMA, "tool_version": whyidle.__version__, "command": list(cmd), "name": default_name(list(cmd)),
         "tune_dir": tuner.root,
         "budget_s": tuner.opts.budget_s, "elapsed_s": round(time.monotonic() - tuner.t0, 1),
-        "trial_limit_s": round(tuner.trial_s, 1), "cores": os.cpu_count(), "device": rep.get("device"),
+        "trial_limit_s": round(tuner.trial_s, 1), "cores": plan.job_cores(rep, limits.own_usable_cores()), "device": rep.get("device"),
         "interrupted": tuner.interrupted,
         "baseline": {
             "run_dirs": [t.run_dir for t in base_ok], "status": base.status if base else "interrupted",

@@ -17,6 +17,7 @@ import os
 import re
 import time
 
+from whyidle.sampling import limits
 from whyidle.tune import plan
 from whyidle.tune.plan import Candidate, Outcome
 from whyidle.tune.trial import MIN_STEADY_S, StopRule, TrialRun, run_trial
@@ -271,7 +272,7 @@ def _search(tuner: Tuner, opts: TuneOptions, check) -> TrialRun | None:
     cands: list[Candidate] = []
     start = None
     if base is not None and base.status == "ok" and base.report:
-        cands = plan.candidates(base.report, os.cpu_count() or 1, opts.tries)
+        cands = plan.candidates(base.report, plan.job_cores(base.report, limits.own_usable_cores()), opts.tries)
         start = plan.ladder_start(base.report, opts.tries)
         tuner.planned = 1 + len(cands) + (3 if start else 0) + 3
         for cand in cands:
