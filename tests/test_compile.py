@@ -463,3 +463,23 @@ def test_tune_tries_dynamic_shapes_for_a_recompile_finding(monkeypatch):
     overrides._wrap_compile(ov, fake_torch)
     assert fake_torch.compile("m", dynamic=False, mode="max-autotune") == "m"
     assert seen == {"dynamic": True, "mode": "max-autotune"} and records == [("compile_dynamic", True, False)]
+
+
+def test_fix_code_keeps_the_programs_own_compile_call():
+    call = rules_compile._compile_call
+    line = 'cmodel = model if args.fast else torch.compile(model, backend="aot_eager", dynamic=dyn)'
+    assert call(line, "True") == ('cmodel = model if args.fast else torch.compile(model, backend="aot_eager", '
+                                  'dynamic=True)   # was dynamic=dyn')
+    assert call(line, "") == 'cmodel = model if args.fast else torch.compile(model, backend="aot_eager")   # was dynamic=dyn'
+    assert call("model = torch.compile(model, dynamic=False, mode=m)", "") == \
+        "model = torch.compile(model, mode=m)   # was dynamic=False"
+    assert call("net.compile()", "True") == "net.compile(dynamic=True)"
+    assert call("model = torch.compile(model,", "True") is None and call("model = build()", "True") is None
+
+
+def test_a_recompile_on_a_value_is_not_told_to_use_dynamic_shapes():
+    c = {"call": None, "recompiles": [{"frame": "forward", "site": "m.py:3 forward"}]}
+    reasons = [{"text": "1/0: ___stack0 == 2.03", "tensor": None, "dim": None, "example": "1/0: ___stack0 == 2.03",
+                "count": 1}]
+    text, code, opts = rules_compile._dim_fix(c, reasons, 1.2, 0.5)
+    assert [o[0] for o in opts] == ["value"] and "keep it a tensor" in text and code is None

@@ -59,7 +59,9 @@ def test_dynamic_false_hits_the_recompile_limit_and_runs_eagerly(tmp_path):
     assert lim is not None and lim["severity"] in ("warning", "critical"), report["findings"]
     assert lim["evidence"]["steps_after"] >= 20, lim["evidence"]
     rec = finding(report, "recompiles")
-    assert rec["fix"]["code"].startswith("model = torch.compile(model)"), rec["fix"]  # drop dynamic=False first
+    # the program's own compile line without dynamic=..., its backend kept, then the mark
+    first, mark = rec["fix"]["code"].split("\n")
+    assert first.startswith("model = torch.compile(model, backend=args.backend)") and "mark_dynamic(x, 1)" in mark, rec["fix"]
     assert report["verdict"] in ("recompiles", "recompile_limit"), [(x["id"], x["bound"]) for x in report["findings"]]
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 import statistics
 
+from whyidle.analysis import stacks
 from whyidle.analysis.facts import CompileFacts
 from whyidle.analysis.steps import in_spans as overlaps
 
@@ -105,7 +106,7 @@ def compile_facts(records: list[dict], steps: list, source_root: str | None = No
     Args:
         records: the training process's records.
         steps: its steps in order (``t0``/``t1`` ns, warm-up included), possibly empty.
-        source_root: unused for now beyond relative paths (the sites keep the recorded file).
+        source_root: the run's working directory, to read the ``torch.compile`` call's line (``call.code``).
     Returns: :class:`whyidle.analysis.facts.CompileFacts` (seconds; counts).
     """
     comps = intervals(records)
@@ -157,7 +158,8 @@ def compile_facts(records: list[dict], steps: list, source_root: str | None = No
         "breaks": _breaks(frames, summary),
         "compile_steps": len(compile_steps),
         "cudagraph_recordings": len([c for c in comps if c["trig"] == "CUDAGRAPH_RECORDING"]),
-        "call": {k: call.get(k) for k in ("site", "dynamic", "mode", "backend", "fullgraph")} if call else None,
+        "call": dict({k: call.get(k) for k in ("site", "dynamic", "mode", "backend", "fullgraph")},
+                     code=stacks.source_line(call["site"], source_root) if call.get("site") else None) if call else None,
         "observed": bool(comps),
     }
 
@@ -169,7 +171,8 @@ def _limit(records: list[dict], summary: dict | None, steps: list, comps: list[d
     if hit is None and not counted:
         return None
     fn = FUNC_INFO.match((hit or {}).get("fn") or "")
-    out = {"frame": fn["fn"] if fn else (hit or {}).get("fn"), "limit": (hit or {}).get("limit"), "reason": (hit or {}).get("reason"),
+    hit_ = hit or {}
+    out = {"frame": fn["fn"] if fn else hit_.get("fn"), "limit": hit_.get("limit"), "reason": hit_.get("reason"),
            "hits": max(counted, 1), "steps_after": None, "compiled_step_s": None, "eager_step_s": None}
     if hit is None or not steps:
         return out

@@ -280,7 +280,7 @@ class CompileFacts(TypedDict):
     ``reasons``), ``compile_steps`` (steps holding a compilation), ``cudagraph_recordings`` (CUDA-graph recordings
     under ``mode="reduce-overhead"``, from the callbacks' trigger),
     ``call`` (the ``torch.compile`` call: ``site``, ``dynamic``, ``mode``, ``backend``,
-    ``fullgraph``; None when not seen), ``observed`` (compile times came from the compiler's
+    ``fullgraph``, ``code`` (its line as written, None when unreadable); None when not seen), ``observed`` (compile times came from the compiler's
     callbacks)."""
 
     compilations: int

@@ -186,7 +186,7 @@ def analyze(run: RunData) -> RunFacts:
             trainers = [p for p in trainers if p != primary]
             primary = None
     rows = step_lists[primary] if primary is not None else []
-    compiled = compile_analysis.compile_facts(recs, rows)
+    compiled = compile_analysis.compile_facts(recs, rows, run.meta.get("cwd"))
     comps = compile_analysis.intervals(recs)
     compile_part = compile_analysis.training_intervals(comps, int(rows[0]["t1"]) if rows else None)
     analyzed, info = step_analysis.select_steps(rows, [(c["t0"], c["t1"]) for c in comps]) if primary is not None \

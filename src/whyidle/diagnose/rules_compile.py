@@ -12,6 +12,7 @@ since the fusion lost across a break is not measured (``fullgraph=True`` or ``wh
 from __future__ import annotations
 
 import os
+import re
 
 from whyidle.analysis.facts import RunFacts
 from whyidle.diagnose import thresholds as T
@@ -35,29 +36,77 @@ def _sev(share: float, warn: float, critical: float) -> str:
     return "critical" if share >= critical else ("warning" if share >= warn else "info")
 
 
-def _dim_fix(c: dict, reasons: list[dict]) -> tuple[str, str, list]:
-    """``(text, code, options)`` that stop recompilations on a changing size, in the program's call."""
+def _compile_call(code: str | None, dynamic: str) -> str | None:
+    """The program's ``torch.compile(...)`` line as written with its ``dynamic=`` argument set to
+    ``dynamic`` (``"True"``) or removed (``""``): its variable names, backend and mode kept; a
+    removed argument's text is kept in a comment. None when the line holds no ``compile(`` call."""
+    if not code:
+        return None
+    at = code.find("compile(")
+    if at < 0:
+        return None
+    depth, i = 0, at + len("compile")
+    for i in range(at + len("compile"), len(code)):
+        depth += {"(": 1, ")": -1}.get(code[i], 0)
+        if depth == 0:
+            break
+    else:
+        return None  # the call goes on past this line
+    args = code[at + len("compile(") : i]
+    m = re.search(r"(,\s*)?\bdynamic\s*=\s*([^,()]+(?:\([^()]*\))?)", args)
+    if m:
+        was = m.group(2).strip()
+        if dynamic:
+            new_args = args[:m.start(2)] + dynamic + args[m.end(2):]
+        else:
+            new_args = (args[:m.start()] + args[m.end():]).strip().strip(",").strip()
+        comment = f"   # was dynamic={was}"
+    elif dynamic:
+        new_args, comment = f"{args.rstrip()}, dynamic={dynamic}" if args.strip() else f"dynamic={dynamic}", ""
+    else:
+        return None
+    return code[:at + len("compile(")] + new_args + code[i:] + comment
+
+
+def _dim_fix(c: dict, reasons: list[dict], gain: float | None, one_s: float) -> tuple[str, str, list]:
+    """``(text, code, options)`` that stop the recompilations, in the program's own ``torch.compile``
+    line; ``options`` as ``(kind, text, code, est_speedup)``. ``gain``: the wall-time ratio without
+    the recompilations; ``one_s``: one recompilation's seconds (the default ``dynamic=None`` still
+    recompiles once, so dropping ``dynamic=False`` gains less)."""
     call = c.get("call") or {}
     size = next((r for r in reasons if r.get("tensor") and r.get("dim") is not None), None)
     where = f" (torch.compile at {_short(call['site'])})" if call.get("site") else ""
+    frame = (c.get("recompiles") or [{}])[0]
     opts = []
+    if size is None and reasons:  # a guard on a value, not a size: dynamic shapes do not help
+        text = (f"Dynamo guards on a value that changes between calls ({reasons[0]['example']}): keep it a tensor "
+                "inside the compiled code (no .item() / float() on it, or pass it as a tensor argument), so one "
+                "graph serves every value.")
+        return text, None, [("value", text, None, gain)]
     if size is not None:
         t, d = size["tensor"], size["dim"]
         var = t if t.isidentifier() else "x"  # Dynamo's name of an input may be an expression (args[0])
-        mark = (f"torch._dynamo.mark_dynamic({var}, {d})   # before the compiled model is called with "
-                f"{'it' if var == t else f'the tensor it sees as {t}'}: one graph for every size of dimension {d}")
-        opts.append(("mark_dynamic", f"Mark dimension {d} of `{t}` dynamic before the call "
-                                     f"(torch._dynamo.mark_dynamic): one compilation serves every size.", mark))
-    opts.append(("dynamic", f"Compile with dynamic shapes from the start{where}: model = torch.compile(model, "
-                            "dynamic=True) (every size dimension symbolic; kernels may be a little slower than "
-                            "static ones).", "model = torch.compile(model, dynamic=True)"))
-    if call.get("dynamic") is False:  # dynamic=False recompiles for every new size: the first fix is to drop it
-        opts.insert(0, ("drop", f"Remove dynamic=False{where}: with it every new size recompiles; with the default "
-                                "Dynamo makes the dimension dynamic after its first change.",
-                        "model = torch.compile(model)   # was dynamic=False"))
+        mark = (f"torch._dynamo.mark_dynamic({var}, {d})   # before each call of the compiled model: "
+                f"{_short(frame.get('site'))} receives it as {t}")
+        opts.append(("mark_dynamic", f"Mark dimension {d} of `{t}` dynamic before each call of the compiled model "
+                                     f"(torch._dynamo.mark_dynamic): one compilation serves every size.", mark, gain))
+    dyn_code = _compile_call(call.get("code"), "True") or "model = torch.compile(model, dynamic=True)"
+    opts.append(("dynamic", f"Compile with dynamic shapes from the start{where}: dynamic=True (every size "
+                            "dimension symbolic; kernels may be a little slower than static ones).", dyn_code, None))
+    if call.get("dynamic") is False:  # dynamic=False recompiles for every new size (and ignores mark_dynamic)
+        drop = _compile_call(call.get("code"), "") or "model = torch.compile(model)   # was dynamic=False"
+        opts.insert(1 if size is not None else 0,
+                    ("drop", f"Remove dynamic=False{where}: with it every new size recompiles; with the default "
+                             "Dynamo makes the dimension dynamic after its first change (one recompilation left).",
+                     drop, None))
+        if size is not None:  # the mark needs the default dynamic: both changes together
+            kind, text, mark, est = opts[0]
+            opts[0] = (kind, f"Remove dynamic=False{where} and mark dimension {size['dim']} of `{size['tensor']}` "
+                             "dynamic before each call (torch._dynamo.mark_dynamic): one compilation serves every "
+                             "size.", f"{drop}\n{mark}", est)
     opts.append(("bucket", "Pad the inputs to a few fixed lengths (buckets: round each batch's length up to a "
                            "multiple of 64, or sort by length and pad per bucket): one compilation per bucket and "
-                           "static kernels, at the cost of the padding's compute.", None))
+                           "static kernels, at the cost of the padding's compute.", None, None))
     return opts[0][1], opts[0][2], opts
 
 
@@ -85,10 +134,11 @@ def recompiles(facts: RunFacts) -> Finding | None:
     top = c["recompiles"][0]
     reasons = top.get("reasons") or []
     why = "; ".join(f"{r['text']} ({r['count']}×)" for r in reasons[:3]) or "reason not recorded by this PyTorch"
-    text, code, opts = _dim_fix(c, reasons)
     gain = wall_gain(facts, saved)
-    options = [fix_option(t, gain if k in ("mark_dynamic", "drop") else None, _CONDITIONS.get(k, "").format(gain=gain)
-                          or None, code=cd) for k, t, cd in opts]
+    one = saved / max(1, c["recompilations"])
+    text, code, opts = _dim_fix(c, reasons, gain, one)
+    options = [fix_option(t, est if k != "drop" else wall_gain(facts, max(0.0, saved - one)),
+                          _CONDITIONS.get(k, "").format(gain=gain) or None, code=cd) for k, t, cd, est in opts]
     summary = (f"torch.compile recompiled `{top['frame']}` ({_short(top.get('site'))}) {c['recompilations']} "
                f"time{'s' if c['recompilations'] != 1 else ''}: {saved:.1f} s, {share:.0%} of the wall time, "
                f"because the input changed: {why}.")
@@ -115,16 +165,20 @@ def recompile_limit(facts: RunFacts) -> Finding | None:
     frame = lim.get("frame") or (c["recompiles"][0]["frame"] if c["recompiles"] else "a compiled function")
     limit = lim.get("limit") or "8"
     reasons = c["recompiles"][0].get("reasons") if c["recompiles"] else []
-    text, code, opts = _dim_fix(c, reasons or [])
-    measured = (f" Steps since take {eager * 1e3:.1f} ms against {comp * 1e3:.1f} ms compiled "
-                f"({eager / comp:.2f}×, {n} steps)." if eager and comp else
-                (" The compiled steps before could not be timed apart from their compilations: whyidle tune "
-                 "measures the fix." if n else ""))
+    gain = wall_gain(facts, lost) if lost else None
+    text, code, opts = _dim_fix(c, reasons or [], gain, 0.0)
+    if eager and comp and eager > comp:
+        measured = f" Steps since take {eager * 1e3:.1f} ms against {comp * 1e3:.1f} ms compiled ({eager / comp:.2f}×, {n} steps)."
+    elif eager and comp:
+        measured = (f" Steps since ({eager * 1e3:.1f} ms) are not slower than the compiled ones measured before "
+                    f"({comp * 1e3:.1f} ms) here.")
+    else:
+        measured = (" The compiled steps before could not be timed apart from their compilations: whyidle tune "
+                    "measures the fix." if n else "")
     summary = (f"`{frame}` hit torch._dynamo's recompile limit ({limit}) after {c['recompilations']} "
                f"recompilations and runs eagerly (uncompiled) from then on.{measured}")
-    gain = wall_gain(facts, lost) if lost else None
-    options = [fix_option(t, gain if k in ("mark_dynamic", "drop") else None,
-                          _CONDITIONS.get(k, "").format(gain=gain or 1.0) or None, code=cd) for k, t, cd in opts]
+    options = [fix_option(t, gain if k in ("mark_dynamic", "drop", "value") else None,
+                          _CONDITIONS.get(k, "").format(gain=gain or 1.0) or None, code=cd) for k, t, cd, _e in opts]
     evidence = {"part_s": round(lost, 3) if lost else 0.0, "limit": limit, "frame": frame,
                 "steps_after": n, "eager_step_s": eager, "compiled_step_s": comp, "reason": lim.get("reason")}
     sev = "warning" if share is None else _sev(share, T.COMPILE_WARN_SHARE, T.COMPILE_CRITICAL_SHARE)
