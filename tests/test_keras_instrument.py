@@ -43,9 +43,11 @@ ds = tf.data.Dataset.range(100000).map(load).batch(4)
 """
 
 
-def run_keras(tmp_path, body, name, spe=1, timeout=240):
+def run_keras(tmp_path, body, name, spe=1, timeout=240, prelude=None):
+    """Runs ``prelude`` (default: the TensorFlow-backend PRELUDE with ``spe``) + ``body`` under
+    whyidle; returns (proc, report, records)."""
     script = tmp_path / f"{name}.py"
-    script.write_text(PRELUDE.replace("SPE", str(spe)) + textwrap.dedent(body))
+    script.write_text((prelude or PRELUDE.replace("SPE", str(spe))) + textwrap.dedent(body))
     proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], name=name, timeout=timeout,
                                     cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -256,17 +258,7 @@ m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
 def run_backend(tmp_path, backend, body, name):
-    script = tmp_path / f"{name}.py"
-    script.write_text(BACKEND_PRELUDE.replace("@BACKEND@", backend) + textwrap.dedent(body))
-    proc, report, run_dir = observe(tmp_path, [sys.executable, str(script)], name=name, timeout=240,
-                                    cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert report is not None, proc.stderr[-3000:]
-    records = []
-    for path in glob.glob(os.path.join(run_dir, "proc-*.jsonl")):
-        with open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
-    return proc, report, records
+    return run_keras(tmp_path, body, name, prelude=BACKEND_PRELUDE.replace("@BACKEND@", backend))
 
 
 def steps_of_fit(records, call):
