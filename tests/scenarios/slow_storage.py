@@ -90,14 +90,15 @@ def main():
 
     model = SCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    tc = args.tc or measure_tc(
-        model, (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))), F.cross_entropy, optimizer
-    )
-    latency = args.read_latency_ms / 1000.0 if args.read_latency_ms is not None else 0.1 * tc
-
+    # the files first: written between the calibration steps and the loop, they would count in the
+    # training loop's span (whyidle's samples/s) as if the loop had stalled
     root = tempfile.mkdtemp(prefix="slow_storage_")
     try:
         files = write_shards(root, N_SAMPLES, args.seed)
+        tc = args.tc or measure_tc(
+            model, (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))), F.cross_entropy, optimizer
+        )
+        latency = args.read_latency_ms / 1000.0 if args.read_latency_ms is not None else 0.1 * tc
         dataset = FileDataset(files, latency)
         if args.variant == "faulty":
             loader = DataLoader(dataset, batch_size=32, shuffle=True, drop_last=True, num_workers=0)
