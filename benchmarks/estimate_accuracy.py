@@ -15,6 +15,16 @@ tune`` on each scenario, one at a time, and prints every (predicted, measured) p
 Scenarios (``tests/scenarios``; the demo's training script besides): run as written (the faulty
 variant); those without a finding whose fix is a setting give no pair but show that tune finds
 nothing faster or something real.
+
+``--pairs`` checks the estimates of fixes that need code, against the scenarios' own fixed
+variants: the faulty variant once under ``whyidle run`` (the named finding's ``est_speedup``), then
+plain runs of the faulty and the fixed variant, alternated (``--repeats`` each), the measured
+ratio being the median samples/s the scenario prints itself (its ``RESULT`` line: step terms) or
+the median training-loop time it prints (``loop``: the whole-job findings of the loop's periodic
+parts, whose estimate is a training-loop ratio, ``est_basis``). The printed fix and the fixed variant may differ in detail (the fixed variant is
+what a user wrote); the table names both.
+
+    flock /tmp/whyidle-timing.lock python benchmarks/estimate_accuracy.py --pairs [--repeats 2]
 """
 
 from __future__ import annotations
@@ -41,6 +51,108 @@ SCENARIOS = {
     "c03_tfdata_sequential_map": [os.path.join(SCEN, "c03_tfdata_sequential_map.py"), "--steps", "100000"],
     "demo": ["-m", "whyidle.demo.train", "--steps", "100000"],
 }
+
+
+#: name -> (script and its arguments, the fixed variant's arguments in place of ``--variant fixed``
+#: where they differ, the finding whose estimate is checked, ``"step"`` or ``"loop"``, the fix).
+PAIRS = {
+    "loss_loop": (["loss_loop.py", "--steps", "300"], None, "host_bound", "step", "one loss call on the batch"),
+    "c12_python_loop_loss": (["c12_python_loop_loss.py", "--steps", "60"], None, "host_bound", "step", "cdist + masked max/min"),
+    "c11_progress_logging": (["c11_progress_logging.py"], None, "host_bound", "step", "redraw every 50 steps"),
+    "logging_loop": (["logging_loop.py", "--steps", "150"], None, "host_bound", "step", "log every 50 steps"),
+    "module_loop": (["module_loop.py", "--steps", "60"], None, "host_bound", "step", "views folded into the batch"),
+    "c36_preprocess_in_forward": (["c36_preprocess_in_forward.py", "--steps", "80"], None, "host_bound", "step",
+                                  "preprocessing in collate_fn"),
+    "main_loader_cpu": (["main_loader_cpu.py", "--steps", "60"], None, "input_bound", "step", "2 workers"),
+    "c07_tokenize_on_the_fly": (["c07_tokenize_on_the_fly.py", "--steps", "40"], None, "input_bound", "step",
+                                "tokenized once, before training"),
+    "slow_storage": (["slow_storage.py", "--steps", "60"], None, "input_bound", "step", "6 workers, prefetch 4"),
+    "c34_many_tiny_tensors": (["c34_many_tiny_tensors.py", "--steps", "80"], None, "input_bound", "step",
+                              "targets collated into few tensors"),
+    "c26_watch_hooks": (["c26_watch_hooks.py", "--steps", "150"], None, "host_bound", "step", "watch every 100 steps"),
+    "batch1": (["batch1.py"], None, "small_batch", "step", "batch 64"),
+    "small_batch_bf16": (["small_batch_bf16.py", "--steps", "60"], None, "small_batch", "step", "batch 64"),
+    "pandas_rows": (["pandas_rows.py", "--steps", "60"], None, "input_bound", "step", "columns converted once"),
+    "randaugment_pil": (["randaugment_pil.py", "--steps", "60"], None, "input_bound", "step",
+                        "batch tensor augmentation"),
+    "stream_parse": (["stream_parse.py", "--steps", "60"], ["--cached"], "input_bound", "step", "parsed once"),
+    "respawn_workers": (["respawn_workers.py", "--steps", "96"], None, "epoch_boundary", "loop",
+                        "persistent_workers=True"),
+    "job_parts_eval": (["job_parts.py", "--kind", "eval", "--steps", "40"], None, "eval_bound", "loop",
+                       "evaluate every 40 steps"),
+    "job_parts_checkpoint": (["job_parts.py", "--kind", "checkpoint", "--steps", "150"], None, "checkpoint_bound",
+                             "loop", "save every 50 steps"),
+    "job_parts_epoch": (["job_parts.py", "--kind", "epoch", "--steps", "24"], None, "epoch_boundary", "loop",
+                        "persistent_workers=True"),
+}
+
+
+def _plain(cmd: list[str]) -> tuple[float | None, float | None]:
+    """(samples/s, training-loop seconds) from the scenario's RESULT line (None, None without one)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:3])}: exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+    res = json.loads(line[7:]) if line else {}
+    return res.get("samples_per_s"), res.get("wall_s")
+
+
+def pair(name: str, repeats: int, out: str) -> dict:
+    """One scenario's (predicted, measured) pair: see the module docstring (``--pairs``)."""
+    import statistics
+
+    args, fixed_args, fid, basis, fix = PAIRS[name]
+    faulty = [sys.executable, os.path.join(SCEN, args[0]), *args[1:]]
+    fixed = faulty + (fixed_args or ["--variant", "fixed"])
+    report_path = os.path.join(out, f"{name}.json")
+    subprocess.run([sys.executable, "-m", "whyidle", "run", "-q", "--no-html", "--out", os.path.join(out, name),
+                    "--json", report_path, "--", *faulty], capture_output=True, text=True)
+    with open(report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    found = next((f for f in report["findings"] if f["id"] == fid and f["severity"] != "info"), None)
+    runs = {"faulty": [], "fixed": []}
+    for _ in range(repeats):
+        for variant, cmd in (("faulty", faulty), ("fixed", fixed)):
+            runs[variant].append(_plain(cmd))
+    k = 0 if basis == "step" else 1
+    if not all(r[k] for r in runs["faulty"] + runs["fixed"]):
+        raise RuntimeError(f"{name}: no RESULT line")
+    if basis == "step":
+        measured = statistics.median(r[0] for r in runs["fixed"]) / statistics.median(r[0] for r in runs["faulty"])
+    else:  # the same steps in less time
+        measured = statistics.median(r[1] for r in runs["faulty"]) / statistics.median(r[1] for r in runs["fixed"])
+    return {"name": name, "finding": fid, "verdict": report.get("verdict"), "basis": basis, "fix": fix,
+            "severity": found["severity"] if found else None,
+            "predicted": found.get("est_speedup") if found else None,
+            "ceiling": (found.get("evidence") or {}).get("est_speedup_if_removed") if found else None,
+            "printed_fix": ((found.get("fix") or {}).get("text") or "")[:80] if found else None,
+            "measured": measured}
+
+
+def pairs_main(names: list[str], repeats: int, out: str) -> int:
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    print("| scenario | finding (verdict) | fixed variant | printed fix | predicted | measured | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        try:
+            r = pair(name, repeats, out)
+        except (RuntimeError, OSError, ValueError) as e:
+            print(f"| {name} | failed: {e} | | | | | |")
+            continue
+        err = "" if r["predicted"] is None else f"{r['predicted'] / r['measured'] - 1:+.0%}"
+        pred = "none" if r["predicted"] is None else f"{r['predicted']:.2f}×"
+        print(f"| `{name}` | `{r['finding']}` {r['severity'] or 'not found'} ({r['verdict']}) | {r['fix']} | "
+              f"{r['printed_fix'] or ''} | {pred} | {r['measured']:.2f}× ({r['basis']}) | {err} |", flush=True)
+        rows.append(r)
+    scored = [r for r in rows if r["predicted"]]
+    if scored:
+        mare = sum(abs(r["predicted"] / r["measured"] - 1) for r in scored) / len(scored)
+        worst = max(scored, key=lambda r: max(r["predicted"] / r["measured"], r["measured"] / r["predicted"]))
+        print(f"\nmean absolute relative error {mare:.0%} over {len(scored)} estimate(s); without an estimate: "
+              f"{len(rows) - len(scored)}; furthest: {worst['name']} ({worst['predicted']:.2f}× vs "
+              f"{worst['measured']:.2f}×)")
+    return 0
 
 
 def _demo_data() -> str:
@@ -70,7 +182,12 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=150.0, help="whyidle tune --budget per scenario (s)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--out", default="/tmp/estimate-accuracy")
+    ap.add_argument("--pairs", action="store_true", help="check code fixes against the scenarios' fixed variants")
+    ap.add_argument("--repeats", type=int, default=2, help="--pairs: plain runs of each variant")
     args = ap.parse_args()
+    if args.pairs:
+        names = [n for n in args.scenarios.split(",") if n in PAIRS] if args.scenarios != ",".join(SCENARIOS) else list(PAIRS)
+        return pairs_main(names, args.repeats, args.out)
     names = [n for n in args.scenarios.split(",") if n]
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# estimate accuracy · commit {commit} · budget {args.budget:.0f} s per scenario · load {os.getloadavg()[0]:.2f}")

@@ -52,6 +52,23 @@ def test_parts_add_up_and_overlaps_go_to_the_more_specific_part():
     assert t["parts"]["evaluation"]["share"] == pytest.approx(0.09)
 
 
+def test_an_epoch_boundary_holds_the_old_workers_stopping_and_the_new_workers_first_batches():
+    # 1 s steps, data 0.1 s each; epoch 2 starts at 20 s: the old workers stop (19.2-19.9 s), iter()
+    # (20.0-20.1 s), its first batch (20.1-21.0 s); the next step waits 0.4 s for the second worker's
+    # first batch, the one after is steady again
+    rows = [{"t0": (10 + i) * S, "t1": (11 + i) * S, "data": int(0.1 * S)} for i in range(20)]
+    rows[11]["data"] = int(0.4 * S)  # the step at 21 s
+    iters = [{"t0": int(10 * S), "t1": int(10.1 * S), "loader": 1}, {"t0": int(20 * S), "t1": int(20.1 * S), "loader": 1}]
+    firsts = [{"t0": int(20.1 * S), "t1": int(21 * S), "loader": 1}]
+    ends = [{"t0": int(19.2 * S), "t1": int(19.9 * S), "loader": 1}]
+    t = time_accounting((0, 40 * S), rows, [], iters, firsts, steady_fetch_s=0.1, ends=ends)
+    assert t["parts"]["epoch_boundary"]["s"] == pytest.approx(0.7 + 0.9 + 0.3)  # stop + iter/first + ramp
+    assert t["parts"]["epoch_boundary"]["count"] == 1
+    # without the old iterator's stop record (persistent workers, or an older run): iter, first batch, ramp
+    t = time_accounting((0, 40 * S), rows, [], iters, firsts, steady_fetch_s=0.1)
+    assert t["parts"]["epoch_boundary"]["s"] == pytest.approx(0.9 + 0.3)
+
+
 def test_no_steps_is_all_start_up_and_regions_are_clipped_to_the_window():
     t = time_accounting((10 * S, 20 * S), [], [region("checkpoint", 5, 12)], [], [])
     p = {k: v["s"] for k, v in t["parts"].items()}

@@ -90,7 +90,9 @@ def test_hotspots_phase_filter_limit_and_leaf():
     data = hotspots(RECORDS, {"data"})
     assert data == [{"function": "data.py __getitem__", "site": "data.py:10 __getitem__", "seconds": 0.5,
                      "share": 1.0, "samples": 50, "leaf": "PIL/Image.py:200 open", "library": False,
-                     "framework": False, "code": None}]  # no source_root given: the line's text is not read
+                     "framework": False, "code": None,
+                     "lines": [{"site": "data.py:10 __getitem__", "seconds": 0.5, "share": 1.0,
+                                "leaf": "PIL/Image.py:200 open", "code": None}]}]  # no source_root: no text read
     both = hotspots(RECORDS, {"data", "forward"}, limit=1)
     assert len(both) == 1 and both[0]["function"] == "data.py __getitem__"
     assert hotspots(RECORDS, {"backward"}) == []

@@ -66,8 +66,8 @@ def test_steps_of_empty():
 def test_warmup_counts(n, warmup):
     steps = uniform(n)
     analyzed, info = select_steps(steps)
-    assert info == {"total": n, "warmup": warmup, "boundary_excluded": 0, "boundary_s": 0.0, "profiled_excluded": 0,
-                    "compile_excluded": 0}
+    assert info == {"total": n, "warmup": warmup, "boundary_excluded": 0, "boundary_s": 0.0, "boundary_data_s": 0.0,
+                    "profiled_excluded": 0, "compile_excluded": 0}
     assert analyzed == steps[warmup:]
 
 
@@ -82,10 +82,12 @@ def test_rare_boundary_steps_are_excluded():
     for i in (0, 5, 9, 13, 17, 19):  # step 0 is warm-up: not counted as a boundary
         steps[i]["boundary"] = True
     steps[5]["t1"] = steps[5]["t0"] + 400 * MS  # a 0.4 s boundary step
+    steps[5]["data"] = 300 * MS  # 0.3 s of it waiting for the new epoch's first batch
     analyzed, info = select_steps(steps)
     assert info["warmup"] == 2
     assert info["boundary_excluded"] == 5
     assert info["boundary_s"] == pytest.approx(0.4 + 4 * 0.1)
+    assert info["boundary_data_s"] == pytest.approx(0.3 + sum((steps[i].get("data") or 0) / 1e9 for i in (9, 13, 17, 19)))
     assert [s["i"] for s in analyzed] == [i for i in range(2, 20) if i not in (5, 9, 13, 17, 19)]
 
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from whyidle.analysis.run import analyze
-from whyidle.diagnose import diagnose, fixes, rules
+from whyidle.diagnose import diagnose, fixes, rules, rules_batch
 from whyidle.diagnose import thresholds as T
 from whyidle.record.reader import RunData
 from whyidle.analysis.facts import RunFacts
@@ -392,7 +392,7 @@ def test_log_softmax_is_not_logging():
 
 def test_small_batch_estimate_and_severity():
     # batch 2, fixed = optimizer 0.2 + other 0.3 = 0.5; k = 16 → 16 / (0.5 + 0.5 × 16)
-    f = rules.small_batch(make_facts(make_step(fwd=0.25, bwd=0.25, opt=0.2, other=0.3, batch=2.0)))
+    f = rules_batch.small_batch(make_facts(make_step(fwd=0.25, bwd=0.25, opt=0.2, other=0.3, batch=2.0)))
     assert_contract(f)
     assert f["est_speedup"] == pytest.approx(round(16 / 8.5, 3))
     assert f["severity"] == "warning"
@@ -405,21 +405,21 @@ def test_small_batch_estimate_and_severity():
 
 def test_small_batch_info_below_1_3():
     # batch 8 (the largest checked), fixed 0.2: k = 4 → 4 / (0.2 + 3.2) = 1.176
-    f = rules.small_batch(make_facts(make_step(fwd=0.4, bwd=0.4, opt=0.1, other=0.1, batch=8.0)))
+    f = rules_batch.small_batch(make_facts(make_step(fwd=0.4, bwd=0.4, opt=0.1, other=0.1, batch=8.0)))
     assert f["est_speedup"] == pytest.approx(1.176)
     assert f["severity"] == "info"
 
 
 def test_small_batch_one_sample():
-    f = rules.small_batch(make_facts(make_step(fwd=0.4, bwd=0.4, opt=0.1, other=0.1, batch=1.0)))
+    f = rules_batch.small_batch(make_facts(make_step(fwd=0.4, bwd=0.4, opt=0.1, other=0.1, batch=1.0)))
     assert "Batches of 1 sample:" in f["summary"]
     assert f["est_speedup"] == pytest.approx(round(32 / (0.2 + 0.8 * 32), 3))
 
 
 def test_small_batch_not_raised():
-    assert rules.small_batch(make_facts(make_step(batch=9.0))) is None
-    assert rules.small_batch(make_facts(make_step(batch=None))) is None
-    assert rules.small_batch(make_facts(None)) is None
+    assert rules_batch.small_batch(make_facts(make_step(batch=9.0))) is None
+    assert rules_batch.small_batch(make_facts(make_step(batch=None))) is None
+    assert rules_batch.small_batch(make_facts(None)) is None
 
 
 # -- cpu_contention ------------------------------------------------------------------------------
@@ -774,8 +774,9 @@ def test_analyze_then_diagnose_synthetic_run():
     assert first["condition"].startswith("estimated for a 2× cheaper sample; up to 2.5×")
     assert ib["evidence"]["est_speedup_if_removed"] == pytest.approx(2.5)  # 1 / (1 − 0.6)
     assert "Make each sample cheaper" in ib["fix"]["text"]
-    workers = ib["fix"]["options"][1]
-    assert "1 worker process" in workers["text"] and workers["est_speedup"] == pytest.approx(1.0)
+    # the worker option gains nothing here (est. 1.00×): not offered, the summary says so
+    assert not any("worker process" in o["text"] for o in ib["fix"]["options"])
+    assert "More workers would not help here (est. 1.00×" in ib["summary"]
     assert ib["evidence"]["loader_cpu_busy_share"] == pytest.approx(0.95)
     assert ib["evidence"]["suggested_num_workers"] == 1
     for f in findings:

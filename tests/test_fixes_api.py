@@ -12,7 +12,7 @@ from whyidle.analysis.api import training_api
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.run import _train_loader
 from whyidle.analysis.transfers import read_summary
-from whyidle.diagnose import fixes, rules, rules_gpu, rules_work
+from whyidle.diagnose import fixes, rules, rules_batch, rules_gpu, rules_work
 
 LIGHTNING = {"name": "lightning", "label": "Lightning", "version": "2.6.6", "entries": ["Trainer.fit"],
              "entry_sites": ["train.py:80 main"], "also": [],
@@ -102,18 +102,18 @@ def test_no_advice_to_do_what_the_loader_already_does():
 
 def test_small_batch_per_api():
     facts = make_facts(make_step(batch=4, opt=0.3, fwd=0.2, bwd=0.2), make_host(), make_loader(batch=4))
-    assert "per_device_train_batch_size=" in rules.small_batch(with_api(facts, HF))["fix"]["code"]
+    assert "per_device_train_batch_size=" in rules_batch.small_batch(with_api(facts, HF))["fix"]["code"]
     # 4 micro-batches of 4: the batch grows to 32 and accumulation stops (32 samples a step, were 16)
-    hf = rules.small_batch(with_api(facts, HF))["fix"]["code"]
+    hf = rules_batch.small_batch(with_api(facts, HF))["fix"]["code"]
     assert "gradient_accumulation_steps=1)   # was 4: 32 samples per optimizer step (were 16)" in hf
     eight = with_api(facts, dict(HF, config=dict(HF["config"], gradient_accumulation_steps=16)))
     assert "gradient_accumulation_steps=2)   # was 16: still 64 samples per optimizer step" in \
-        rules.small_batch(eight)["fix"]["code"]
+        rules_batch.small_batch(eight)["fix"]["code"]
     # a plain loop accumulating 8 micro-batches (measured backward calls per step)
     loop = with_api(facts, TORCH).replace(step=dict(facts.step, micro_batches_per_step=8.0))
-    assert rules.small_batch(loop)["fix"]["code"].endswith("ACCUM_STEPS = 1   # was 8: still 32 samples per optimizer step")
-    assert "def train_dataloader" in rules.small_batch(with_api(facts, LIGHTNING))["fix"]["code"]
-    assert rules.small_batch(with_api(facts, TORCH))["fix"]["code"].startswith("loader = DataLoader(")
+    assert rules_batch.small_batch(loop)["fix"]["code"].endswith("ACCUM_STEPS = 1   # was 8: still 32 samples per optimizer step")
+    assert "def train_dataloader" in rules_batch.small_batch(with_api(facts, LIGHTNING))["fix"]["code"]
+    assert rules_batch.small_batch(with_api(facts, TORCH))["fix"]["code"].startswith("loader = DataLoader(")
 
 
 def test_logging_fix_per_api():

@@ -264,13 +264,13 @@ def test_terminal_and_html_print_every_options_code(tmp_path):
     from whyidle.report.html import render_html
     from whyidle.report.terminal import render
 
-    # one core: a worker gains nothing here, so cheaper samples are printed first and the worker
-    # option, with its DataLoader code, comes second
+    # two cores: the worker option, with its DataLoader code, is printed first and cheaper samples
+    # second (on one core a worker gains under 1.10x and is not offered: test_diagnose)
     step = make_step(data=0.6, fwd=0.15, bwd=0.15, opt=0.05, data_cpu_share=0.95)
-    f = rules.input_bound(make_facts(step, make_host(cores=1, cpu_busy=1.0),
+    f = rules.input_bound(make_facts(step, make_host(cores=2, cpu_busy=1.0),
                                      dict(make_loader(nw=0), call=imagenet_call(), created=["main.py:35 main"] * 2)))
     options = f["fix"]["options"]
-    assert "cheaper" in options[0]["text"] and "DataLoader(" in options[1]["code"]
+    assert "DataLoader(" in options[0]["code"] and "cheaper" in options[1]["text"]
     assert f["est_speedup"] == options[0]["est_speedup"] is not None  # the printed fix's gain, not null
     run_dir = str(tmp_path / "run")
     shutil.copytree(os.path.join(RUNS, "image_decode_main"), run_dir)
@@ -284,7 +284,7 @@ def test_terminal_and_html_print_every_options_code(tmp_path):
         for line in (o["code"] or "").splitlines():
             assert " " * 5 + line in lines, line
     page = render_html(report, run_series(a.run, a.facts))
-    assert html_lib.escape(options[1]["code"].splitlines()[0], quote=False) in page
+    assert html_lib.escape(options[0]["code"].splitlines()[0], quote=False) in page
 
 
 @pytest.mark.parametrize("cause_share", [0.6])

@@ -92,7 +92,7 @@ def test_two_torchrun_nodes_merged_equal_the_one_node_job(tmp_path):
 
 
 def test_a_torchrun_runs_default_name_is_its_script_and_node():
-    from whyidle.run.session import default_name
+    from whyidle.cmdline import default_name
 
     assert default_name(["torchrun", "--nnodes", "2", "--node_rank", "1", "train.py", "--lr", "1"]) == "train-node1"
     assert default_name(["torchrun", "--node-rank=0", "jobs/pretrain.py"]) == "pretrain-node0"

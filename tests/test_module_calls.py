@@ -134,7 +134,8 @@ def test_a_loss_called_per_sample_is_recorded_and_folding_it_is_the_fix():
         post.remove()
     (row,) = calls.record()["modules"]
     assert row[0] == "CrossEntropyLoss" and row[2] == 6 and row[4] == 1 and row[5] == 0  # no parameters
-    # the rule: its calls, as much backward, and the loop's own Python at that line
+    # the rule: its calls, twice as much backward (at most the step's backward), and the loop's own
+    # Python at that line
     site = row[1]
     f = rules_work.module_loop(RunFacts(
         framework="torch", step={"shares": {"forward": 0.3, "backward": 0.4, "other_host": 0.25}},
@@ -143,8 +144,8 @@ def test_a_loss_called_per_sample_is_recorded_and_folding_it_is_the_fix():
         hotspots={"other": [{"site": site, "share": 0.2, "samples": 40}, {"site": "x.py:1 f", "share": 0.05,
                                                                          "samples": 40}]}))
     assert f["id"] == "host_bound" and f["evidence"]["kind"] == "module_loop"
-    assert f["bound"] == pytest.approx(0.25 + 0.25 + 0.2)
-    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.7 * (1 - 1 / 32)), rel=1e-3)
+    assert f["bound"] == pytest.approx(0.25 + 0.4 + 0.2)
+    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.85 * (1 - 1 / 32)), rel=1e-3)
     assert 'nn.CrossEntropyLoss(reduction="none")' in f["fix"]["code"] and "-100" in f["fix"]["code"]
 
 
@@ -163,3 +164,15 @@ def test_two_loss_loops_add_up_and_each_loss_keeps_its_own_arguments():
     assert "CrossEntropyLoss` 64 times at pairs.py:35" in f["summary"]
     code = f["fix"]["code"]
     assert "criterion(x1, x2, y)" in code and "-100" not in code  # its own signature; no ignore_index
+
+
+def test_a_lazy_module_before_its_first_forward_counts_as_having_weights():
+    import torch.nn as nn
+
+    from whyidle.instrument.module_calls import _numel
+
+    lazy = nn.Sequential(nn.LazyLinear(4), nn.ReLU())
+    assert _numel(lazy) == 2  # weight and bias, uninitialized: no ValueError, the module has weights
+    lazy(torch.randn(2, 3))
+    assert _numel(lazy) == 3 * 4 + 4
+    assert _numel(nn.ReLU()) == 0

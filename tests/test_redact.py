@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from synthetic_run import write_run
 
 from whyidle.redact import is_secret_name, redact_argv, redact_text
-from whyidle.sampling.host import process_label, short_command
+from whyidle.cmdline import program_and_script
+from whyidle.sampling.host import process_label
 
 #: (command line, what it must become): secrets that must vanish.
 SECRETS = [
@@ -162,10 +163,51 @@ def test_another_users_process_is_named_by_its_program_only():
     assert process_label(cmdline, None, uid=1001, own_uid=1000) == "python3"
     assert process_label([], None, uid=None, own_uid=1000) == "?"
     assert process_label(cmdline, "python3", uid=None, own_uid=None) == "python3"  # unknown owner
-    mine = process_label(cmdline, "python3", uid=1000, own_uid=1000)
-    assert mine == "python3 job.py --api-key *** --data private"
-    assert short_command(["python", "x.py", "--hf-token", "hf_abcdefghijklmnopqrstuvwxyz0"]) == \
-        "python x.py --hf-token ***"
+    assert process_label(cmdline, "python3", uid=1000, own_uid=1000) == "python3 job.py"
+
+
+#: (command line of a process outside the job, its name in the report): program and script only.
+OUTSIDE = [
+    (["/usr/bin/python3", "/home/u/jobs/burn.py", "2", "60"], "python3 burn.py"),
+    (["python", "-u", "-W", "ignore", "train.py", "--lr", "3"], "python train.py"),
+    (["python", "-W", "secretish", "t.py"], "python t.py"),
+    (["python3", "-c", "import time; time.sleep(30)", "SECRET123"], "python3 -c"),
+    (["python3", "-Bc", "pass", "SECRET123"], "python3 -c"),
+    (["python", "-", "SECRET123"], "python -"),
+    (["python", "-m", "pkg.serve", "--token", "SECRET123"], "python -m pkg.serve"),
+    (["python", "-m"], "python -m"),
+    (["sshpass", "-p", "SECRET123", "ssh", "user@host"], "sshpass"),
+    (["/usr/bin/mysql", "-uroot", "-pSECRET123", "db"], "mysql"),
+    (["bash", "-c", "PASS=SECRET123 ./run.sh"], "bash -c"),
+    (["bash", "/opt/jobs/nightly.sh", "SECRET123"], "bash nightly.sh"),
+    (["torchrun", "--nproc-per-node", "2", "train.py", "--hf-token", "SECRET123"], "torchrun train.py"),
+    (["node", "server.js", "SECRET123"], "node server.js"),
+    (["postgres: user db 127.0.0.1(5432) SECRET123"], "postgres"),
+    (["tool", "SECRET123.txt", "KEY=a.py", "x y.py"], "tool"),
+    ([], "?"),
+]
+
+
+@pytest.mark.parametrize("argv,name", OUTSIDE)
+def test_a_process_outside_the_job_keeps_its_program_and_script_only(argv, name):
+    assert program_and_script(argv) == name
+    assert "SECRET123" not in program_and_script(argv, "comm")
+
+
+def test_other_processes_recorded_in_full_by_older_versions_are_cut_when_read():
+    from whyidle.record.reader import redact_run
+
+    host = [{"k": "host_top", "procs": [[1, "python3 burn.py 2 60", 1.0], [2, "kworker/0:1", 0.5],
+                                        [3, "sshpass -p SECRET123 ssh user@host", 0.4]],
+             "yielding_procs": [[4, "mysql -uroot -pSECRET123", 0.1]]}]
+    redact_run({}, host, {})
+    assert [row[1] for row in host[0]["procs"] + host[0]["yielding_procs"]] == \
+        ["python3 burn.py", "kworker/0:1", "sshpass", "mysql"]
+
+
+def test_a_process_without_a_command_line_is_named_by_its_program():
+    assert program_and_script([], "kworker/0:1") == "kworker/0:1"
+    assert process_label([], "kworker/0:1", uid=0, own_uid=1000) == "kworker/0:1"
 
 
 # -- reports from runs recorded before redaction --------------------------------------------------
@@ -241,3 +283,55 @@ def test_run_keeps_secrets_out_of_the_run_directory_and_the_terminal(tmp_path):
     assert stat.S_IMODE(os.stat(os.path.join(run_dir, ".bootstrap")).st_mode) == 0o700
     with open(os.path.join(run_dir, "meta.json")) as f:
         assert json.load(f)["command"][1] == "WANDB_API_KEY=***"
+
+
+#: A loop that burns CPU for a while, for the processes outside the job.
+_BUSY = "import time\nt = time.time()\nwhile time.time() - t < 40:\n    pass\n"
+
+
+@pytest.mark.slow
+def test_bare_secrets_of_other_processes_reach_no_file_and_no_terminal(tmp_path):
+    """Processes outside the job holding a secret as a bare argument (no redaction rule matches
+    it) while ``whyidle run`` observes a short job: the secret is in no file of the run directory
+    and nowhere in what whyidle prints; the processes are still named by their program."""
+    import subprocess
+
+    secrets = ["bareSecretPyC81", "bareSecretSsh62", "bareSecretSql47", "bareSecretStdin5"]
+    busy = tmp_path / "busy.py"
+    busy.write_text(_BUSY)
+    awk = "BEGIN { t = systime(); while (systime() - t < 40) ; }"
+    commands = [
+        [sys.executable, "-c", _BUSY, secrets[0]],
+        ["bash", "-c", f"exec -a sshpass awk {shlex.quote(awk)} -p {secrets[1]} ssh user@host"],
+        ["bash", "-c", f"exec -a mysql awk {shlex.quote(awk)} -uroot -p{secrets[2]} db"],
+        ["bash", "-c", f"exec {shlex.quote(sys.executable)} - {secrets[3]} < {shlex.quote(str(busy))}"],
+    ]
+    # niced: they take only the cores the job leaves, and are recorded as yielding processes
+    others = [subprocess.Popen(c, preexec_fn=lambda: os.nice(19)) for c in commands]
+    try:
+        for p, secret in zip(others, secrets):  # each is running with its secret on its command line
+            with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                assert secret.encode() in f.read()
+        script = write_script(tmp_path / "short.py", steps=60, in_step="time.sleep(0.1)")
+        run_dir = str(tmp_path / "run")
+        proc = run_whyidle(["run", "--out", run_dir, "--", sys.executable, script], timeout=180)
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+    assert proc.returncode == 0, proc.stderr
+    terminal = proc.stdout + proc.stderr
+    files = list(_files(run_dir))
+    names = {os.path.relpath(p, run_dir) for p in files}
+    assert {"report.json", "report.html", "host.jsonl", "meta.json"} <= names
+    held = {}
+    for path in files:
+        with open(path, "rb") as f:
+            held[path] = f.read()
+        for secret in secrets:
+            assert secret.encode() not in held[path], (path, secret)
+    for secret in secrets:
+        assert secret not in terminal
+    host = held[os.path.join(run_dir, "host.jsonl")].decode()
+    # the processes were seen and named (so the test looked where the secrets would have been)
+    assert '"sshpass"' in host and '"mysql"' in host, "the other processes were not recorded"

@@ -218,11 +218,11 @@ def test_waiting_python_already_parallel_gets_more_calls_than_cores():
 
 
 def test_keras_small_batch_counts_the_compiled_steps_fixed_cost():
-    from whyidle.diagnose import rules
+    from whyidle.diagnose import rules_batch
 
     f = facts(data_share=0.02, step_s=0.00045)
     f.step["batch_size"] = 8
-    sb = rules.small_batch(f)
+    sb = rules_batch.small_batch(f)
     # 0.3 ms of the 0.45 ms step is the compiled step's fixed cost, 1 % other host: batch 32 gives ~2.2x
     fixed = 0.01 + 0.0003 / 0.00045
     assert sb["est_speedup"] == pytest.approx(4 / (fixed + (1 - fixed) * 4), rel=1e-3)
@@ -309,7 +309,7 @@ def test_workers_that_cannot_keep_up_and_a_torch_dataloader():
 
 
 def test_no_tensorflow_advice_to_keras_on_torch_or_jax():
-    from whyidle.diagnose import fixes, rules
+    from whyidle.diagnose import fixes, rules, rules_batch
 
     for backend in ("torch", "jax"):
         f = backend_facts(backend, data_share=0.02)
@@ -317,7 +317,7 @@ def test_no_tensorflow_advice_to_keras_on_torch_or_jax():
         f.step["shares"].update(other_host=0.4, compute=0.58)
         host = rules.host_bound(f)
         assert "tf.function" not in host["fix"]["text"] and "steps_per_execution" in host["fix"]["text"]
-        small = rules.small_batch(f)
+        small = rules_batch.small_batch(f)
         assert "ds.batch" not in (small["fix"]["code"] or "") and "PyDataset" in small["fix"]["code"]
         assert "XLA" not in fixes.keras_jit_text(f)
         gpu = backend_facts(backend, tf_devices={"physical_gpus": 0, "is_cuda_build": False, "tf_version": "2.21.0"},

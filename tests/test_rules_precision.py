@@ -131,6 +131,8 @@ for _ in range(8):
 '''
 
 
+@pytest.mark.slow
+@pytest.mark.timing  # a measured share of real runs: beside other tests a head's share swings past 0.8
 @pytest.mark.parametrize("mode", ["block", "decorated", "head", "off"])
 def test_the_audit_times_the_forward_under_cpu_autocast(tmp_path, mode):
     """The device audit's ``autocast_share``: the with-block around the model and a forward that

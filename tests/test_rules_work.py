@@ -7,7 +7,7 @@ import pytest
 from test_diagnose import assert_contract  # the one report-contract check
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import rules
+from whyidle.diagnose import rules_batch
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules_work import no_mixed_precision, small_workload
 
@@ -250,7 +250,7 @@ def batch_facts(batch=4.0, used=4 * GB, total=80 * GB, kind="cuda"):
 
 
 def test_small_batch_gpu_headroom_suggests_target():
-    f = rules.small_batch(batch_facts(batch=4.0, used=4 * GB, total=80 * GB))
+    f = rules_batch.small_batch(batch_facts(batch=4.0, used=4 * GB, total=80 * GB))
     ev = f["evidence"]
     # min(32 / 4, 0.8 × 80 / 4 = 16) = 8 → 32
     assert ev["suggested_batch_size"] == 32 and ev["target_batch_size"] == 32
@@ -261,7 +261,7 @@ def test_small_batch_gpu_headroom_suggests_target():
 
 def test_small_batch_gpu_headroom_bounds_target():
     # 0.8 × 80 / 30 = 2.13 → 4 × 2.13 = 8.5 → 8 (power of two, rounded down)
-    f = rules.small_batch(batch_facts(batch=4.0, used=30 * GB, total=80 * GB))
+    f = rules_batch.small_batch(batch_facts(batch=4.0, used=30 * GB, total=80 * GB))
     assert f["evidence"]["suggested_batch_size"] == 8 and f["evidence"]["target_batch_size"] == 8
     assert "batch_size=8" in f["fix"]["code"] and "batches of 8 " in f["summary"]
     k = 8 / 4
@@ -270,14 +270,14 @@ def test_small_batch_gpu_headroom_bounds_target():
 
 
 def test_small_batch_gpu_memory_full():
-    f = rules.small_batch(batch_facts(batch=4.0, used=70 * GB, total=80 * GB))
+    f = rules_batch.small_batch(batch_facts(batch=4.0, used=70 * GB, total=80 * GB))
     assert f["evidence"]["suggested_batch_size"] is None
     assert f["evidence"]["target_batch_size"] == T.SMALL_BATCH_TARGET
     assert "little room to grow" in f["summary"] and "nearly full" in f["fix"]["text"]
 
 
 def test_small_batch_cpu_unchanged():
-    f = rules.small_batch(batch_facts(batch=4.0, kind="cpu"))
+    f = rules_batch.small_batch(batch_facts(batch=4.0, kind="cpu"))
     assert "suggested_batch_size" not in f["evidence"] and "GB" not in f["summary"]
     assert f["evidence"]["target_batch_size"] == T.SMALL_BATCH_TARGET
 
@@ -285,6 +285,6 @@ def test_small_batch_cpu_unchanged():
 def test_small_batch_gpu_without_memory_numbers():
     facts = batch_facts(batch=4.0)
     facts.gpu["memory_used_max_bytes"] = None
-    f = rules.small_batch(facts)
+    f = rules_batch.small_batch(facts)
     assert "suggested_batch_size" not in f["evidence"]
     assert f["evidence"]["target_batch_size"] == T.SMALL_BATCH_TARGET

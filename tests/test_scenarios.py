@@ -103,6 +103,11 @@ def test_batch_size_one_is_small_batch(tmp_path):
     fixed = scenario(tmp_path, "batch1.py", "--variant", "fixed", "--steps", "80")
     assert finding(fixed, "small_batch") is None
     assert sps(fixed) >= 1.8 * sps(faulty)  # measured 2.4–2.7×
+    # the estimate (batch 32, from the model's layers timed at 1 and 32) within 2× of batch 64's
+    # measured gain (issue 32: no single estimate off by more than 2×; before: 1.6× against 3.4×)
+    assert f["evidence"]["basis"] == "layer_probe"
+    measured = sps(fixed) / sps(faulty)
+    assert measured / 2 <= f["est_speedup"] <= measured * 2
 
 
 def test_busy_unrelated_processes_are_cpu_contention(tmp_path):
@@ -203,10 +208,19 @@ def test_image_decode_in_the_main_process_is_input_bound_first(tmp_path):
 
 
 def _native_cpu_bf16() -> bool:
-    """The CPU runs bfloat16 matmuls natively (oneDNN: AVX512-BF16 or AMX); else PyTorch's slow fallback."""
+    """The CPU runs bfloat16 matmuls natively (its flags: AVX512-BF16 or AMX; or oneDNN says so);
+    else PyTorch's slow fallback. The same decision as whyidle's (rules_precision.native_units)."""
     import torch
 
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    from whyidle.instrument.shape_probe import LOWP_FLAGS, lowp_cpu_flags
+
+    flags = lowp_cpu_flags() or []
+    return any(f in flags for f in LOWP_FLAGS["bfloat16"]) or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _no_emulated_claim(report) -> bool:
+    """No emulated_precision warning or critical (an info saying "inconclusive" may stand)."""
+    return not any(f["id"] == "emulated_precision" and f["severity"] != "info" for f in report["findings"])
 
 
 def test_bf16_batch_of_two_is_small_batch(tmp_path):
@@ -219,10 +233,17 @@ def test_bf16_batch_of_two_is_small_batch(tmp_path):
         assert any(f["id"] == "small_batch" for f in report["findings"])
         return
     assert report["verdict"] == "small_batch"
-    assert not any(f["id"] == "emulated_precision" for f in report["findings"])
+    # issue 32: with native bfloat16 the batch-2 step is no evidence against it (batch 64 ran 1.7×
+    # faster in bfloat16 than in float32): never a float32 fix printed as a warning or critical
+    assert _no_emulated_claim(report)
     f = finding(report, "small_batch")
     assert f["severity"] == "warning" and f["est_speedup"] > 1.3
     assert "learning rate" in f["fix"]["text"]
+    # the estimate at batch 32 within 2× of batch 32's measured gain (issue 32: 1.5× against 3.6×
+    # before; the model's own layers timed at 2 and 32: 3.8×)
+    fixed = scenario(tmp_path, "small_batch_bf16.py", "--batch", "32", "--steps", "60", name="bf16_b32")
+    measured = sps(fixed) / sps(report)
+    assert measured / 2 <= f["est_speedup"] <= measured * 2
 
 
 def test_bf16_autocast_without_native_bf16_is_emulated_precision(tmp_path):
@@ -230,8 +251,8 @@ def test_bf16_autocast_without_native_bf16_is_emulated_precision(tmp_path):
     emulated_precision with the float32 fix (measured 11.8x here; est. 5.2x, conservative), and
     the float32 run has no such finding; on a CPU with native bfloat16 the finding stays silent."""
     faulty = scenario(tmp_path, "emulated_bf16.py", "--variant", "faulty", "--steps", "40")
-    if _native_cpu_bf16():
-        assert not any(f["id"] == "emulated_precision" for f in faulty["findings"])
+    if _native_cpu_bf16():  # the scenario's premise does not hold on this CPU: no float32 advice
+        assert _no_emulated_claim(faulty) and faulty["verdict"] != "emulated_precision"
         return
     assert faulty["verdict"] == "emulated_precision"
     f = finding(faulty, "emulated_precision")
@@ -260,3 +281,32 @@ def test_c26_tracker_hooks_every_step_are_host_work_in_forward_and_backward(tmp_
     fixed = scenario(tmp_path, "c26_watch_hooks.py", "--variant", "fixed", "--steps", "30")
     assert all(g["evidence"].get("kind") != "model_hooks" for g in fixed["findings"] if g["id"] == "host_bound")
     assert fixed["metrics"]["steady_samples_per_s"] >= 2.5 * faulty["metrics"]["steady_samples_per_s"]
+
+
+def test_pandas_row_lookups_get_a_measured_cheaper_sample_estimate(tmp_path):
+    """Issue 32: per-row ``df.iloc[i]`` + a Python float per field in ``__getitem__``: the first fix
+    is the cheaper sample, estimated from the stack samples' split of the loading time (measured
+    plain: vectorized 4.3–4.7×, tests/scenarios/README.md), not an assumed 2×."""
+    pytest.importorskip("pandas")
+    faulty = scenario(tmp_path, "pandas_rows.py", "--steps", "100")
+    assert faulty["verdict"] == "input_bound"
+    f = finding(faulty, "input_bound")
+    first = f["fix"]["options"][0]
+    assert first["text"].startswith("Make each sample cheaper") and not first["assumed"]
+    cost = f["evidence"]["sample_cost"]
+    assert cost["removed_share_of_loading"] >= 0.8
+    assert any("iloc" in (ln["code"] or "") for ln in cost["lines"])
+    assert 2.0 <= f["est_speedup"] <= f["est_speedup_if_removed"]
+    fixed = scenario(tmp_path, "pandas_rows.py", "--variant", "fixed", "--steps", "100")
+    assert sps(fixed) >= 2.5 * sps(faulty)
+
+
+def test_pil_augmentation_is_estimated_from_its_lines(tmp_path):
+    """Issue 32: RandAugment-like PIL ops per sample (no decode): the cheaper-sample option is the
+    batch-wise tensor augmentation with a measured estimate (not assumed)."""
+    faulty = scenario(tmp_path, "randaugment_pil.py", "--steps", "120")
+    f = finding(faulty, "input_bound")
+    cheaper = next(o for o in f["fix"]["options"] if o["text"].startswith(("Make each sample", "All cores")))
+    assert not cheaper["assumed"] and cheaper["est_speedup"] > 1.1
+    assert "whole batches as tensor ops" in cheaper["text"]
+    assert f["est_speedup"] is not None and f["est_speedup_if_removed"] >= f["est_speedup"]

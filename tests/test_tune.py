@@ -137,7 +137,10 @@ def test_candidates_follow_the_diagnosis(_report):
         next(f for f in rep["findings"] if f["id"] == "input_bound")["est_speedup"])
     assert fix.settings["num_workers"] == 2 and fix.settings["persistent_workers"] is True
     assert fix.settings.get("threads") == 1  # the printed fix gives the trainer one thread
-    assert {c.settings["num_workers"] for c in cands[1:]} == {1}  # the neighbour on 2 cores
+    # the input ceiling right after the printed fix (a measurement: never the winner), then the neighbour
+    assert cands[1].settings == {"replay": plan.REPLAY_BATCHES} and cands[1].origin == plan.CEILING
+    assert cands[1].finding == "input_bound" and cands[1].predicted is None
+    assert {c.settings["num_workers"] for c in cands[2:]} == {1}  # the neighbour on 2 cores
     assert plan.ladder_start(rep) is None
 
     assert plan.candidates(_report("batch1"), cores=2) == []
@@ -152,6 +155,17 @@ def test_candidates_follow_the_diagnosis(_report):
 def _out(settings, ratio, claim="faster", status="ok", origin="x", runs=1):
     return Outcome(Candidate(settings, origin), status, ratio, [ratio * 0.9, ratio * 1.1], claim,
                    [f"r{i}" for i in range(runs)])
+
+
+def test_the_input_ceiling_is_never_the_winner_repeated_or_combined():
+    ceiling = Outcome(Candidate({"replay": 16}, plan.CEILING, None, "", "input_bound"), "ok", 5.0, [4.5, 5.5],
+                      "faster", ["r0"])
+    workers = _out({"num_workers": 2}, 1.4, origin="input_bound")
+    threads = _out({"threads": 1}, 1.2, origin="cpu_contention")
+    assert plan.winner([ceiling, workers]) is workers
+    assert plan.winner([ceiling]) is None
+    assert ceiling not in plan.promising([ceiling, workers])
+    assert "replay" not in plan.combination([ceiling, workers, threads]).settings
 
 
 def test_batch_ladder_doubles_while_it_gains():
@@ -250,3 +264,19 @@ def test_an_inconclusive_trial_gets_a_second_run():
     unsure = Outcome(Candidate({"num_workers": 1}, "x"), "ok", 0.99, [0.92, 1.06], "none", ["r0"])
     settled = Outcome(Candidate({"num_workers": 2}, "x"), "ok", 0.8, [0.75, 0.85], "slower", ["r0"])
     assert plan.promising([unsure, settled]) == [unsure]
+
+
+def test_input_fixes_are_held_against_the_measured_ceiling():
+    from whyidle.tune.result import input_ceiling
+
+    trials = [{"label": "replay=16", "origin": plan.CEILING, "finding": "input_bound", "ratio": 5.0,
+               "ratio_ci": [4.5, 5.5], "claim": "faster", "status": "ok"},
+              {"label": "num_workers=2", "origin": "input_bound", "finding": "input_bound", "ratio": 3.0,
+               "ratio_ci": [2.8, 3.2], "claim": "faster", "status": "ok"},
+              {"label": "threads=1", "origin": "cpu_contention", "finding": "cpu_contention", "ratio": 1.2,
+               "ratio_ci": [1.1, 1.3], "claim": "faster", "status": "ok"}]
+    report = {"findings": [{"id": "input_bound", "est_speedup_if_removed": 4.2}]}
+    c = input_ceiling(trials, report)
+    assert c["ratio"] == 5.0 and c["predicted"] == 4.2 and c["status"] == "ok"
+    assert c["fixes"] == [{"label": "num_workers=2", "ratio": 3.0, "of_ceiling": 0.5}]
+    assert input_ceiling(trials[1:], report) is None

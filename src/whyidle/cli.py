@@ -52,8 +52,11 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; still write the run directory and --json.")
 @click.option("--no-html", is_flag=True,
               help="Do not write RUN_DIR/report.html (~5 MB: plotly.js is embedded), e.g. for sweeps.")
+@click.option("--diff", "diff_path", metavar="FILE",
+              help="Also write the first fix, when it is a setting, as a unified diff of the script to FILE "
+                   "(git apply FILE / patch -p1 < FILE, from this directory).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(out, name, json_path, interval, stack_hz, quiet, no_html, command) -> None:
+def run(out, name, json_path, interval, stack_hz, quiet, no_html, diff_path, command) -> None:
     """Run COMMAND unchanged and diagnose why the device waits.
 
     \b
@@ -71,10 +74,46 @@ def run(out, name, json_path, interval, stack_hz, quiet, no_html, command) -> No
     opts = RunOptions(out=out, name=name, json_path=json_path, interval_s=interval, stack_hz=stack_hz, quiet=quiet,
                       html=not no_html)
     try:
-        _report, status, _run_dir = observe(cmd, opts)
+        if diff_path not in (None, "-"):
+            from whyidle.run.session import check_writable_file
+
+            check_writable_file(diff_path, "--diff")
+        report, status, _run_dir = observe(cmd, opts)
     except LaunchError as exc:
         _fail(str(exc), exc.exit_code)
+    if diff_path and report:
+        from whyidle.tune.result import first_fix_patch
+
+        _write_diff(diff_path, first_fix_patch(report, cmd), quiet)
     status.whyidle_exit()
+
+
+def _write_diff(path: str, patch: dict, quiet: bool = False) -> None:
+    """Writes ``patch["diff"]`` to ``path`` ('-': stdout) and says so on stderr; when there is none,
+    says why (one line) and writes nothing."""
+    if not patch.get("diff"):
+        click.echo(f"whyidle: no diff written: {patch.get('error') or 'the setting is already in the script'}", err=True)
+        return
+    if path == "-":
+        click.echo(patch["diff"], nl=False)
+    else:
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(patch["diff"])
+        except OSError as exc:
+            _fail(f"--diff {path}: cannot write ({exc.strerror or exc})", 2)
+    if not quiet:
+        left = "; ".join(f"{k} not written ({v})" for k, v in (patch.get("unplaced") or {}).items())
+        click.echo(f"whyidle: {', '.join(patch['placed'])} written into {patch['file']} as a diff"
+                   + ("" if path == "-" else f" in {path} (apply: git apply {path}, or patch -p1 < {path})")
+                   + (f"; {left}" if left else ""), err=True)
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _tries(values: tuple[str, ...]) -> dict:
@@ -91,7 +130,8 @@ def _tries(values: tuple[str, ...]) -> dict:
         for raw in text.split(","):
             raw = raw.strip()
             value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(raw.lower()) \
-                if kind is bool else raw if kind is str else int(raw) if raw.lstrip("-").isdigit() else None
+                if kind is bool else raw if kind is str else int(raw) if raw.lstrip("-").isdigit() \
+                else _float(raw) if isinstance(kind, tuple) else None
             if value is None or parse(json.dumps({name: value}))[1]:
                 _fail(f"--try {item}: {raw!r} is not a valid value for {name}", 2)
             out.setdefault(name, []).append(value)
@@ -105,16 +145,21 @@ def _tries(values: tuple[str, ...]) -> dict:
               help="Longest one trial may run (default: budget ÷ 8, between 15 and 90 s).")
 @click.option("--try", "tries", multiple=True, metavar="NAME=V1,V2",
               help="Also try these values of a setting, e.g. --try num_workers=2,4 --try batch_size=64 "
-                   "(num_workers, pin_memory, persistent_workers, prefetch_factor, batch_size, threads, autocast, "
-                   "tf32, cudnn_benchmark, tfdata_parallel_map, tfdata_prefetch).")
+                   "(num_workers, pin_memory, persistent_workers, prefetch_factor, batch_size, threads, autocast "
+                   "(bf16, fp16, off), tf32, cudnn_benchmark, tfdata_parallel_map, tfdata_prefetch; Lightning "
+                   "val_check_interval, check_val_every_n_epoch, limit_val_batches, log_every_n_steps, "
+                   "every_n_train_steps; HF eval_steps, save_steps, logging_steps; Keras validation_freq).")
 @click.option("--validate", is_flag=True,
               help="Then run the baseline and the winner to the end each and compare their logged validation metrics.")
 @click.option("--out", "out", metavar="DIR", help="Tune directory (default: ./whyidle-runs/<UTC time>-tune-<name>/).")
 @click.option("--name", help="Name used in the default tune directory.")
 @click.option("--json", "json_path", metavar="FILE", help="Also write the result (whyidle.tune/1) to FILE ('-' = stdout).")
 @click.option("--html", "html_path", metavar="FILE", help="Also write the result as an HTML page to FILE.")
+@click.option("--diff", "diff_path", metavar="FILE",
+              help="Also write the winner's change as a unified diff of the script to FILE "
+                   "(git apply FILE / patch -p1 < FILE, from this directory).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def tune(budget, trial_seconds, tries, validate, out, name, json_path, html_path, command) -> None:
+def tune(budget, trial_seconds, tries, validate, out, name, json_path, html_path, diff_path, command) -> None:
     """Measure the fixes: run COMMAND as it is, then with the settings its diagnosis names (DataLoader
     workers and batch size, threads, autocast, tf.data parallelism...) applied without code change;
     rank them and print the change to make.
@@ -141,7 +186,7 @@ def tune(budget, trial_seconds, tries, validate, out, name, json_path, html_path
     opts = TuneOptions(budget_s=budget, trial_s=trial_seconds, out=out, name=name, tries=_tries(tries),
                        validate=validate, json_path=json_path, html_path=html_path)
     try:
-        for option, path in (("--json", json_path), ("--html", html_path)):
+        for option, path in (("--json", json_path), ("--html", html_path), ("--diff", diff_path)):
             if path not in (None, "-"):
                 check_writable_file(path, option)
         res = run_tune(cmd, opts, Progress())
@@ -153,6 +198,9 @@ def tune(budget, trial_seconds, tries, validate, out, name, json_path, html_path
         click.echo(json_text(res))
     else:
         render(res)
+    if diff_path:
+        win = res["winner"]
+        _write_diff(diff_path, win["patch"] if win else {"error": "no trial was measured faster than the program as written"})
     sys.exit(130 if res["interrupted"] else 1 if res["baseline"]["status"] != "ok" else 0)
 
 

@@ -229,7 +229,7 @@ def summarize_run(path: str) -> dict:
     """
     from whyidle.analysis.gpu import util_series
     from whyidle.report.compare import GPU_TREND_PARTS, run_summary
-    from whyidle.run.session import default_name
+    from whyidle.cmdline import default_name
 
     a = analyze_run(path)
     if not a.facts.analyzed_steps:

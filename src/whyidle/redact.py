@@ -1,10 +1,12 @@
 """Secrets kept out of what whyidle stores and prints: command lines and text naming processes.
 
 Standard library only: the in-process agent imports it inside the observed program (``proc``
-``argv``). Applied where a command line is recorded (``meta.json`` ``command``, ``proc``
-``argv``, ``host.jsonl`` ``host_proc`` ``cmdline`` and ``host_top`` commands) and again when a
-run directory is read (:func:`whyidle.record.reader.load_run`), so runs recorded before it are
-reported redacted too. The command that runs is never changed; only whyidle's copies are.
+``argv``). Applied where one of the job's command lines is recorded (``meta.json`` ``command``,
+``proc`` ``argv``, ``host.jsonl`` ``host_proc`` ``cmdline``) and again when a run directory is
+read (:func:`whyidle.record.reader.load_run`), so runs recorded before it are reported redacted
+too. The command that runs is never changed; only whyidle's copies are. Processes outside the job
+(``host_top``) keep no argument at all, only their program and script
+(:func:`whyidle.cmdline.program_and_script`): these rules cannot see a secret passed bare.
 
 The rules (sources: the variable and option names the major tools document for their secrets,
 such as ``HF_TOKEN``, ``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY``, ``--hf-token``; and, for the

@@ -35,9 +35,10 @@ from common import SCNN, StepMeter, make_parser, seed_everything
 def main():
     p = make_parser(__doc__, steps=0)
     p.set_defaults(steps=None)
+    p.add_argument("--batch", type=int, default=None, help="batch size (default: 1 faulty, 64 fixed)")
     args = p.parse_args()
-    batch_size = 1 if args.variant == "faulty" else 64
-    steps = args.steps or (4000 if args.variant == "faulty" else 150)
+    batch_size = args.batch or (1 if args.variant == "faulty" else 64)
+    steps = args.steps or (4000 if batch_size == 1 else max(150, 9600 // batch_size))
     torch.set_num_threads(1)
     seed_everything(args.seed)
 

@@ -10,7 +10,10 @@ the step about ten times slower; on a CPU with native bfloat16 it is the speed-u
 - fixed: float32 (``--fixed``): the autocast block removed.
 
 Expected diagnosis (faulty, on a CPU without native bfloat16): ``emulated_precision`` as the
-verdict, fix: float32 on this CPU. With native bfloat16: no ``emulated_precision`` finding.
+verdict, fix: float32 on this CPU. With native bfloat16 (``/proc/cpuinfo`` ``avx512_bf16`` /
+``amx_bf16``) the premise does not hold: no ``emulated_precision`` warning or critical (measured
+on a 2-core EPYC with AVX512-BF16, PyTorch 2.13: bfloat16 3,176 samples/s, float32 1,761, i.e.
+float32 would be 0.55×; issue 32).
 """
 
 import os

@@ -10,6 +10,13 @@ pays it again.
 - fixed: the tokenized corpus saved once with ``torch.save`` (``--cache``; the first fixed launch
   makes it) and loaded on later launches (whyidle's fix).
 
+With ``--raw-loader`` (a short try of a long job, issue 32): the tokenized corpus is the held-out set,
+evaluated once after training (its first 256 documents), and the model trains on other raw documents that its
+``DataLoader`` (main process) tokenizes on every access, as C07's faulty variant does: the set-up
+holds ~30 % of a 30-step run while the input wait holds about half of every step. Expected:
+verdict ``startup_bound`` with ``steady_verdict`` ``input_bound`` (in a longer run the set-up's
+seconds stay, the steps' grow).
+
 Expected diagnosis (faulty): ``startup_bound`` (cause ``data_preparation``, the program line
 ``ids, labels = tokenize_corpus(...)``); fixed: none. The RESULT line's ``wall_s`` is the training
 loop only (the same in both); ``setup_s`` is the set-up before it and the process ratio is the one
@@ -28,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from c07_tokenize_on_the_fly import MAX_LEN, TinyEncoder, WordPieceTokenizer, build_vocab, make_documents, make_word_list
+from c07_tokenize_on_the_fly import (MAX_LEN, RawTextDataset, TinyEncoder, WordPieceTokenizer, build_vocab,
+                                     make_documents, make_word_list)
 from common import StepMeter, make_parser, seed_everything
 
 
@@ -45,6 +53,9 @@ def main():
     p = make_parser(__doc__, steps=30)
     p.add_argument("--docs", type=int, default=500, help="documents in the corpus")
     p.add_argument("--cache", default=None, help="the fixed variant's saved corpus (default: in the temp folder)")
+    p.add_argument("--raw-loader", action="store_true",
+                   help="the tokenized corpus is the held-out set; training documents are tokenized by the "
+                        "DataLoader on every access (an input-bound step)")
     args = p.parse_args()
     torch.set_num_threads(1)
     seed_everything(args.seed)
@@ -60,7 +71,13 @@ def main():
             torch.save((ids, labels), cache)
     setup_s = time.perf_counter() - t0
     assert ids.shape[1] == MAX_LEN
-    loader = DataLoader(TensorDataset(ids, labels), batch_size=32, shuffle=True, drop_last=True)
+    if args.raw_loader:  # one epoch of raw documents holds the steps; tokenized on every access
+        words = make_word_list()
+        docs, train_labels = make_documents(words, 32 * (args.steps + 1), args.seed + 1)
+        train = RawTextDataset(docs, train_labels, WordPieceTokenizer(build_vocab(words)))
+    else:
+        train = TensorDataset(ids, labels)
+    loader = DataLoader(train, batch_size=32, shuffle=True, drop_last=True)
     model = TinyEncoder()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
@@ -77,7 +94,15 @@ def main():
             step += 1
             if step >= args.steps:
                 break
-    meter.print_result(scenario="startup_prep", variant=args.variant, batch_size=32, setup_s=round(setup_s, 3))
+    extra = {}
+    if args.raw_loader:  # the held-out set, evaluated once on its first 256 documents
+        n_val = min(256, len(ids))
+        model.eval()
+        with torch.no_grad():
+            hits = sum(int((model(ids[i:i + 64]).argmax(1) == labels[i:i + 64]).sum()) for i in range(0, n_val, 64))
+        model.train()
+        extra["val_accuracy"] = round(hits / n_val, 4)
+    meter.print_result(scenario="startup_prep", variant=args.variant, batch_size=32, setup_s=round(setup_s, 3), **extra)
 
 
 if __name__ == "__main__":

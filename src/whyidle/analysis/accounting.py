@@ -14,8 +14,9 @@ Parts (seconds, each second of the window in exactly one part, so they add up to
   Keras ``save``);
 - ``logging``: ``logging`` regions (wandb, TensorBoard ``SummaryWriter``, MLflow);
 - ``epoch_boundary``: DataLoader iterator start-ups after each loader's first (``iter()``: workers
-  start again each epoch unless ``persistent_workers``) and the excess of each new iterator's first
-  batch over a steady batch; a loader's first iterator is ``startup``;
+  start again each epoch unless ``persistent_workers``), the excess of each new iterator's first
+  batch over a steady batch, and the previous iterator's workers stopping before it; a loader's
+  first iterator is ``startup``;
 - ``compile``: torch.compile's recompilations anywhere, and its first compilations of frames that
   end after the first step (:func:`whyidle.analysis.compile.training_intervals`); the first
   compilations before that are start-up (its split's ``compile_s``);
@@ -31,11 +32,10 @@ import bisect
 import os
 from collections import Counter
 
+from whyidle import mounts, vocab
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis.startup import startup_split
 from whyidle.analysis.facts import TimeAccounting
-from whyidle.env import fs
-from whyidle.instrument import regions
 
 #: Overlapping parts: the first listed takes the time. ``startup`` here is a loader's first
 #: iterator (its workers' first start), which is start-up cost even inside the first step.
@@ -87,7 +87,7 @@ def _part_phases(records: list[dict], phase: str) -> tuple[set[str], dict[str, f
 #: Region kinds called from the training loop's own body (not a loop of their own, like an
 #: evaluation): their time inside a step is left out of the step's shares (and of the hooks' time,
 #: which the instrument counts without them).
-OUTSIDE_STEP = regions.OUTSIDE_STEP
+OUTSIDE_STEP = vocab.OUTSIDE_STEP
 
 
 def merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -155,7 +155,7 @@ def save_storage(regions: list[dict], w0: int, w1: int) -> dict | None:
     ``path``, ``bytes``, ``fs``; :mod:`whyidle.instrument.saves`) inside ``[w0, w1]`` (ns) went:
     ``{"saves", "bytes" (summed), "mean_bytes", "bytes_per_s" (summed bytes ÷ summed save
     seconds), "fs_type" (of the most saves), "fs_class" (``network``, ``parallel``, ``fuse``,
-    ``local`` or ``unknown``: :func:`whyidle.env.fs.classify`), "folder" (the most common
+    ``local`` or ``unknown``: :func:`whyidle.mounts.classify_fs`), "folder" (the most common
     folder)}``; None when no save recorded its size."""
     rows = [r for r in regions if r.get("kind") == "checkpoint" and isinstance(r.get("bytes"), int)
             and w0 <= int(r["t1"]) and int(r["t0"]) <= w1]
@@ -167,13 +167,39 @@ def save_storage(regions: list[dict], w0: int, w1: int) -> dict | None:
     folder = Counter(os.path.dirname(r.get("path") or "") for r in rows).most_common(1)[0][0]
     return {"saves": len(rows), "bytes": total_b, "mean_bytes": total_b / len(rows),
             "bytes_per_s": total_b / total_s if total_s > 0 else None, "fs_type": fs_type,
-            "fs_class": fs.classify(fs_type) if fs_type else "unknown", "folder": folder or None}
+            "fs_class": mounts.classify_fs(fs_type) if fs_type else "unknown", "folder": folder or None}
+
+
+#: A batch whose data wait exceeds a steady one's by this much (s) or more still waits for a
+#: new iterator's workers to start (each worker's first batch comes after its start-up).
+RAMP_EXCESS_S = 0.005
+#: Batches after a new iterator's first that may still be its workers' first ones.
+RAMP_MAX_STEPS = 8
+
+
+def _ramp(steps: list, starts: list[int], after: int, steady_fetch_s: float, w1: int) -> list[tuple[int, int]]:
+    """The data waits of the steps right after a new iterator's first batch (``after``, ns) that
+    exceed a steady fetch by :data:`RAMP_EXCESS_S` or more, until the first one that does not (at
+    most :data:`RAMP_MAX_STEPS`): the other workers' first batches (spawned workers each import
+    the program again; measured 0.25-0.34 s for the second of 2 spawn workers on 2 cores), as
+    ``(t0, t0 + excess)`` intervals (ns); a step's data phase opens it. ``starts``: the steps'
+    ``t0`` in order (ns)."""
+    out = []
+    i = bisect.bisect_left(starts, after)
+    for j in range(i, min(len(steps), i + RAMP_MAX_STEPS)):
+        r = steps[j]
+        excess = (r.get("data") or 0) / 1e9 - steady_fetch_s
+        if excess < RAMP_EXCESS_S:
+            break
+        a = int(r["t0"])
+        out.append((a, min(w1, a + int(excess * 1e9))))
+    return out
 
 
 def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], iters: list[dict],
                     firsts: list[dict], steady_fetch_s: float = 0.0, records: list[dict] | None = None,
                     source_root: str | None = None, entry_sites: frozenset = frozenset(),
-                    compiles: tuple[list, list] = ((), ())) -> TimeAccounting:
+                    compiles: tuple[list, list] = ((), ()), ends: list[dict] = ()) -> TimeAccounting:
     """Splits ``window`` into the parts of the module docstring.
 
     Args:
@@ -192,6 +218,9 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         compiles: ``(compile part, start-up compilations)``: torch.compile's ``(t0, t1)`` ns
             intervals that are the ``compile`` part, and those that are start-up
             (:mod:`whyidle.analysis.compile`).
+        ends: ``iter_end`` records (``t0``, ``t1``, ``loader``): an iterator's workers stopped and
+            joined when it ran out (no ``persistent_workers``); the one before the same loader's
+            next iterator is that epoch boundary's too.
     Returns:
         ``{"wall_s", "window", "parts": {part: {"s", "share", "count", "every_steps", "sites",
         "host_sites", "mix", "callers"}}, "training_span_s"}``: seconds, share of ``wall_s`` (0–1), how many regions /
@@ -242,6 +271,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
     ordered = sorted(iters, key=lambda r: r["t0"])
     created = {r.get("id"): (r.get("created") or [None])[0] for r in records or () if r.get("k") == "loader"}
     seen_loaders = set()
+    starts = None  # the steps' starts, for the iterators' ramps (read once, when one restarts)
     for n, it in enumerate(ordered):
         a, b = max(w0, int(it["t0"])), min(w1, int(it["t1"]))
         loader = it.get("loader")
@@ -261,10 +291,19 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         if not again:  # the loader's first iterator: its workers' first start is start-up
             by_kind["startup"].append((a, b))
             continue
-        by_kind["epoch_boundary"].append((a, b))
+        # the previous iterator's workers stopping (after its last batch, before this iter())
+        prev = next((o for o in reversed(ordered[:n]) if o.get("loader") == loader), None)
+        stop = next((e for e in ends if e.get("loader") == loader and prev is not None
+                     and int(prev["t1"]) <= int(e["t0"]) <= int(it["t0"])), None)
+        if starts is None:
+            starts = [int(r["t0"]) for r in steps]
+        spans = [(a, b)] + _ramp(steps, starts, b, steady_fetch_s, w1)
+        if stop is not None and min(w1, int(stop["t1"])) > max(w0, int(stop["t0"])):
+            spans.append((max(w0, int(stop["t0"])), min(w1, int(stop["t1"]))))
+        by_kind["epoch_boundary"].extend(spans)
         c = callers["epoch_boundary"].setdefault(created.get(loader) or f"DataLoader {loader}", [0, 0.0])
         c[0] += 1
-        c[1] += (b - a) / 1e9
+        c[1] += sum(y - x for x, y in spans) / 1e9
 
     # sweep: at every instant the highest-priority open part takes the time, else start-up /
     # training / teardown by position

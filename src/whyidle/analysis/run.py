@@ -396,7 +396,8 @@ def _accounting(run: RunData, recs: list[dict], rows: list, step, entry_sites, c
         steady = step["data_wait_s_per_step"] / max(1.0, step.get("batches_per_step") or 1.0)
     return accounting.time_accounting(
         window, rows, [r for r in recs if r.get("k") == "region"], [r for r in recs if r.get("k") == "iter"],
-        [r for r in recs if r.get("k") == "iter_first"], steady, recs, run.meta.get("cwd"), entry_sites, compiles)
+        [r for r in recs if r.get("k") == "iter_first"], steady, recs, run.meta.get("cwd"), entry_sites, compiles,
+        [r for r in recs if r.get("k") == "iter_end"])
 
 
 def _part_gpu_util(time_parts: dict, gpu: list[dict], recs: list[dict], rows: list) -> None:

@@ -29,6 +29,9 @@ OUTPUT_MODULES = ("logging/", "tqdm/", "rich/", "wandb/", "tensorboard/", "torch
                   "pytorch_lightning/callbacks/progress", "transformers/trainer_callback.py",
                   "transformers/integrations/", "mlflow/", "comet_ml/")
 
+#: Lines of one hotspot's function listed in its ``lines`` (the most-sampled first).
+LINES_PER_HOTSPOT = 3
+
 #: Stack records are flushed every 0.5 s and cover the preceding interval; a record whose flush
 #: time falls this long after the window end still describes time inside it.
 FLUSH_SLACK_NS = 1_000_000_000
@@ -127,6 +130,11 @@ def leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...], window:
     return hit / total if total > 0 else None
 
 
+def _top(seconds_by_key: dict | None):
+    """The key holding the most seconds, or None for an empty or missing dict."""
+    return max(seconds_by_key, key=seconds_by_key.get) if seconds_by_key else None
+
+
 def _package(site: str | None) -> str:
     """What a library site is part of: ``"logging and progress"`` for :data:`OUTPUT_MODULES`, else
     its top-level package or module file (``"lightning"`` for ``"lightning/pytorch/loops/x.py:1 f"``,
@@ -165,7 +173,10 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
         frame under it (e.g. a library call), ``library`` True when no frame of the user's code was
         on the stack (the time is inside a library called from elsewhere), ``framework`` True for
         the framework's own work (``function`` is then ``"<package> inside <entry site>"``, e.g.
-        ``"tqdm inside train.py:80 main"``; ``library`` True).
+        ``"tqdm inside train.py:80 main"``; ``library`` True); ``lines``: the function's
+        most-sampled lines (at most :data:`LINES_PER_HOTSPOT`), each ``{site, seconds, share,
+        leaf, code}`` as the function's own (a ``__getitem__`` whose decode line and augmentation
+        line hold different parts of it).
     """
     groups: dict[tuple, dict] = {}
     sampled: dict[str, float] = {}
@@ -188,6 +199,8 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
         g["lines"][site] = g["lines"].get(site, 0) + seconds
         if leaf:
             g["leaves"][leaf] = g["leaves"].get(leaf, 0) + seconds
+            by_leaf = g.setdefault("line_leaves", {}).setdefault(site, {})
+            by_leaf[leaf] = by_leaf.get(leaf, 0) + seconds
     denom = total_s if total_s else n_phase
     out = []
     for (path, func, library), g in groups.items():
@@ -201,11 +214,16 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
             "leaf": max(g["leaves"], key=g["leaves"].get) if g["leaves"] else None,
             "library": library,
             "framework": framework,
+            "lines": [{"site": site, "seconds": s, "share": s / denom if denom else None,
+                       "leaf": _top(g.get("line_leaves", {}).get(site))}
+                      for site, s in sorted(g["lines"].items(), key=lambda kv: -kv[1])[:LINES_PER_HOTSPOT]],
         })
     out.sort(key=lambda h: -h["seconds"])
     out = out[:limit]
     for h in out:
         h["code"] = None if h["library"] else source_line(h["site"], source_root)
+        for line in h["lines"]:
+            line["code"] = None if h["library"] or h["framework"] else source_line(line["site"], source_root)
     return out
 
 

@@ -87,8 +87,9 @@ def select_steps(steps: list[dict], compile_spans: list[tuple[int, int]] | None 
             (:mod:`whyidle.analysis.compile`).
     Returns:
         (analyzed, info) where info = ``{"total", "warmup", "boundary_excluded",
-        "boundary_s", "profiled_excluded", "compile_excluded"}`` (counts, and seconds spent in excluded boundary
-        steps). Steps run under whyidle's TensorFlow profiler window (``profiled``) are left out
+        "boundary_s", "boundary_data_s", "profiled_excluded", "compile_excluded"}`` (counts, and seconds spent
+        in excluded boundary steps, and of those in their data wait: a new epoch's iterator and its
+        workers' first batches). Steps run under whyidle's TensorFlow profiler window (``profiled``) are left out
         like boundary steps when at least 3 others remain: the profiler slows them a little; they
         only give the input-wait ratio (:mod:`whyidle.analysis.keras`).
     """
@@ -115,6 +116,7 @@ def select_steps(steps: list[dict], compile_spans: list[tuple[int, int]] | None 
         "warmup": warmup,
         "boundary_excluded": len(excluded),
         "boundary_s": sum(s["t1"] - s["t0"] for s in excluded) / 1e9,
+        "boundary_data_s": sum(s.get("data") or 0 for s in excluded) / 1e9,
         "profiled_excluded": len(profiled),
         "compile_excluded": len(compiling),
     }

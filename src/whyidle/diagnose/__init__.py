@@ -11,7 +11,7 @@ and answers the question before any other bottleneck does.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import (rules, rules_device, rules_compile, rules_gpu, rules_job, rules_keras, rules_loop, rules_precision,
+from whyidle.diagnose import (rules, rules_batch, rules_device, rules_compile, rules_gpu, rules_job, rules_keras, rules_loop, rules_precision,
                               rules_ranks, rules_startup, rules_work)
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.types import Finding
@@ -102,6 +102,11 @@ def _link_contention_to_input(facts: RunFacts, findings: list[dict]) -> None:
         return
     if contention["est_speedup"] is None:  # the job's own loading is the contention: nothing to remove
         return
+    if contention["evidence"].get("no_workers"):  # its fix is no workers: a whole-step estimate, not scaled
+        inp["fix"]["options"] = [rules.fix_option(contention["fix"]["text"], contention["est_speedup"],
+                                                  "see cpu_contention", contention["fix"]["code"])] + [
+            o for o in inp["fix"]["options"] if o["est_speedup"] is None or o["assumed"]]
+        return
     share = inp["evidence"]["data_wait_share"]
     if contention["est_speedup"] is not None:
         contention["est_speedup"] = round(contention["est_speedup"] / (1.0 - min(share, 0.95)), 3)
@@ -158,7 +163,7 @@ def diagnose(facts: RunFacts) -> tuple[str, list[Finding]]:
         if f:
             findings.append(f)
     if short is None:
-        for rule in (rules_keras.input_bound if tf else rules.input_bound, rules.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
+        for rule in (rules_keras.input_bound if tf else rules.input_bound, rules_batch.small_batch, rules_gpu.sync_bound, rules_gpu.pageable_transfers,
                      rules_gpu.cpu_built_tensors, rules_work.no_mixed_precision, rules_work.small_workload,
                      rules_work.debug_mode, rules_precision.emulated_precision,
                      rules_device.throttling):

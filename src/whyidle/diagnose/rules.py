@@ -16,7 +16,7 @@ import re
 
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.stacks import OUTPUT_MODULES
-from whyidle.diagnose import fixes
+from whyidle.diagnose import fixes, sample_cost
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.fixes import ACCUMULATE_CODE  # noqa: F401  (trace_rules imports it from here)
 from whyidle.diagnose.loader_call import Change, operand
@@ -170,9 +170,11 @@ def _loader_extras(loader: dict) -> str:
     return (", " + " and ".join(parts)) if parts else ""
 
 
-def loader_model(facts: RunFacts) -> dict:
+def loader_model(facts: RunFacts, cost: float | None = None) -> dict:
     """What more DataLoader workers would do on this machine, from the measured step (seconds per
-    batch; CPU in core-seconds per batch).
+    batch; CPU in core-seconds per batch); ``cost``: each sample's work after the "cheaper sample"
+    fix as a fraction (0–1) of today's (measured: :func:`whyidle.diagnose.sample_cost.measured_cost`;
+    None: ``T.CHEAPER_SAMPLE_COST``, an assumption).
 
     - ``fetch_s``: loader work per batch in one process: the data wait itself with
       ``num_workers=0``; ``num_workers`` × step time with workers (each worker delivers one batch
@@ -197,8 +199,9 @@ def loader_model(facts: RunFacts) -> dict:
     - ``limit``: what caps the prediction: ``cores``, ``compute`` or ``workers``;
       ``cores_for_all`` / ``est_speedup_unbounded``: the cores at which enough workers (``need``)
       would reach the compute-only step, and that gain.
-    - ``est_speedup_cheaper``: the gain of each sample costing ``T.CHEAPER_SAMPLE_COST`` × today's
-      work with today's workers (their fetch and CPU scaled; without workers the wait shrinks).
+    - ``est_speedup_cheaper``: the gain of each sample costing ``cost`` × today's work with
+      today's workers (their fetch and CPU scaled; without workers the wait shrinks);
+      ``est_speedup_cheaper_workers``: the same with ``workers`` workers too (the two fixes together).
     """
     step = facts.step
     host = facts.host or {}
@@ -257,6 +260,7 @@ def loader_model(facts: RunFacts) -> dict:
         # the queue refills faster than it drains; where the cores cap it, more would only compete
         workers = min(near) if predict(min(near))[2] == "cores" else max(near)
     predicted, new_threads, limit = predict(workers)
+    cheaper = T.CHEAPER_SAMPLE_COST if cost is None else min(max(cost, 0.0), 1.0)
     cpu_total = loader_cpu + compute_cpu
     floor = max(compute, fetch / max(1, need))
     return {"fetch_s": fetch, "compute_s": compute, "need": need, "cpu_bound": cpu_bound, "tiny_fetch": tiny,
@@ -266,7 +270,8 @@ def loader_model(facts: RunFacts) -> dict:
             "memory_cap": memory_cap, "memory_note": memory_note,
             "cores_for_all": math.ceil(cpu_total / floor) if floor > 0 else None,
             "est_speedup_unbounded": now / floor if floor > 0 else None,
-            "est_speedup_cheaper": now / max(predict(nw, T.CHEAPER_SAMPLE_COST)[0], 1e-9)}
+            "est_speedup_cheaper": now / max(predict(nw, cheaper)[0], 1e-9),
+            "est_speedup_cheaper_workers": now / max(predict(workers, cheaper)[0], 1e-9)}
 
 
 def cpu_given(share: float | None, host: dict) -> float | None:
@@ -345,11 +350,17 @@ IMAGE_LEAVES = ("PIL/", "cv2", "torchvision/io", "torchvision/transforms", "imag
 
 
 def _cheaper_sample(facts: RunFacts) -> str:
-    """How to make each sample cheaper, by what the data phase's samples ran: image decoding, or
-    PyTorch's own per-sample indexing and collation of in-memory tensors, else either."""
-    leaves = [h.get("leaf") or "" for h in (facts.hotspots or {}).get("data", [])]
+    """How to make each sample cheaper, by what the data phase's samples ran: image decoding, image
+    augmentation (PIL operations without decoding), or PyTorch's own per-sample indexing and
+    collation of in-memory tensors, else either."""
+    data = (facts.hotspots or {}).get("data", [])
+    leaves = [h.get("leaf") or "" for h in data] + [ln.get("leaf") or "" for h in data for ln in h.get("lines") or []]
     images = any(p in leaf for leaf in leaves for p in IMAGE_LEAVES)
     gpu = (facts.device or {}).get("kind") == "cuda"
+    if images and not any(sample_cost.decodes(leaf) for leaf in leaves):
+        return ("The images are augmented one at a time: run the augmentation on whole batches as tensor ops "
+                "(torchvision.transforms.v2 or Kornia on a uint8 batch, one random op and magnitude per image)"
+                + (" on the GPU" if gpu else "") + " instead of per-sample PIL calls in __getitem__.")
     if images:
         return ("Decode at reduced size (PIL Image.draft / reduce, torchvision decode_jpeg at lower resolution), resize "
                 "before colour conversion and normalisation, or cache decoded samples once (a uint8 array or memmap)"
@@ -362,6 +373,19 @@ def _cheaper_sample(facts: RunFacts) -> str:
                 "x[idx] with a shuffled index tensor.")
     return ("Cache the prepared samples once (tokenized ids or decoded arrays as one int/uint8 array or memmap), do "
             "per-batch work on whole batches in collate_fn, and keep Python out of the per-sample path.")
+
+
+def data_wait_with_boundaries(facts: RunFacts) -> float | None:
+    """The data wait per step (seconds) over the analyzed steps *and* the steps that began an epoch,
+    which the shares leave out (:func:`whyidle.analysis.steps.select_steps`): what a data-time meter
+    in the loop (the ImageNet example's ``data_time``) averages, a new iterator's start-up and its
+    workers' first batches included. None when no such step was left out or it had no data wait."""
+    info = facts.steps_info or {}
+    extra, n_extra = info.get("boundary_data_s") or 0.0, info.get("boundary_excluded") or 0
+    n = (facts.step or {}).get("steps") or 0
+    if not extra or not n_extra or not n:
+        return None
+    return (facts.step["data_wait_s_per_step"] * n + extra) / (n + n_extra)
 
 
 def input_bound(facts: RunFacts) -> dict | None:
@@ -394,13 +418,16 @@ def input_bound(facts: RunFacts) -> dict | None:
     nw = loader.get("num_workers")
     cores = usable_cores(host)
     busy = cpu_given(step.get("data_cpu_share") if not nw else host.get("worker_busy_share"), host)
-    waiting_for_cpu = (host.get("workers_run_delay_share") or 0.0) if nw else 0.0
+    # time the loader wanted a core and waited for one (the workers', or with num_workers=0 the
+    # training thread's): not off-CPU time, so not a sign of storage
+    waiting_for_cpu = (host.get("workers_run_delay_share") if nw else host.get("trainer_run_delay_share")) or 0.0
     off_cpu = None if busy is None else max(0.0, 1.0 - busy - waiting_for_cpu)
     per_sample = host.get("loader_read_bytes_per_sample")
     iowait = host.get("iowait_share") or 0.0
     cpu_busy = job_busy_share(host)
     reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
-    model = loader_model(facts) if loader else None
+    measured = sample_cost.measured_cost((facts.hotspots or {}).get("data"), host_share, nw)
+    model = loader_model(facts, measured.cost if measured else None) if loader else None
     tensors = (facts.devices or {}).get("batch_tensors") or 0
     ipc = facts.data_ipc_share
     if not loader:
@@ -418,6 +445,7 @@ def input_bound(facts: RunFacts) -> dict | None:
     workers = model["workers"] if model else 2
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
+    wait_all = data_wait_with_boundaries(facts)
     hot = [h for h in (facts.hotspots or {}).get("data", []) if not h["library"]][:3] if not nw else []
     # With workers the training thread only waits on their queue: its stack shows the loop line.
     focus = (facts.focus or {}).get("data") if not nw else None
@@ -444,6 +472,11 @@ def input_bound(facts: RunFacts) -> dict | None:
                f"({_ms(wait)} of {_ms(mean)})"
                + (f", and the GPU sits idle {_pct(gpu_share)} of the time for it" if gpu_share is not None else "")
                + f": {reason}.{hot_text}")
+    if wait_all is not None and wait_all > wait * 1.1:
+        nb = (facts.steps_info or {}).get("boundary_excluded") or 0
+        restart = ", its workers started again" if nw and not loader.get("persistent_workers") else ""
+        summary += (f" Counting the {nb} step{'s' if nb != 1 else ''} that began an epoch (left out of the shares: a new "
+                    f"iterator{restart}), the wait is {_ms(wait_all)} a step, what a data-time meter in the loop shows.")
     removed = speedup_if_removed(share)
     gain = None if model is None else min(model["est_speedup"], removed)
     code = fixes.loader_code(facts, workers)
@@ -482,30 +515,50 @@ def input_bound(facts: RunFacts) -> dict | None:
             removed, None, PACKED_COLLATE + fixes.collate_code(facts, "packed_collate")))
     if cause == "storage":
         options.append(fix_option("Copy the dataset to local disk or RAM (/dev/shm), or pack small files into large "
-                                  "shards (tar/WebDataset, LMDB) so each read fetches many samples.", None,
-                                  f"up to {removed:.1f}× if reads cost nothing"))
+                                  "shards (tar/WebDataset, LMDB) so each read fetches many samples.", removed,
+                                  f"up to {removed:.1f}× if reads cost nothing", assumed=True))
     if model and model["tiny_fetch"] and cause in ("loader_in_main_process", "too_few_workers"):
         options.append(fix_option(
             f"Each batch takes only {_ms(model['fetch_s'])} to load, less than a worker process costs per batch "
             "(pickling, a pipe, shared memory), so workers would slow this loop down. The step itself is tiny: use "
             "bigger batches, or index in-memory tensors directly (x[idx] with a shuffled index) instead of a "
-            "per-sample Dataset.", None, f"up to {removed:.1f}× if loading cost nothing"))
+            "per-sample Dataset.", removed, f"up to {removed:.1f}× if loading cost nothing", assumed=True))
     cpu_work = cause in ("loader_in_main_process", "cpu_preprocessing", "too_few_workers") and (busy or 0) >= T.LOADER_OFF_CPU
+    cpu_work = cpu_work or (measured is not None and cause == "loader_in_main_process")
     if cpu_work and not (model and model["tiny_fetch"]):
         name = f"`{focus['function'].split()[-1]}`" if focus else "each sample's preparation"
         lead = ("All cores are already busy preparing samples, so more workers will not help: make each sample "
                 "cheaper. " if cause == "cpu_preprocessing" else "Make each sample cheaper: ")
         cheaper = min(model["est_speedup_cheaper"], removed) if model else None
-        options.append(fix_option(lead + f"the work in {name} runs on a CPU every epoch. " + _cheaper_sample(facts),
-                                  cheaper, f"estimated for a {1 / T.CHEAPER_SAMPLE_COST:g}× cheaper sample; up to "
-                                  f"{removed:.1f}× if loading cost nothing", assumed=True))
+        split = ""
+        if measured is not None and cheaper is not None:
+            both = min(model["est_speedup_cheaper_workers"], removed)
+            with_workers = (f"with num_workers={workers} as well ≈{both:.1f}×; "
+                            if workers > (nw or 0) and both > cheaper * T.VERDICT_MIN_SPEEDUP else "")
+            split = (f" Measured: {sample_cost.describe(measured)}; with it vectorized over the batch or computed "
+                     f"once and cached (its time removed, the DataLoader's collation and any image decoding kept) "
+                     f"≈{cheaper:.1f}×.")
+            condition = f"{with_workers}up to {removed:.1f}× if loading cost nothing"
+        else:
+            condition = (f"estimated for a {1 / T.CHEAPER_SAMPLE_COST:g}× cheaper sample; up to "
+                         f"{removed:.1f}× if loading cost nothing")
+        options.append(fix_option(lead + f"the work in {name} runs on a CPU every epoch. " + _cheaper_sample(facts)
+                                  + split, cheaper, condition, assumed=measured is None))
     if not options:
         options.append(fix_option(worker_text["unknown"], None if full else gain, None, None if full else code))
     options = rank_options(options)
+    # a worker option estimated to gain nothing here is not offered beside a better one (on 2 busy
+    # cores "1 worker + 1 thread", est. 1.00×, measured 0.74×): the summary says why instead
+    useless = [o for o in options[1:] if o["est_speedup"] is not None and not o["assumed"]
+               and o["est_speedup"] < T.VERDICT_MIN_SPEEDUP and "num_workers" in (o["code"] or "")]
+    if useless and options[0]["est_speedup"] is not None and options[0]["est_speedup"] >= T.VERDICT_MIN_SPEEDUP:
+        options = [o for o in options if o not in useless]
+        summary += (f" More workers would not help here (est. {useless[0]['est_speedup']:.2f}×: "
+                    f"{cores_text(host)}, {_pct(cpu_busy)} busy).")
     text, code, est = options[0]["text"], options[0]["code"], options[0]["est_speedup"]
     evidence = _round({
         "cause": cause, "data_wait_share": host_share, "gpu_idle_share": gpu_share,
-        "data_wait_s_per_step": wait, "step_time_s_mean": mean,
+        "data_wait_s_per_step": wait, "data_wait_s_per_step_with_boundaries": wait_all, "step_time_s_mean": mean,
         "num_workers": nw, "suggested_num_workers": workers,
         "max_workers_by_memory": model["memory_cap"] if model else None,
         "suggested_threads": model["threads"] if model else None, "loader_cpu_busy_share": busy,
@@ -513,11 +566,17 @@ def input_bound(facts: RunFacts) -> dict | None:
         "cores": cores, "cores_limit_by": host.get("cores_limit_by"), "pin_memory": loader.get("pin_memory"),
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
         "fetch_s_per_batch": model["fetch_s"] if model else None,
-        "est_speedup_if_removed": removed, "batch_tensors": tensors or None,
+        "est_speedup_if_removed": removed, "est_terms": "step", "batch_tensors": tensors or None,
         "batch_bytes": (facts.devices or {}).get("batch_bytes"), "ipc_share_of_wait": ipc,
     })
     evidence["hotspots"] = hot
     evidence["focus"] = focus
+    evidence["sample_cost"] = None if measured is None else {
+        "lines": [{"site": h.site, "code": h.code, "share_of_loading": round(h.share, 4), "leaf": h.leaf}
+                  for h in measured.lines],
+        "removed_share_of_loading": round(measured.removed, 4),
+        "est_speedup": round(model["est_speedup_cheaper"], 3) if model else None,
+        "est_speedup_with_workers": round(model["est_speedup_cheaper_workers"], 3) if model else None}
     severity = "critical" if share >= T.DATA_WAIT_CRITICAL else "warning"
     if model and model["tiny_fetch"]:
         severity = "warning"
@@ -716,80 +775,40 @@ def many_small_ops(facts: RunFacts) -> dict | None:
                    1.0 / (1.0 - 0.9 * min(overhead, 0.95)), text, compile_code, [DOCS_TUNING], bound=overhead)
 
 
-def small_batch(facts: RunFacts) -> dict | None:
-    """Per-step fixed cost dominates because batches are tiny (≤ ``SMALL_BATCH_MAX`` samples).
+def loading_in_trainer(facts: RunFacts) -> dict | None:
+    """The step if the DataLoader's workers' loading ran in the training process instead
+    (``num_workers=0``), on a CPU-only job whose training thread waits for cores: the compute
+    without the run-queue wait the workers' CPU caused (the compute phases less the trainer's
+    run-queue share of the step, at most half of them) plus the workers' CPU per step, run at one
+    core (their own IPC and pickling counted in, so this errs toward keeping the workers).
 
-    Model: step time = fixed + per-sample × batch. Fixed, measured: optimizer and other host time,
-    plus the per-operation overhead inside forward and backward (autograd graph nodes ×
-    ``DISPATCH_S_PER_NODE``; on a GPU at least the measured launch idle); forward, backward and data
-    wait beyond that count as per-sample work. ``bound`` is the fixed share; ``est_speedup`` the
-    samples/s ratio at the target batch size.
-
-    On a CUDA device whose peak memory use and capacity are known (``facts.gpu``
-    ``memory_used_max_bytes`` / ``memory_total_bytes``, capacity else from ``facts.device``),
-    the target is bounded by the memory headroom: batch × min(``SMALL_BATCH_TARGET`` / batch,
-    ``SMALL_BATCH_MEM_FILL`` × total / used), rounded down to a power of two (conservative:
-    weights, optimizer state and the CUDA context do not grow with the batch). When that is no
-    bigger than today's batch, the memory is full and ``SMALL_BATCH_TARGET`` stays the example.
+    Returns ``{step_s, predicted_step_s, loader_cpu_s, est_speedup}`` (seconds per step), or None
+    without workers, a step, or a CPU-only device.
     """
-    step = facts.step
-    if not step or step.get("batch_size") is None:
+    host, step = facts.host or {}, facts.step or {}
+    if not (host.get("workers") and step and (facts.device or {}).get("kind") == "cpu"):
         return None
-    batch = step["batch_size"]
-    if batch > T.SMALL_BATCH_MAX:
+    now = step["step_time_s"]["mean"]
+    loader_cpu = (host.get("workers_cores") or 0.0) * now
+    compute = step.get("compute_s_per_step") or 0.0
+    waited = (host.get("trainer_run_delay_share") or 0.0) * now
+    predicted = max(compute - waited, compute * 0.5) + loader_cpu
+    if predicted <= 0:
         return None
-    sh = step["shares"]
-    mean = step["step_time_s"]["mean"]
-    # per-operation overhead inside forward and backward does not grow with the batch either: the
-    # measured autograd graph size × the cost of one operation (on a GPU: the measured launch idle)
-    nodes = facts.graph_nodes or 0
-    per_op = min(sh["forward"] + sh["backward"], nodes * T.DISPATCH_S_PER_NODE * (step.get("batches_per_step") or 1)
-                 / max(mean, 1e-9))
-    launch = gpu_idle_share(facts, "launch")
-    if launch is not None:
-        per_op = min(sh["forward"] + sh["backward"], max(per_op, launch))
-    fixed = min(1.0, sh["optimizer"] + sh["other_host"] + per_op)
-    keras = facts.framework in ("keras", "tensorflow")
-    if keras:  # the optimizer runs inside the compiled step, whose call has a fixed cost of its own
-        fixed = min(1.0, sh["other_host"] + T.KERAS_STEP_FIXED_S / max(step["step_time_s"]["mean"], 1e-9))
-    target = T.SMALL_BATCH_TARGET
-    gpu = facts.gpu or {}
-    used = gpu.get("memory_used_max_bytes")
-    total = gpu.get("memory_total_bytes") or (facts.device or {}).get("memory_total_bytes")
-    room = None  # GPU memory headroom: None off CUDA or when used/total is unknown
-    if (facts.device or {}).get("kind") == "cuda" and used and total:
-        scale = min(T.SMALL_BATCH_TARGET / max(batch, 1), T.SMALL_BATCH_MEM_FILL * total / used)
-        fits = 2 ** math.floor(math.log2(max(1.0, max(batch, 1) * scale)))
-        room = {"memory_used_bytes": used, "memory_total_bytes": total, "memory_used_share": used / total,
-                "suggested_batch_size": fits if fits > batch else None}
-        if fits > batch:
-            target = fits
-    k = target / max(batch, 1)
-    est = k / (fixed + (1.0 - fixed) * k)
-    memory = ""
-    if room is not None:
-        memory = (f"; the GPU used {used / 1e9:.1f} of {total / 1e9:.1f} GB"
-                  + (f", room for batches of {target}" if room["suggested_batch_size"] else ", little room to grow"))
-    summary = (f"Batches of {batch:g} sample{'s' if batch != 1 else ''}: each {_ms(step['step_time_s']['mean'])} step "
-               f"carries {_pct(fixed)} fixed per-step work (optimizer, Python) and per-operation overhead that a "
-               f"bigger batch would share; batches of {target} would give about {est:.1f}× the samples/s "
-               f"(a conservative estimate){memory}.")
-    text = (f"Raise batch_size (e.g. to {target}) and scale the learning rate with it (linear scaling "
-            "with warm-up). Gradient accumulation keeps a large effective batch but does not amortize per-step cost.")
-    if room is not None and not room["suggested_batch_size"]:
-        text += (" GPU memory is nearly full: free some first (mixed precision halves activation memory; "
-                 "activation checkpointing trades compute for memory).")
-    evidence = _round({"batch_size": batch, "fixed_share": fixed, "per_op_share": per_op,
-                       "step_time_s_mean": step["step_time_s"]["mean"],
-                       "samples_per_s": step.get("samples_per_s"), "target_batch_size": target})
-    if room is not None:
-        evidence.update(_round(room))
-    severity = "warning" if est >= 1.3 else "info"
-    code = fixes.batch_code(facts, target, batch)
-    if keras:
-        code = fixes.keras_batch_code(facts, target, batch)
-    return finding("small_batch", severity, "Small batch: per-step overhead dominates", summary, evidence, est, text,
-                   code, [DOCS_TUNING], bound=fixed)
+    return {"step_s": now, "predicted_step_s": predicted, "loader_cpu_s": loader_cpu, "est_speedup": now / predicted}
+
+
+def zero_worker_changes(facts: RunFacts) -> list[Change]:
+    """The DataLoader changes for ``num_workers=0``: the settings PyTorch refuses without workers
+    (``persistent_workers=True``, a ``prefetch_factor``) reset with it."""
+    loader = facts.loader or {}
+    passed = {a.get("name") for a in ((loader.get("call") or {}).get("args") or []) if isinstance(a, dict)}
+    changes = [Change("num_workers", "0", now=loader.get("num_workers"), replace=True)]
+    if loader.get("persistent_workers"):
+        changes.append(Change("persistent_workers", "False", now=True, replace=True))
+    if "prefetch_factor" in passed or (not passed and loader.get("prefetch_factor") is not None):
+        changes.append(Change("prefetch_factor", "None", now=loader.get("prefetch_factor"), replace=True))
+    return changes
 
 
 def cpu_contention(facts: RunFacts) -> dict | None:
@@ -826,6 +845,7 @@ def cpu_contention(facts: RunFacts) -> dict | None:
     trainers = max(1, len(facts.trainers or []))
     workers = host.get("workers") or 0
     gain = speedup_if_removed(delay) if delay else None  # the printed fix removes the wait
+    alone = None  # the step with the workers' loading in the training process (oversubscription)
     if stolen:
         cause = "hypervisor_steal"
         reason = (f"the hypervisor gave this virtual machine's {host.get('cores') or 1} cores to other guests {_pct(steal)} of the time "
@@ -893,7 +913,19 @@ def cpu_contention(facts: RunFacts) -> dict | None:
             wait = ((facts.step or {}).get("shares") or {}).get("data_wait")
             # the most workers worth running here: what the input model advises for these cores
             limit = max(1, cores - trainers, suggested_workers(facts) if facts.loader and facts.step else 0)
-            if workers and workers <= limit:
+            alone = loading_in_trainer(facts) if workers else None
+            code = None
+            if alone is not None and alone["est_speedup"] >= T.VERDICT_MIN_SPEEDUP:
+                # the workers' loading in the training process, without their contention, is faster:
+                # the workers cost more cores than the loading itself needs here
+                gain = alone["est_speedup"]
+                text = (f"{trainers} training process{'es' if trainers > 1 else ''} × {threads} thread"
+                        f"{'s' if threads != 1 else ''} and {workers} loader workers share {here}: the workers' loading "
+                        f"takes {_ms(alone['loader_cpu_s'])} of CPU a step, which the training process would do itself "
+                        f"in less than the step loses waiting for cores. Load in the training process (num_workers=0): "
+                        f"est. {gain:.2f}× (step {_ms(alone['step_s'])} → {_ms(alone['predicted_step_s'])}).")
+                code = "\n".join(fixes.in_api(facts, fixes.loader_lines(facts, zero_worker_changes(facts)), tail=False))
+            elif workers and workers <= limit:
                 # the job's own loading keeps the cores busy: the wait for a core is the price of
                 # preparing samples here. Fewer workers would only move the wait to the data wait,
                 # so no gain is promised (never advise undoing what input_bound advised).
@@ -913,7 +945,6 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                 text = (f"Threads are already {threads} per process, but {busy} busy process{'es' if busy != 1 else ''} ({trainers} training, "
                         f"{workers} loader workers) share {here}: {fewer}fewer processes per machine, or a "
                         "machine with more cores.")
-            code = None
     summary = (f"The training thread lost its CPU {_pct(delay)} of the time: {reason}." if stolen else
                f"The training thread waited for a free CPU core {_pct(delay)} of the time: {reason}.")
     evidence = _round({"cause": cause, "run_delay_share": host.get("trainer_run_delay_share"), "steal_share": steal,
@@ -923,6 +954,9 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                        "cpu_busy_share": host.get("cpu_busy_share"), "intra_op_threads": threads,
                        "processes": trainers, "workers": workers, "tree_threads": host.get("tree_threads"),
                        "invol_ctx_per_s": host.get("invol_ctx_per_s")})
+    # the printed fix: loading in the training process (num_workers=0), its gain a whole-step prediction
+    evidence["no_workers"] = (None if cause != "oversubscription" or not alone or gain != alone["est_speedup"]
+                              else _round(alone))
     evidence["top_other_processes"] = top
     if stolen:
         severity = "critical" if steal >= T.STEAL_CRITICAL else "warning" if steal >= T.STEAL_WARN else "info"

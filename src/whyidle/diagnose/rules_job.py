@@ -17,7 +17,7 @@ from whyidle.diagnose import fixes
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import finding, fix_option
 from whyidle.diagnose.types import Finding
-from whyidle.instrument.hooks import TRACKERS
+from whyidle.vocab import TRACKERS
 
 
 def part_of(facts: RunFacts, name: str) -> dict | None:
@@ -38,6 +38,26 @@ def wall_gain(facts: RunFacts, saved_s: float) -> float:
     """Wall-time ratio when ``saved_s`` seconds of the command disappear."""
     wall = facts.time["wall_s"]
     return wall / max(wall - saved_s, wall * 0.05)
+
+
+def loop_gain(facts: RunFacts, saved_s: float) -> float:
+    """Training-loop ratio when ``saved_s`` seconds of it disappear: the loop's span (the first
+    step's end to the last step's end, ``time.training_span_s``: the evaluations, checkpoints,
+    tracker logging and epoch boundaries that repeat with the steps, not the one-time start-up and
+    teardown) over the span less ``saved_s`` — what a longer run of the job gains, and what
+    ``whyidle tune`` measures (steps pooled, those holding the part included). :func:`wall_gain`
+    when the span is unknown or shorter than ``saved_s`` (the part ran outside the loop)."""
+    span = (facts.time or {}).get("training_span_s") or 0.0
+    if span <= 0 or saved_s > span:
+        return wall_gain(facts, saved_s)
+    return span / max(span - saved_s, span * 0.05)
+
+
+def _gains(facts: RunFacts, saved_s: float | None) -> dict:
+    """The evidence of a periodic part's estimate: ``est_basis`` (``"training_loop"``) and
+    ``est_speedup_wall`` (the same saving over this run's whole wall time)."""
+    return {"est_basis": "training_loop",
+            "est_speedup_wall": round(wall_gain(facts, saved_s), 3) if saved_s else None}
 
 
 def _evidence(part: dict, **more) -> dict:
@@ -178,8 +198,8 @@ def eval_bound(facts: RunFacts) -> Finding | None:
     interval = part.get("every_steps")
     k = T.EVAL_LESS_OFTEN if n >= T.EVAL_LESS_OFTEN else 1
     kept = _val_subset(facts) / k  # the share of the evaluation time the printed code keeps
-    less_often = wall_gain(facts, part["s"] * (1 - kept)) if kept < 1 else None
-    host_fix = wall_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
+    less_often = loop_gain(facts, part["s"] * (1 - kept)) if kept < 1 else None
+    host_fix = loop_gain(facts, part["s"] * host_share * T.VECTORIZED_SAVING) if host_share > 0 else None
     top = (part.get("host_sites") or [None])[0]
     where = f" ({top['site']})" if top else ""
     options = []
@@ -194,7 +214,7 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                f"{(part_of(facts, 'training') or {}).get('gpu_util_pct', 0):.0f} % during training")
         text = (f"Run the evaluation on the GPU: {why}. Move the evaluated model to the training's device (an EMA or "
                 "copied model too), or build it outside a CPU device scope.")
-        options.append(fix_option(text, wall_gain(facts, model_s * T.EVAL_ON_DEVICE_SAVING) if model_s > 0 else None,
+        options.append(fix_option(text, loop_gain(facts, model_s * T.EVAL_ON_DEVICE_SAVING) if model_s > 0 else None,
                                   None, _to_device_code(facts)))
         if less_often:
             options.append(fix_option(f"Evaluate {k}x less often.", less_often, None,
@@ -227,7 +247,8 @@ def eval_bound(facts: RunFacts) -> Finding | None:
                    _evidence(part, cause=cause, host_share=round(host_share, 3),
                              mix_s={k2: round(v, 3) for k2, v in mix.items()}, interval_steps=interval,
                              devices=part.get("devices"), gpu_util_pct=part.get("gpu_util_pct"),
-                             training_gpu_util_pct=(part_of(facts, "training") or {}).get("gpu_util_pct")),
+                             training_gpu_util_pct=(part_of(facts, "training") or {}).get("gpu_util_pct"),
+                             **_gains(facts, part["s"] * (1 - kept) if first["est_speedup"] == less_often else None)),
                    first["est_speedup"], first["text"], first["code"], bound=part["share"], options=options,
                    docs=["https://pytorch.org/docs/stable/generated/torch.autograd.grad_mode.inference_mode.html"])
 
@@ -242,7 +263,7 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
     n = max(1, part["count"])
     interval = part.get("every_steps")
     k = max(2, math.ceil(part["share"] / T.CHECKPOINT_TARGET_SHARE)) if n > 1 else 1
-    gain = wall_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
+    gain = loop_gain(facts, part["s"] * (1 - 1 / k)) if k > 1 else None
     name = fixes.api_name(facts)
     every = f"{k * interval:g}" if interval else "N"
     if name == "lightning":
@@ -287,7 +308,8 @@ def checkpoint_bound(facts: RunFacts) -> Finding | None:
                               "when a core is free for the writer", None))
     cause = "slow_storage" if slow else ("too_often" if k > 1 else "large_saves")
     ev = _evidence(part, interval_steps=interval, mean_save_s=round(part["s"] / n, 4), cause=cause,
-                   storage=_round_storage(storage) if storage else None)
+                   storage=_round_storage(storage) if storage else None,
+                   **_gains(facts, part["s"] * (1 - 1 / k) if gain else None))
     return finding("checkpoint_bound", sev, "Checkpoint saving holds the job", summary, ev, gain, text, code,
                    bound=part["share"], options=options,
                    docs=["https://pytorch.org/tutorials/beginner/saving_loading_models.html",
@@ -319,7 +341,7 @@ def logging_bound(facts: RunFacts) -> Finding | None:
     """Experiment-tracker logging (wandb, TensorBoard, MLflow) holds ``T.LOGGING_WARN_SHARE`` or
     more of the wall time: log every N steps. ``est_speedup`` counts the calls' seconds and the CPU
     seconds of the tracker's own background threads (``facts.threads`` of a package in
-    :data:`whyidle.instrument.hooks.TRACKERS`: TensorBoard's event-file writer), which took cores and
+    :data:`whyidle.vocab.TRACKERS`: TensorBoard's event-file writer), which took cores and
     the GIL from the training; both shrink k× with the calls."""
     part, sev = _warned(facts, "logging", T.LOGGING_WARN_SHARE, T.LOGGING_CRITICAL_SHARE)
     if part is None:
@@ -331,7 +353,7 @@ def logging_bound(facts: RunFacts) -> Finding | None:
     writer_s = sum(t["cpu_s"] for t in writers)
     # the writer threads' CPU came out of the cores and the GIL the training thread needed; logging
     # k× less often cuts it as much as the calls themselves
-    gain = wall_gain(facts, (part["s"] + writer_s) * (1 - 1 / k)) if per_step > 0.5 else None
+    gain = loop_gain(facts, (part["s"] + writer_s) * (1 - 1 / k)) if per_step > 0.5 else None
     caller = part["callers"][0] if part["callers"] else {}
     top = caller.get("site") or "the logging call"
     sentence, code = fixes.logging_code(facts, caller.get("code") or "writer.add_scalar(...)   # the tracker call")
@@ -340,7 +362,8 @@ def logging_bound(facts: RunFacts) -> Finding | None:
                + (f"; its writer thread{'s' if len(writers) > 1 else ''} ({', '.join(t['module'] for t in writers[:2])}) "
                   f"used another {writer_s:.1f} s of CPU beside the training" if writer_s >= 0.1 else "") + ".")
     return finding("logging_bound", sev, "Tracker logging holds the job", summary,
-                   _evidence(part, calls_per_step=round(per_step, 2), writer_threads_cpu_s=round(writer_s, 3)), gain,
+                   _evidence(part, calls_per_step=round(per_step, 2), writer_threads_cpu_s=round(writer_s, 3),
+                             **_gains(facts, (part["s"] + writer_s) * (1 - 1 / k) if gain else None)), gain,
                    f"Log every {k} steps instead of every step ({top}). " + sentence, code, bound=part["share"])
 
 
@@ -368,8 +391,8 @@ def epoch_boundary(facts: RunFacts) -> Finding | None:
                f"({n} epoch{'s' if n != 1 else ''} after the first, {part['s'] / n:.2f} s each).")
     return finding("epoch_boundary", sev, "Epoch boundaries hold the job", summary,
                    _evidence(part, num_workers=nw, persistent_workers=loader.get("persistent_workers"),
-                             mp_context=loader.get("mp_context")),
-                   wall_gain(facts, saved), text, code, bound=part["share"],
+                             mp_context=loader.get("mp_context"), **_gains(facts, saved)),
+                   loop_gain(facts, saved), text, code, bound=part["share"],
                    docs=["https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"])
 
 

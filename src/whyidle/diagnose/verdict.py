@@ -51,6 +51,38 @@ def choose_verdict(findings: list[dict], judged: bool = True, training_s: float 
     return min(candidates, key=lambda f: (-held_seconds(f, training_s), _SEVERITY_RANK[f["severity"]]))["id"]
 
 
+#: Findings whose cause is paid once per launch (the program's set-up before its first step, which
+#: holds the first compilations too): their seconds stay the same however long the job runs, so in a
+#: longer run their share of it shrinks. ``recompiles`` is not one of them: a recompilation comes
+#: back with every new shape, for as long as the job runs.
+ONE_TIME = ("startup_bound",)
+
+
+def steady_verdict(findings: list[dict], verdict: str, training_s: float | None) -> str | None:
+    """The verdict a longer run of the same job would get, when this run's verdict leads only
+    because the run was short; else None.
+
+    That is when ``verdict`` is a one-time part (:data:`ONE_TIME`: the same seconds at every
+    launch) and another finding qualifies as a verdict on its own (:func:`limiting`: warning or
+    critical, ``bound`` ≥ ``VERDICT_MIN_BOUND``, e.g. an input wait holding 49 % of every step):
+    that finding's seconds grow with the run while the one-time part's do not, so the verdict
+    rule (:func:`choose_verdict`, by held seconds) applied without the one-time parts names what
+    the job is limited by once it runs for long. None when nothing else qualifies (the one-time
+    part is then all there is to fix) or the verdict is not a one-time part.
+
+    Args:
+        findings: report-contract dicts with ``bound`` (share of the step, or of the wall time for
+            whole-job findings) and ``evidence.part_s`` (seconds) for whole-job ones.
+        verdict: the run's verdict id (:func:`choose_verdict`).
+        training_s: the training steps' seconds, as for :func:`choose_verdict`.
+    """
+    if verdict not in ONE_TIME:
+        return None
+    rest = [f for f in findings if f["id"] not in ONE_TIME]
+    steady = choose_verdict(rest, judged=True, training_s=training_s)
+    return steady if steady not in (None, "unknown") else None
+
+
 def order(findings: list[dict], verdict: str) -> list[dict]:
     """Findings in report order: the verdict's first, then by severity, then by ``bound`` (the
     measured share), then by ``est_speedup``."""

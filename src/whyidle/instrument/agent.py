@@ -297,7 +297,8 @@ _override_torch = _installer("overrides", "install_torch", "Trial settings (PyTo
 _override_tf = _installer("overrides", "install_tf", "Trial settings (tf.data)")
 _override_keras = _installer("overrides", "install_keras", "Trial settings (Keras)")
 _install_keras = _then(_installer("keras", "install_keras", "Keras"), _override_keras)
-_install_lightning = _installer("frameworks", "install_lightning", "Lightning")
+_install_lightning = _then(_installer("frameworks", "install_lightning", "Lightning"),
+                           _installer("overrides", "install_lightning", "Trial settings (Lightning)"))
 #: Framework modules whose import installs their instrumentation (post-import hooks). The HF
 #: ``Trainer`` is hooked at its own submodule: ``transformers`` imports it lazily, and importing it
 #: for a program that only builds models would cost seconds.
@@ -313,6 +314,7 @@ _INSTALLERS = {"torch": _then(_override_torch, _installer("torch", "install", "P
                "lightning": _install_lightning,
                "pytorch_lightning": _install_lightning,
                "transformers.trainer": _installer("frameworks", "install_transformers_trainer", "Hugging Face Trainer"),
+               "transformers.training_args": _installer("overrides", "install_hf_args", "Trial settings (HF)"),
                "accelerate": _installer("frameworks", "install_accelerate", "Accelerate"),
                "torch._dynamo": _install_dynamo}
 #: Trackers and checkpoint writers whose calls are timed as logging / checkpoint regions.

@@ -33,6 +33,8 @@ import sys
 import types
 from time import perf_counter_ns
 
+from whyidle.vocab import TRACKERS
+
 #: Registration methods wrapped, with the phase their hooks run in.
 MODULE_METHODS = {"register_forward_pre_hook": "forward", "register_forward_hook": "forward",
                   "register_full_backward_pre_hook": "backward", "register_full_backward_hook": "backward",
@@ -40,11 +42,6 @@ MODULE_METHODS = {"register_forward_pre_hook": "forward", "register_forward_hook
 TENSOR_METHODS = {"register_hook": "backward", "register_post_accumulate_grad_hook": "backward"}
 #: Hook functions kept in the record (the costliest).
 MAX_HOOKS = 8
-#: Packages whose hooks are an experiment tracker's (``wandb.watch`` and the like): timed, as the
-#: program's own are. Other libraries' hooks (DeepSpeed's parameter gathering, PEFT, Lightning)
-#: are the framework's cost and stay as they are.
-TRACKERS = frozenset({"wandb", "tensorboard", "tensorboardX", "mlflow", "comet_ml", "neptune", "clearml", "aim",
-                      "dvclive"})
 _TIMED_OWNERS = TRACKERS | {"program"}
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # whyidle's package
 #: The hook dicts of ``torch.nn.Module`` a registration method writes to.
@@ -176,7 +173,7 @@ class HookTimer:
 
     def wrap(self, hook, phase: str, frame):
         """``hook`` wrapped in a timer when it is a function (or method, or ``functools.partial``
-        of one) of the program's own files or of a tracker (:data:`TRACKERS`); else ``hook``
+        of one) of the program's own files or of a tracker (:data:`whyidle.vocab.TRACKERS`); else ``hook``
         itself: PyTorch's, whyidle's and other libraries' hooks, and callable objects, which a
         library may look for again by type in the module's hook dicts (``torch.nn.utils.prune``)."""
         fn = hook.func if isinstance(hook, functools.partial) else hook

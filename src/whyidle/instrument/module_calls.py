@@ -19,6 +19,8 @@ from __future__ import annotations
 import statistics
 from time import monotonic_ns
 
+from whyidle.instrument.shape_probe import layer_of
+
 #: Calls of one module per step from which a Python loop around it is reported (a module applied
 #: twice, e.g. to two inputs of a siamese net, is ordinary; 4+ is a loop over a dimension).
 LOOP_MIN_CALLS = 4
@@ -27,6 +29,18 @@ MAX_MODULES = 8
 #: Wrappers whose forward does their own work (gradient-sync set-up, parameter all-gather) before
 #: calling the model: the preamble is timed from the wrapped model's forward instead.
 WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"})
+
+
+def _numel(module) -> int:
+    """Parameters of ``module`` (elements); a lazy module's uninitialized parameter (``LazyLinear``
+    before its first forward: ``numel()`` raises ``ValueError``) counts 1: the module has weights."""
+    total = 0
+    for p in module.parameters():
+        try:
+            total += p.numel()
+        except ValueError:
+            total += 1
+    return total
 
 
 def _batch_of(args) -> int | None:
@@ -54,6 +68,8 @@ class ModuleCalls:
         self.preamble = 0  # ns of preambles in this step
         self.preambles: list[int] = []  # per step
         self.roots: dict[tuple, int] = {}  # (class, site) of top-level calls → ns of their preambles
+        self.layers: dict[int, list] = {}  # key → shape_probe.layer_of of a Linear/ConvNd/attention's first call
+        self.layer_ns: dict[int, int] = {}  # key → forward ns of the ended steps (layers only)
 
     def pre(self, module, args, frame) -> None:
         """A module's forward starts (``frame``: its caller's, to find the user's line)."""
@@ -63,7 +79,7 @@ class ModuleCalls:
             self.root = [type(module).__name__, self.site_of(frame)[0], monotonic_ns()]
         info = self.info.get(key)
         if info is None:
-            numel = sum(p.numel() for p in module.parameters())
+            numel = _numel(module)
             if not numel and not opened:  # a model's activation or pooling layer
                 info = False
             elif not numel:  # called by the program itself: a loss module (per sample in a loop?)
@@ -71,6 +87,12 @@ class ModuleCalls:
             else:
                 parent = next((k for k, _ in (e for e in reversed(self.stack) if e is not None)), None)
                 info = [type(module).__name__, self.site_of(frame)[0], _batch_of(args), parent, numel]
+                try:
+                    layers = layer_of(module, args)
+                except Exception:  # a lazy module's uninitialized weight, an unusual input: not probed
+                    layers = []
+                if layers:
+                    self.layers[key] = layers
             self.info[key] = info
         if info is False:
             self.stack.append(None)
@@ -99,11 +121,22 @@ class ModuleCalls:
     def end_step(self, step_ns: int) -> None:
         """A step ended (``step_ns``: its wall time)."""
         self.steps.append((step_ns, {k: (c, ns) for k, (c, ns) in self.current.items() if c >= 2}))
+        for k in self.layers:
+            self.layer_ns[k] = self.layer_ns.get(k, 0) + self.current.get(k, (0, 0))[1]
         self.preambles.append(self.preamble)
         self.current = {}
         self.stack = []
         self.root = None
         self.preamble = 0
+
+    def layer_times(self) -> list[tuple[dict, int, int]]:
+        """The Linear/ConvNd/attention layers seen so far with their forward ns (ended steps and
+        this one) and calls in this step (at least 1), for :func:`whyidle.instrument.shape_probe.probe`."""
+        out = []
+        for k, layers in self.layers.items():
+            calls, ns = self.current.get(k, (0, 0))
+            out += [(layer, self.layer_ns.get(k, 0) + ns, max(1, calls)) for layer in layers]
+        return out
 
     def record(self) -> dict | None:
         """The ``module_calls`` record (docs/run-format.md), or None when no step was observed."""

@@ -11,6 +11,15 @@ change to its files:
 - ``threads``: ``torch.set_num_threads`` once in the training process; ``cudnn_benchmark``,
   ``tf32`` (``torch.set_float32_matmul_precision("high")``); ``autocast`` (``"bf16"`` or
   ``"fp16"``): the outermost module call of each forward runs under ``torch.autocast``;
+- ``autocast="off"``: the program's own ``torch.autocast`` regions (and those of the framework that
+  runs it) are entered with ``enabled=False``: the model runs in float32;
+- how often the framework evaluates, saves and logs: Lightning ``Trainer(...)``
+  (``val_check_interval``, ``check_val_every_n_epoch``, ``limit_val_batches``,
+  ``log_every_n_steps``) and ``ModelCheckpoint(every_n_train_steps=...)``, HF
+  ``TrainingArguments(...)`` (``eval_steps``, ``save_steps``, ``logging_steps``), Keras
+  ``Model.fit(validation_freq=...)``: the program's arguments replaced where it passes them;
+- ``replay`` (N): each DataLoader keeps the first N batches it yields and then hands out only
+  those (:mod:`whyidle.instrument.replay`): the step with an ideal loader;
 - ``compile_dynamic``: every ``torch.compile(...)`` (and ``Module.compile()``) call gets
   ``dynamic=True``: one compilation with symbolic sizes instead of a recompilation per new size;
 - tf.data: ``tfdata_parallel_map`` (``map`` without ``num_parallel_calls`` gets
@@ -47,10 +56,26 @@ KNOBS = {
     "num_workers": int, "pin_memory": bool, "persistent_workers": bool, "prefetch_factor": int,
     "batch_size": int, "threads": int, "cudnn_benchmark": bool, "tf32": bool, "autocast": str,
     "tfdata_parallel_map": bool, "tfdata_prefetch": bool, "compile_dynamic": bool,
+    # how often the framework evaluates, saves and logs (:data:`FREQUENCY_KNOBS`)
+    "val_check_interval": (int, float), "check_val_every_n_epoch": int, "limit_val_batches": (int, float),
+    "eval_steps": int, "validation_freq": int, "every_n_train_steps": int, "save_steps": int,
+    "log_every_n_steps": int, "logging_steps": int,
+    # the input pipeline's ceiling: the first N batches of each DataLoader replayed (:mod:`whyidle.instrument.replay`)
+    "replay": int,
 }
+#: Framework settings of how often the job evaluates, saves or logs, by where they are passed:
+#: Lightning's ``Trainer(...)`` and ``ModelCheckpoint(...)``, the HF ``TrainingArguments(...)``,
+#: Keras ``Model.fit(...)``.
+LIGHTNING_TRAINER_KNOBS = ("val_check_interval", "check_val_every_n_epoch", "limit_val_batches", "log_every_n_steps")
+LIGHTNING_CHECKPOINT_KNOBS = ("every_n_train_steps",)
+HF_ARGS_KNOBS = ("eval_steps", "save_steps", "logging_steps")
+KERAS_FIT_KNOBS = ("validation_freq",)
+FREQUENCY_KNOBS = LIGHTNING_TRAINER_KNOBS + LIGHTNING_CHECKPOINT_KNOBS + HF_ARGS_KNOBS + KERAS_FIT_KNOBS
 #: The DataLoader arguments among :data:`KNOBS`.
 LOADER_KNOBS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+#: ``autocast`` value that turns the program's own ``torch.autocast`` regions off (float32).
+AUTOCAST_OFF = "off"
 
 
 def parse(text: str | None) -> tuple[dict, list[str]]:
@@ -67,10 +92,12 @@ def parse(text: str | None) -> tuple[dict, list[str]]:
     out, problems = {}, []
     for name, value in raw.items():
         kind = KNOBS.get(name)
-        ok = kind is not None and isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if ok and kind is int and value < (1 if name in ("batch_size", "threads", "prefetch_factor") else 0):
+        ok = kind is not None and isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if ok and kind is int and value < (1 if name in ("batch_size", "threads", "prefetch_factor", "replay") else 0):
             ok = False
-        if ok and name == "autocast" and value not in AUTOCAST_DTYPES:
+        if ok and name in FREQUENCY_KNOBS and not value > 0:  # every N steps / epochs, or a fraction of an epoch
+            ok = False
+        if ok and name == "autocast" and value not in AUTOCAST_DTYPES and value != AUTOCAST_OFF:
             ok = False
         if ok:
             out[name] = value
@@ -150,7 +177,9 @@ class Overrides:
         """At exit: a setting nothing in the program took is recorded as not applied."""
         for name in self.settings:
             if name not in self.used:
-                self.note(name, False, why=_UNUSED.get(name, "nothing in the program used it"))
+                off = name == "autocast" and self.settings[name] == AUTOCAST_OFF
+                self.note(name, False, why="the program entered no torch.autocast region" if off else
+                          _UNUSED.get(name, "nothing in the program used it"))
 
 
 _UNUSED = {
@@ -158,7 +187,14 @@ _UNUSED = {
     "tf32": "PyTorch was not imported", "autocast": "no module forward ran",
     "tfdata_parallel_map": "no tf.data map() call without num_parallel_calls",
     "tfdata_prefetch": "no tf.data dataset was given to Model.fit",
+    "every_n_train_steps": "no Lightning ModelCheckpoint was built",
+    "validation_freq": "Model.fit was not called",
+    "replay": "no DataLoader yielded that many batches",
 }
+for _name in LIGHTNING_TRAINER_KNOBS:
+    _UNUSED[_name] = "no Lightning Trainer was built"
+for _name in HF_ARGS_KNOBS:
+    _UNUSED[_name] = "no Hugging Face TrainingArguments were built"
 for _name in LOADER_KNOBS:
     _UNUSED[_name] = "no DataLoader was built"
 
@@ -240,12 +276,18 @@ def install_torch(agent, torch) -> None:
         torch.set_float32_matmul_precision("high" if s["tf32"] else "highest")
         torch.backends.cudnn.allow_tf32 = s["tf32"]
         ov.note("tf32", True, was=was, site="torch.set_float32_matmul_precision")
-    if "autocast" in s:
+    if s.get("autocast") == AUTOCAST_OFF:
+        _disable_autocast(ov, torch)
+    elif "autocast" in s:
         _install_autocast(ov, torch)
     if any(k in s for k in LOADER_KNOBS):
         _wrap_loader(ov, torch)
     if "compile_dynamic" in s and getattr(torch, "compile", None) is not None:
         _wrap_compile(ov, torch)
+    if "replay" in s:
+        from whyidle.instrument import replay
+
+        replay.install(ov, torch)
 
 
 def _wrap_compile(ov: Overrides, torch) -> None:
@@ -353,6 +395,34 @@ def loader_arguments(ov: Overrides, arguments: dict, site: str | None) -> dict:
     return out
 
 
+def _disable_autocast(ov: Overrides, torch) -> None:
+    """Every ``torch.autocast`` (``torch.amp.autocast``, the deprecated ``torch.cuda.amp`` /
+    ``torch.cpu.amp`` ones, which call it) is made with ``enabled=False``: the regions the program
+    (or its framework) runs under autocast run in float32. Recorded once per call site with the
+    dtype it had."""
+    import functools
+    import inspect
+
+    cls = torch.amp.autocast_mode.autocast
+    orig = cls.__init__
+    sig = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+            was = bound.arguments.get("dtype")
+            if bound.arguments.get("enabled", True):
+                bound.arguments["enabled"] = False
+                ov.note("autocast", True, was=str(was) if was is not None else "enabled", site=_user_site())
+        except Exception as exc:  # the program's own call, unchanged
+            ov.note("autocast", False, why=f"torch.autocast arguments not read: {exc!r}"[:200])
+            return orig(self, *args, **kwargs)
+        return orig(*bound.args, **bound.kwargs)
+
+    cls.__init__ = __init__
+
+
 def _install_autocast(ov: Overrides, torch) -> None:
     """The outermost module call of each forward runs under ``torch.autocast`` of the device its
     first parameter is on (global forward hooks; the exit hook runs even when the forward raises)."""
@@ -383,6 +453,75 @@ def _install_autocast(ov: Overrides, torch) -> None:
 
     module_mod.register_module_forward_pre_hook(pre)
     module_mod.register_module_forward_hook(post, always_call=True)
+
+
+# --- how often a framework evaluates, saves and logs ---------------------------------------------
+
+def _wrap_init(ov: Overrides, cls, knobs: tuple, adjust=None) -> None:
+    """``cls.__init__`` with the trial's settings among ``knobs`` replacing the arguments the
+    program passed (or adding them); ``adjust(arguments)`` then drops what would conflict. A
+    parameter this version of ``cls`` lacks is recorded as not applied."""
+    import functools
+    import inspect
+
+    wanted = [k for k in knobs if k in ov.settings]
+    orig = getattr(cls, "__init__", None)
+    if not wanted or orig is None or getattr(orig, "__whyidle_overrides__", False):
+        return
+    sig = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        site = _user_site()
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError:  # the program's call is wrong by itself: let it raise as it would
+            return orig(self, *args, **kwargs)
+        for name in wanted:
+            if name not in sig.parameters:
+                ov.note(name, False, site=site, why=f"this version's {cls.__name__} takes no {name}")
+                continue
+            ov.note(name, True, was=bound.arguments.get(name), site=site)
+            bound.arguments[name] = ov.settings[name]
+        if adjust is not None:
+            adjust(bound.arguments)
+        return orig(*bound.args, **bound.kwargs)
+
+    __init__.__whyidle_overrides__ = True
+    cls.__init__ = __init__
+
+
+def _one_checkpoint_trigger(arguments: dict) -> None:
+    """``ModelCheckpoint`` takes one of ``every_n_train_steps``, ``every_n_epochs`` and
+    ``train_time_interval`` (it raises for several): the trial's step interval replaces the others."""
+    for other in ("every_n_epochs", "train_time_interval"):
+        if arguments.get(other) is not None:
+            arguments[other] = None
+
+
+def install_lightning(agent, module) -> None:
+    """Lightning ``Trainer(...)`` and ``ModelCheckpoint(...)`` take the trial's evaluation,
+    logging and checkpoint frequencies (:data:`LIGHTNING_TRAINER_KNOBS`,
+    :data:`LIGHTNING_CHECKPOINT_KNOBS`). Errors: propagates patching errors."""
+    ov = from_agent(agent)
+    if ov is None:
+        return
+    pkg = getattr(module, "pytorch", module)  # lightning.pytorch / pytorch_lightning
+    trainer = getattr(pkg, "Trainer", None)
+    if trainer is not None:
+        _wrap_init(ov, trainer, LIGHTNING_TRAINER_KNOBS)
+    checkpoint = getattr(getattr(pkg, "callbacks", None), "ModelCheckpoint", None)
+    if checkpoint is not None:
+        _wrap_init(ov, checkpoint, LIGHTNING_CHECKPOINT_KNOBS, _one_checkpoint_trigger)
+
+
+def install_hf_args(agent, module) -> None:
+    """The HF ``TrainingArguments(...)`` (``transformers.training_args``) take the trial's
+    ``eval_steps``, ``save_steps``, ``logging_steps``. Errors: propagates patching errors."""
+    ov = from_agent(agent)
+    args = getattr(module, "TrainingArguments", None)
+    if ov is not None and args is not None:
+        _wrap_init(ov, args, HF_ARGS_KNOBS)
 
 
 # --- TensorFlow / Keras ------------------------------------------------------------------------
@@ -432,7 +571,7 @@ def install_keras(agent, keras) -> None:
     the Keras instrumentation wrapped ``fit`` (it then sees the trial's values). Errors: propagates
     patching errors."""
     ov = from_agent(agent)
-    if ov is None or not ({"batch_size", "tfdata_prefetch"} & set(ov.settings)):
+    if ov is None or not ({"batch_size", "tfdata_prefetch", *KERAS_FIT_KNOBS} & set(ov.settings)):
         return
     import functools
     import inspect
@@ -475,3 +614,6 @@ def fit_arguments(ov: Overrides, arguments: dict, site: str | None) -> None:
             ov.note("tfdata_prefetch", True, site=site)
         elif dataset:
             ov.note("tfdata_prefetch", False, site=site, why="the dataset already ends in prefetch()")
+    if "validation_freq" in s:
+        ov.note("validation_freq", True, was=arguments.get("validation_freq", 1), site=site)
+        arguments["validation_freq"] = s["validation_freq"]

@@ -30,8 +30,12 @@ import threading
 from time import monotonic_ns
 
 from whyidle.instrument import overrides, saves
+from whyidle.vocab import OUTSIDE_STEP, REGION_KINDS
 
-KINDS = ("evaluation", "checkpoint", "logging")
+#: The kinds of region records (:data:`whyidle.vocab.REGION_KINDS`); those whose time inside a
+#: training step the analysis leaves out of the step's shares are :data:`whyidle.vocab.OUTSIDE_STEP`
+#: (:attr:`Regions.outside_ns` adds them up).
+KINDS = REGION_KINDS
 #: Slots counted apart from the wrapped calls' kinds: ``mode`` is a module's eval mode (opened by
 #: ``model.eval()``, closed by ``model.train()``, which a framework may never call: Lightning restores
 #: ``training`` flags by assignment), written as an ``evaluation`` record. Kept apart so that an
@@ -46,10 +50,6 @@ SLOT_KIND = {"evaluation": "evaluation", "checkpoint": "checkpoint", "logging": 
 #: would otherwise write one record per call for its whole life. Past it a notice says that the
 #: later calls of that kind are not timed (their time stays in the training part).
 MAX_RECORDS_PER_KIND = 20_000
-
-#: Kinds whose time inside a training step the analysis leaves out of the step's shares
-#: (``whyidle.analysis.accounting.OUTSIDE_STEP``): :attr:`Regions.outside_ns` adds them up.
-OUTSIDE_STEP = ("checkpoint", "logging")
 
 _REGIONS: "Regions | None" = None
 

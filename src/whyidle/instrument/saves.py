@@ -87,11 +87,11 @@ def describe(dest, duration_ns: int) -> dict:
     except (OSError, ValueError):
         pass
     try:
-        from whyidle.env import fs
+        from whyidle import mounts
 
         if _mounts is None:
-            _mounts = fs.read_mounts()
-        mount = fs.find_mount(os.path.realpath(path), _mounts)
+            _mounts = mounts.read_mounts()
+        mount = mounts.find_mount(os.path.realpath(path), _mounts)
         out["fs"] = mount["fstype"] if mount else None
     except Exception:
         pass

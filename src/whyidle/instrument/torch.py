@@ -57,6 +57,7 @@ from whyidle.instrument import forward as forward_mod
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
 from whyidle.instrument.hooks import HookTimer
+from whyidle.instrument import shape_probe
 from whyidle.instrument.module_calls import ModuleCalls
 from whyidle.instrument.cuda import (
     MAX_SYNCS_PER_STEP,
@@ -276,6 +277,8 @@ class TorchInstrument:
         self.compiled = False  # torch.compile was called
         self.classifier = None
         self.cpu_matmul = None  # lowp_matmul_slowdown's result, once per process under CPU autocast
+        self.layer_probe = None  # shape_probe.probe's result (the model's own layer shapes), once per process
+        self.shape_probed = False
         self.stacks = None
         self.off = False
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
@@ -824,6 +827,7 @@ class TorchInstrument:
             "threads": self.torch.get_num_threads(), "param_dtypes": dtypes,
             "autocast": self.audit["autocast"], "matmul_tf32": tf32, "compiled": self.compiled,
             "autocast_dtypes": self.audit["autocast_dtypes"], "cpu_matmul": self._cpu_matmul(),
+            "shape_probe": self._shape_probe(),
             "autocast_share": (min(1.0, self.audit["autocast_ns"] / self.audit["forward_ns"])
                                if self.audit["forward_ns"] else None),
             "autocast_site": self.audit["autocast_site"], "dist": _dist_group(self.torch),
@@ -846,6 +850,25 @@ class TorchInstrument:
         if self.cpu_matmul is None or self.cpu_matmul.get("dtype") != dtype:
             self.cpu_matmul = lowp_matmul_slowdown(self.torch, dtype)
         return self.cpu_matmul
+
+    def _shape_probe(self) -> dict | None:
+        """The model's Linear/ConvNd shapes timed once per process (:func:`whyidle.instrument.
+        shape_probe.probe`): under CPU autocast (float32 against its dtype) or at a batch of at most
+        ``shape_probe.SMALL_BATCH_MAX`` samples (the growth to ``TARGET_BATCH``); None otherwise."""
+        calls = self.module_calls
+        if self.shape_probed or calls is None:
+            return self.layer_probe
+        layers = calls.layer_times()
+        if not layers:
+            return None
+        self.shape_probed = True
+        dtype = self.audit["autocast_dtypes"].get("cpu")
+        dtype = dtype if dtype in ("bfloat16", "float16") else None
+        batch = self.samples // max(1, self.batches) if self.samples_known and self.samples and self.batches else None
+        if dtype is None and not (batch and batch <= shape_probe.SMALL_BATCH_MAX):
+            return None
+        self.layer_probe = shape_probe.probe(self.torch, layers, dtype, batch)
+        return self.layer_probe
 
     # -- GPU timeline, syncs, transfers ----------------------------------------------------------
     def frames(self):
@@ -1121,10 +1144,11 @@ def lowp_matmul_slowdown(torch, dtype: str, n: int = LOWP_MATMUL_N, reps: int = 
     (n=64) and 113× (n=512) float32's time on an AVX2 EPYC with PyTorch 2.13. The small ``n`` keeps
     the cost near 0.1 ms on such a CPU and makes the ratio a lower bound (the gap widens with size).
 
-    Returns ``{"dtype", "n", "float32_s", "lowp_s", "slowdown", "native"}`` (seconds per matmul,
-    the best of ``reps``; ``slowdown`` = lowp_s / float32_s; ``native`` from oneDNN's
+    Returns ``{"dtype", "n", "float32_s", "lowp_s", "slowdown", "native", "cpu_flags"}`` (seconds
+    per matmul, the best of ``reps``; ``slowdown`` = lowp_s / float32_s; ``native`` from oneDNN's
     ``torch.ops.mkldnn._is_mkldnn_bf16_supported`` / ``_is_mkldnn_fp16_supported``, None when
-    unknown), or None when the matmul cannot run. Raises nothing.
+    unknown; ``cpu_flags``: :func:`whyidle.instrument.shape_probe.lowp_cpu_flags`), or None when
+    the matmul cannot run. Raises nothing.
     """
     try:
         a = torch.rand(n, n, generator=torch.Generator().manual_seed(0))  # the program's RNG untouched
@@ -1147,7 +1171,8 @@ def lowp_matmul_slowdown(torch, dtype: str, n: int = LOWP_MATMUL_N, reps: int = 
     except Exception:
         native = None
     return {"dtype": dtype, "n": n, "float32_s": times["float32"], "lowp_s": times[dtype],
-            "slowdown": times[dtype] / max(times["float32"], 1e-9), "native": native}
+            "slowdown": times[dtype] / max(times["float32"], 1e-9), "native": native,
+            "cpu_flags": shape_probe.lowp_cpu_flags()}
 
 
 def _autocast_enabled(torch) -> bool | None:
@@ -1300,9 +1325,26 @@ def install(agent, torch) -> TorchInstrument:
         if not inst.off:
             _safe(inst, inst.on_loader_created, self, sys._getframe(1))
 
+    orig_shutdown = dl._MultiProcessingDataLoaderIter._shutdown_workers
+
+    @functools.wraps(orig_shutdown)
+    def _shutdown_workers(self):
+        # an iterator's workers stopped and joined (the epoch's end without persistent workers:
+        # 0.3-0.8 s per epoch for spawn workers on 2 cores): an ``iter_end`` record; once per iterator
+        if inst.off or agent.disabled or get_ident() != inst.tid or getattr(self, "_shutdown", True):
+            return orig_shutdown(self)
+        t0 = monotonic_ns()
+        try:
+            return orig_shutdown(self)
+        finally:
+            key = inst.iter_loader.get(id(self))
+            _safe(inst, agent.record, {"k": "iter_end", "t": monotonic_ns(), "loader": key, "t0": t0,
+                                       "t1": monotonic_ns()})
+
     dl._BaseDataLoaderIter.__next__ = __next__
     dl.DataLoader.__iter__ = __iter__
     dl.DataLoader.__init__ = __init__
+    dl._MultiProcessingDataLoaderIter._shutdown_workers = _shutdown_workers
 
     orig_backward = torch.autograd.backward
 

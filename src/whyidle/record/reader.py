@@ -14,9 +14,10 @@ import json
 import os
 import re
 
+from whyidle.cmdline import program_and_script
 from whyidle.record import schema
 from whyidle.record.steptable import StepTable
-from whyidle.redact import redact_argv, redact_text
+from whyidle.redact import redact_argv
 
 
 class RunDirError(Exception):
@@ -219,9 +220,11 @@ def load_run(path: str) -> RunData:
 
 def redact_run(meta: dict, host: list[dict], procs: dict[int, list[dict]]) -> None:
     """Redacts, in place, the command lines a run directory holds (:mod:`whyidle.redact`):
-    ``meta.json`` ``command``, ``host_proc`` ``cmdline``, ``host_top`` commands and ``proc``
-    ``argv``. ``whyidle run`` stores them redacted already; runs recorded before it did are
-    redacted here, so no report, timeline or comparison built from them shows a secret."""
+    ``meta.json`` ``command``, ``host_proc`` ``cmdline`` and ``proc`` ``argv``; ``host_top``
+    commands (processes outside the job) are cut to their program and script
+    (:func:`whyidle.cmdline.program_and_script`). ``whyidle run`` stores them so already; runs
+    recorded before it did are redacted here, so no report, timeline or comparison built from them
+    shows a secret."""
     if isinstance(meta.get("command"), list):
         meta["command"] = redact_argv(meta["command"])
     for rec in host:
@@ -231,8 +234,8 @@ def redact_run(meta: dict, host: list[dict], procs: dict[int, list[dict]]) -> No
         elif k == "host_top":
             for key in ("procs", "yielding_procs"):
                 for row in rec.get(key) or []:
-                    if isinstance(row, list) and len(row) > 1:
-                        row[1] = redact_text(row[1])
+                    if isinstance(row, list) and len(row) > 1 and isinstance(row[1], str) and len(row[1].split()) > 1:
+                        row[1] = program_and_script(row[1].split())
     for records in procs.values():
         for rec in records:
             if rec.get("k") == "proc" and isinstance(rec.get("argv"), list):

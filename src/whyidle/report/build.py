@@ -5,6 +5,7 @@ from __future__ import annotations
 import whyidle
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.ranks import job_rate
+from whyidle.diagnose.verdict import steady_verdict
 from whyidle.redact import redact_argv
 
 SCHEMA = "whyidle.report/1"
@@ -290,6 +291,8 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "api": api_of(facts),
         "device": facts.device,
         "verdict": verdict,
+        "steady_verdict": steady_verdict(findings, verdict, (((facts.time or {}).get("parts") or {})
+                                                             .get("training") or {}).get("s")),
         "findings": findings,
         "metrics": metrics,
         "loader": {k: v for k, v in facts.loader.items() if k not in ("k", "t", "id")} if facts.loader else None,
@@ -352,6 +355,34 @@ def verdict_line(report: dict) -> tuple[str, float | None, bool]:
     else:
         text = str(verdict)
     return text, (lead or {}).get("est_speedup"), verdict in VERDICT_TEXT
+
+
+#: How the verdict line names a one-time part (``whyidle.diagnose.verdict.ONE_TIME``).
+ONE_TIME_TEXT = {"startup_bound": "start-up"}
+
+
+def steady_line(report: dict) -> str | None:
+    """When the verdict leads only because the run was short (``steady_verdict``), what the
+    terminal and HTML reports add to the verdict line: ``"only because this run was short:
+    start-up 32 % of this 30 s run; in a longer run: INPUT-BOUND, 49 % of every step (fixing it:
+    ~1.90× faster)"``; None otherwise. The shares are the findings' ``bound`` (of the wall time
+    for the one-time part and whole-job findings, of the step for step findings)."""
+    steady = report.get("steady_verdict")
+    findings = report.get("findings") or []
+    lead = next((f for f in findings if f.get("id") == report.get("verdict")), None)
+    after = next((f for f in findings if f.get("id") == steady), None)
+    if not steady or lead is None or after is None:
+        return None
+    wall = (report.get("metrics") or {}).get("wall_s")
+    part = ONE_TIME_TEXT.get(lead["id"], str(lead["id"]).replace("_", " "))
+    run = f"this {wall:.0f} s run" if wall else "this run"
+    held = f"{lead.get('bound') or 0:.0%} of {run}"
+    whole_job = (after.get("evidence") or {}).get("part_s") is not None
+    of = "the wall time" if whole_job else "every step"
+    gain = after.get("est_speedup")
+    return (f"only because this run was short: {part} {held}; in a longer run: "
+            f"{str(steady).upper().replace('_', '-')}, {after.get('bound') or 0:.0%} of {of}"
+            + (f" (fixing it: ~{gain:.2f}× faster)" if gain else ""))
 
 
 def option_gain(option: dict) -> str:

@@ -27,7 +27,7 @@ from markupsafe import Markup, escape
 from whyidle.analysis.series import RunSeries
 from whyidle.jsonsafe import finite
 from whyidle.report import plots
-from whyidle.report.build import framework_text, logged_text, option_gain, verdict_line
+from whyidle.report.build import framework_text, logged_text, option_gain, steady_line, verdict_line
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
                           autoescape=True, trim_blocks=False, lstrip_blocks=False,
@@ -287,7 +287,8 @@ def render_parts(report: dict, series: RunSeries) -> tuple[bytes, bytes, bytes]:
     text, gain, ok = _verdict(report)
     mark = f"plotly.js-{secrets.token_hex(16)}"  # a placeholder no run string can hold
     page = _ENV.get_template("report.html.j2").render(
-        name=report.get("name"), verdict_text=text, verdict_gain=gain, verdict_ok=ok, header=_header(report),
+        name=report.get("name"), verdict_text=text, verdict_gain=gain, verdict_ok=ok,
+        verdict_steady=steady_line(report), header=_header(report),
         notes=[str(n) for n in report.get("notes") or []], findings=_findings(report), plots=views,
         figures=figures, plotlyjs=Markup(mark), plotly_version=plotly.__version__,
         tool_version=report.get("tool_version"), schema=report.get("schema"))

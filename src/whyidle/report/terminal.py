@@ -11,7 +11,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from whyidle.report.build import framework_text, logged_text, option_gain, verdict_line
+from whyidle.report.build import framework_text, logged_text, option_gain, steady_line, verdict_line
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _PHASES = (("data_wait", "data wait", "red"), ("forward", "forward", "green"), ("backward", "backward", "blue"),
@@ -61,7 +61,9 @@ def _share_bar(shares: dict, width: int = 50, phases=_PHASES, trains: bool = Tru
 def _verdict_text(report: dict) -> Text:
     vtext, gain, ok = verdict_line(report)
     speed = f"  (fixing it: ~{gain:.2f}× faster)" if gain else ""
-    return Text.assemble(("Verdict: ", "bold"), (vtext, "bold green" if ok else "bold red"), speed)
+    steady = steady_line(report)
+    return Text.assemble(("Verdict: ", "bold"), (vtext, "bold green" if ok else "bold red"), speed,
+                         ("\n  " + steady, "bold") if steady else "")
 
 
 def _render_gpu(console: Console, gpu: dict) -> None:

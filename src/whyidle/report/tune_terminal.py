@@ -132,6 +132,19 @@ def render(res: dict, file: IO | None = None) -> None:
     if res["estimates"]:
         console.print("\nEstimates checked: " + "; ".join(
             f"{e['finding']} predicted {_x(e['predicted'])}, measured {_x(e['measured'])}" for e in res["estimates"]))
+    ceiling = res.get("input_ceiling")
+    if ceiling and ceiling.get("status") == "ok":
+        held = "; ".join(f"{escape(f['label'])} {_x(f['ratio'])}"
+                         + (f" ({f['of_ceiling']:.0%} of the reachable gain)" if f.get("of_ceiling") is not None else "")
+                         for f in ceiling["fixes"])
+        console.print(f"\nInput ceiling (the DataLoader out of the step, its first batches replayed): "
+                      f"{_x(ceiling['ratio'])}{_ci(ceiling['ci'])}"
+                      + (f", estimated {_x(ceiling['predicted'])}" if ceiling.get("predicted") else "")
+                      + (f". Input fixes against it: {held}" if held else "") + ".")
+    for c in res.get("code_fixes") or []:
+        est = f"est. {_x(c['est_speedup'])}" if c.get("est_speedup") else "no estimate"
+        console.print(f"\nNot tried — the fix needs code: [bold]{escape(c['finding'])}[/] ({c['severity']}, {est}): "
+                      f"{escape(c.get('fix') or c.get('title') or '')}")
     val = res.get("validation")
     if val:
         comp = val.get("comparison")

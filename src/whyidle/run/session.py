@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 import whyidle
+from whyidle.cmdline import default_name
 from whyidle.jsonsafe import json_text
 from whyidle.record.writer import FILE_MODE, JsonlWriter, write_json_atomic
 from whyidle.redact import redact_argv
@@ -52,48 +53,6 @@ class RunOptions:
     #: stops the command gently (:meth:`whyidle.run.launcher.Child.stop`), recorded in meta.json
     #: ``stopped``. whyidle tune stops a trial once it has measured enough steps.
     until: "Callable[[str], str | None] | None" = None
-
-
-#: Launchers whose script names the run (torchrun and ``python -m torch.distributed.run``).
-DIST_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
-
-
-def default_name(cmd: list[str]) -> str:
-    """A short run name from the command: the script or module name (``train`` for
-    ``python train.py``, ``pkg.train`` for ``python -m pkg.train``), else the program name. Under
-    torchrun, the training script's name, with ``-node<N>`` when ``--node_rank``/``--node-rank``
-    is given, so the node runs of one job get distinct directories."""
-    base = os.path.basename(cmd[0])
-    args = cmd[1:]
-    if base.startswith("python"):
-        for i, a in enumerate(args):
-            if a == "-m" and i + 1 < len(args):
-                if args[i + 1] in DIST_LAUNCHERS:
-                    return _launched_name(args[i + 2:]) or args[i + 1]
-                return args[i + 1]
-            if a == "-c":
-                return "python-c"
-            if not a.startswith("-"):
-                return os.path.splitext(os.path.basename(a))[0]
-    if base == "torchrun":
-        return _launched_name(args) or "torchrun"
-    return os.path.splitext(base)[0] or "run"
-
-
-def _launched_name(args: list[str]) -> str | None:
-    """The script a torchrun command line trains (its first ``.py`` argument), ``-node<N>`` added."""
-    script, node = None, None
-    for i, a in enumerate(args):
-        if a in ("--node_rank", "--node-rank") and i + 1 < len(args):
-            node = args[i + 1]
-        elif a.startswith(("--node_rank=", "--node-rank=")):
-            node = a.split("=", 1)[1]
-        elif a.endswith(".py") and script is None:
-            script = os.path.splitext(os.path.basename(a))[0]
-            break
-    if script is None:
-        return None
-    return f"{script}-node{node}" if node is not None else script
 
 
 def _safe(name: str) -> str:

@@ -16,6 +16,7 @@ import platform
 
 import psutil
 
+from whyidle.cmdline import program_and_script
 from whyidle.redact import redact_argv
 from whyidle.sampling import limits
 
@@ -152,39 +153,26 @@ def _psi_some_total_us(resource: str) -> int | None:
     return None
 
 
-def short_command(cmdline: list[str], name: str | None = None, limit: int = 80) -> str:
-    """A readable command for a report: secrets redacted (:func:`whyidle.redact.redact_argv`),
-    paths shortened to their last part, at most ``limit`` characters (``python burn.py 2 60``
-    rather than a 300-character interpreter line)."""
-    if not cmdline:
-        return name or "?"
-    words = []
-    for arg in redact_argv(cmdline)[:6]:
-        if os.sep in arg and not arg.startswith("-") and " " not in arg:
-            arg = os.path.basename(arg.rstrip(os.sep)) or arg
-        words.append(arg if len(arg) <= 40 else arg[:37] + "...")
-    text = " ".join(words)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def process_label(cmdline: list[str], name: str | None, uid: int | None, own_uid: int | None = None) -> str:
     """How a process outside the observed tree is named in ``host_top`` (and so in the
-    ``cpu_contention`` finding): its :func:`short_command` (secrets redacted) when it belongs to
-    ``own_uid`` (default: whyidle's real user id), else only its program name (``name``, the
-    kernel's ``comm``, else the last part of ``cmdline[0]``). Another user's command line is
-    theirs: it may hold their secrets and paths, and a shared report is not the place for it.
+    ``cpu_contention`` finding): its program and script only
+    (:func:`whyidle.cmdline.program_and_script`: ``python burn.py``, ``sshpass``) when it belongs
+    to ``own_uid`` (default: whyidle's real user id), else only its program name (``name``, the
+    kernel's ``comm``, else the last part of ``cmdline[0]``). No other argument of a process outside
+    the job is kept, redacted or not: a secret passed as a bare argument (``sshpass -p SECRET``,
+    ``mysql -pSECRET``) matches no redaction rule. Another user's script name is theirs too.
 
     Args:
         cmdline: the process's arguments.
         name: its program name (psutil ``name()``), None when unknown.
         uid: its real user id, None when unreadable (treated as another user's).
-        own_uid: the user whose processes are shown in full (tests pass one).
+        own_uid: the user whose processes are named with their script (tests pass one).
     """
     if own_uid is None:
         own_uid = os.getuid() if hasattr(os, "getuid") else None
     if uid is not None and uid == own_uid:
-        return short_command(cmdline, name)
-    return name or (os.path.basename(cmdline[0]) if cmdline else "") or "?"
+        return program_and_script(cmdline, name)
+    return name or (program_and_script(cmdline[:1]) if cmdline else "") or "?"
 
 
 def cpu_model() -> str | None:

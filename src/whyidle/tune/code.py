@@ -53,7 +53,10 @@ def settings_code(facts: RunFacts, settings: dict, sites: dict[str, str] | None 
         lines.append(")")
     elif knobs:
         lines += _loader_lines(facts, knobs, sites)
-    if "autocast" in settings:
+    lines += _frequency_lines(facts, settings)
+    if settings.get("autocast") == "off":
+        lines.append("with torch.autocast(..., enabled=False):   # float32: the emulated 16-bit type measured slower")
+    elif "autocast" in settings:
         bf16 = settings["autocast"] == "bf16"
         api = fixes.mixed_precision_code(facts, bf16)
         dtype = "torch.bfloat16" if bf16 else "torch.float16"
@@ -65,6 +68,28 @@ def settings_code(facts: RunFacts, settings: dict, sites: dict[str, str] | None 
     if settings.get("tfdata_parallel_map") or settings.get("tfdata_prefetch"):
         lines += _tfdata_lines(facts, settings, sites)
     return "\n".join(lines)
+
+
+#: Where each frequency setting is passed, per call (:data:`whyidle.instrument.overrides.FREQUENCY_KNOBS`).
+FREQUENCY_CALLS = (("trainer = Trainer(", ("val_check_interval", "check_val_every_n_epoch", "limit_val_batches",
+                                           "log_every_n_steps")),
+                   ("ModelCheckpoint(", ("every_n_train_steps",)),
+                   ("args = TrainingArguments(", ("eval_steps", "save_steps", "logging_steps")),
+                   ("model.fit(", ("validation_freq",)))
+
+
+def _frequency_lines(facts: RunFacts, settings: dict) -> list[str]:
+    """How often the framework evaluates, saves and logs, as the arguments of the call that takes
+    them, each marked with the program's value (the recorded ``Trainer`` flags / ``TrainingArguments``)."""
+    cfg = (facts.api or {}).get("config") or {}
+    out = []
+    for head, knobs in FREQUENCY_CALLS:
+        given = [k for k in knobs if k in settings]
+        if given:
+            args = ", ".join(f"{k}={settings[k]!r}" for k in given)
+            was = "; ".join(f"{k} was {cfg[k]!r}" for k in given if cfg.get(k) is not None and cfg[k] != settings[k])
+            out.append(f"{head}..., {args})" + (f"   # {was}" if was else ""))
+    return out
 
 
 def _tfdata_lines(facts: RunFacts, settings: dict, sites: dict) -> list[str]:

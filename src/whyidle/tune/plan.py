@@ -3,8 +3,9 @@
 The search follows the diagnosis, not a grid:
 
 1. **Candidates** (:func:`candidates`): each warning or critical finding whose fix is a setting
-   whyidle can apply without code change (:data:`whyidle.instrument.overrides.KNOBS`) gives the
-   fix as printed (its ``est_speedup`` is the prediction the trial checks) and, for a count such as
+   whyidle can apply without code change (:data:`whyidle.instrument.overrides.KNOBS`; the whole
+   job's frequencies, ``persistent_workers`` for epoch restarts, autocast off, worker counts within
+   the cores: :mod:`whyidle.tune.job_settings`) gives the fix as printed (its ``est_speedup`` is the prediction the trial checks) and, for a count such as
    ``num_workers``, its neighbours; settings the user asks for (``--try``) are added as given.
 2. **Batch size** (:func:`next_batch`): doubled from the program's own while throughput rises by
    more than :data:`LADDER_MIN_GAIN`, until a trial fails (out of memory) or :data:`MAX_BATCH_FACTOR`.
@@ -16,6 +17,10 @@ The search follows the diagnosis, not a grid:
    together, in one more trial.
 5. **Winner** (:func:`winner`): the fastest trial whose interval says *faster* than the baseline
    (:func:`whyidle.analysis.compare.speedup` ``claim``); none, and the program's own settings stay.
+
+An ``input_bound`` finding also gets the input pipeline's **ceiling** (origin :data:`CEILING`): a
+trial with the DataLoader's first batches replayed (``replay``), the step time with an ideal
+loader, which every input fix is held against; it is never the winner.
 """
 
 from __future__ import annotations
@@ -23,11 +28,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from whyidle.tune import job_settings
+
 #: Kind of each setting: one trial per kind goes into the combination.
 FAMILY = {"num_workers": "loader", "persistent_workers": "loader", "prefetch_factor": "loader", "pin_memory": "pin",
           "batch_size": "batch", "threads": "threads", "autocast": "precision", "tf32": "tf32",
           "cudnn_benchmark": "cudnn", "tfdata_parallel_map": "tfdata", "tfdata_prefetch": "tfdata",
-          "compile_dynamic": "compile"}
+          "compile_dynamic": "compile", "val_check_interval": "evaluation", "check_val_every_n_epoch": "evaluation",
+          "limit_val_batches": "evaluation", "eval_steps": "evaluation", "validation_freq": "evaluation",
+          "every_n_train_steps": "checkpoint", "save_steps": "checkpoint", "log_every_n_steps": "logging",
+          "logging_steps": "logging", "replay": "ceiling"}
 #: A doubled batch size must raise samples/s by more than this over the best smaller one for the
 #: ladder to go on: below it the gain is within the ±2–9 % run-to-run spread of identical runs on a
 #: shared machine (docs/report.md, "Comparing runs") and larger batches only cost memory and
@@ -43,6 +53,12 @@ MAX_REPEATS = 3
 PREFETCH = 4
 #: Findings below this severity do not make trials: an info finding is not what holds the step.
 SEVERE = ("warning", "critical")
+#: Origin of the input pipeline's ceiling trial (the ``replay`` setting): a measurement, never a
+#: fix, so it is never the winner, repeated or combined.
+CEILING = "ceiling"
+#: Batches the ceiling trial keeps and replays (:mod:`whyidle.instrument.replay`): enough that a
+#: model does not see one batch twice in a row, few enough to fit beside the model.
+REPLAY_BATCHES = 16
 
 
 @dataclasses.dataclass
@@ -142,6 +158,9 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
             if 0 < w <= min(max(cores, 2), most) and len([c for c in out if c.origin == "input_bound"]) < MAX_PER_FINDING:
                 out.append(Candidate({"num_workers": w, "persistent_workers": True}, "input_bound",
                                      why="a neighbouring worker count"))
+    if inp and framework == "torch" and loader:  # what any input fix is held against: right after the printed fix
+        out.insert(min(len(out), 1), Candidate({"replay": REPLAY_BATCHES}, CEILING, None, "the input pipeline's ceiling: the DataLoader's "
+                             f"first {REPLAY_BATCHES} batches replayed, the loader out of the step", "input_bound"))
     # a tf.data pipeline given to fit (its description is recorded when fit starts; fit_input only
     # when fit returns, which a trial stopped early never reaches)
     tfdata = inp and (inp["evidence"].get("fit_input") == "tf.data" or (report.get("keras") or {}).get("pipeline"))
@@ -175,6 +194,11 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
                        if "dynamic=True" in (o.get("code") or "")), None)
         out.append(Candidate({"compile_dynamic": True}, recompiled["id"], option.get("est_speedup") if option else None,
                              "torch.compile(dynamic=True)"))
+    # the whole job's settings (evaluation, checkpoint and logging frequency, workers kept between
+    # epochs), autocast off, worker counts within the cores: whyidle.tune.job_settings
+    severe = [f for f in report.get("findings") or [] if f["severity"] in SEVERE]
+    for t in job_settings.trials(report, severe, cores):
+        out.append(Candidate(t.settings, t.finding, t.predicted, t.why))
     for name, values in (tries or {}).items():
         for v in values:
             out.append(Candidate({name: v}, "user", why="asked for (--try)"))
@@ -223,7 +247,8 @@ def promising(outcomes: list[Outcome]) -> list[Outcome]:
     one), best first."""
     from whyidle.analysis.compare import SINGLE_RUN_NOISE
 
-    up = sorted([o for o in outcomes if o.ok and len(o.runs) == 1 and (o.ci or [0, o.ratio])[1] > 1 + SINGLE_RUN_NOISE],
+    up = sorted([o for o in outcomes if o.ok and len(o.runs) == 1 and o.candidate.origin != CEILING
+                 and (o.ci or [0, o.ratio])[1] > 1 + SINGLE_RUN_NOISE],
                 key=lambda o: -o.ratio)
     return up[:min(MAX_REPEATS, math.ceil(len(up) / 2))]
 
@@ -233,7 +258,7 @@ def combination(outcomes: list[Outcome]) -> Candidate | None:
     set the same knob); None unless two kinds or more measured faster, or when it was tried."""
     best: dict[str, Outcome] = {}
     for o in outcomes:
-        if o.ok and o.claim == "faster" and o.candidate.origin != "combination":
+        if o.ok and o.claim == "faster" and o.candidate.origin not in ("combination", CEILING):
             fam = o.candidate.family
             if fam not in best or o.ratio > best[fam].ratio:
                 best[fam] = o
@@ -250,5 +275,5 @@ def combination(outcomes: list[Outcome]) -> Candidate | None:
 def winner(outcomes: list[Outcome]) -> Outcome | None:
     """The fastest trial measured faster than the baseline (its interval clears the noise floor),
     or None: then no trial may be recommended over the program's own settings."""
-    faster = [o for o in outcomes if o.ok and o.claim == "faster"]
+    faster = [o for o in outcomes if o.ok and o.claim == "faster" and o.candidate.origin != CEILING]
     return max(faster, key=lambda o: o.ratio) if faster else None

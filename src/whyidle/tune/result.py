@@ -7,7 +7,7 @@ import os
 import time
 
 import whyidle
-from whyidle.run.session import default_name
+from whyidle.cmdline import default_name
 from whyidle.sampling import limits
 from whyidle.tune import plan
 
@@ -45,7 +45,9 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
     not_applied, outputs_redirected, stopped, seconds}``), ``winner`` (``{label, settings, ratio, ci, code, statement}``
     or null: no trial measured faster), ``batch`` (the ladder: ``{largest_stable, fastest, note}``
     or null), ``estimates`` (``[{finding, label, predicted, measured, ci, error}]``: each
-    finding's ``est_speedup`` against the trial that applied its fix), ``validation``,
+    finding's ``est_speedup`` against the trial that applied its fix), ``input_ceiling``
+    (:func:`input_ceiling`, or null), ``code_fixes``
+    (:func:`code_fixes`: the findings whose fix needs code, with their estimates), ``validation``,
     ``outputs_changed`` (``{trial label: {created, modified}}``: files under the working
     directory a trial created or overwrote, first seen after it), ``notes``.
     """
@@ -95,9 +97,11 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
                                                         if f["severity"] in plan.SEVERE],
         },
         "trials": trials,
-        "winner": _winner(tuner, base, win),
+        "winner": _winner(tuner, base, win, cmd),
         "batch": _batch(tuner.outcomes),
         "estimates": estimates(trials),
+        "input_ceiling": input_ceiling(trials, rep),
+        "code_fixes": code_fixes(rep, tuner.outcomes),
         "validation": validation,
         "outputs_changed": changed,
         "notes": _notes(tuner, base, win, trials, changed),
@@ -105,7 +109,44 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
     return res
 
 
-def _winner(tuner, base, win) -> dict | None:
+def winner_patch(cmd: list[str], settings: dict, sites: dict, report: dict) -> dict:
+    """The winner's settings as a unified diff of the command's script
+    (:func:`whyidle.tune.patch.settings_patch`): ``{diff, file, placed, unplaced, error}`` (``diff``
+    None and ``error`` the reason when none could be written)."""
+    from whyidle.tune.patch import PatchError, settings_patch
+
+    sites = dict(sites)
+    created = ((report.get("loader") or {}).get("created") or [None])[0]
+    for k in ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size"):
+        if created and k in settings:
+            sites.setdefault(k, created)
+    try:
+        p = settings_patch(cmd, settings, sites, (report.get("api") or {}).get("name"))
+    except PatchError as exc:
+        return {"diff": None, "file": None, "placed": {}, "unplaced": {}, "error": str(exc)}
+    return {"diff": p.text, "file": p.path, "placed": p.placed, "unplaced": p.unplaced, "error": None}
+
+
+def first_fix_patch(report: dict, cmd: list[str]) -> dict:
+    """``whyidle run --diff``: the first warning/critical finding's printed fix as a diff of the
+    script when it is a setting whyidle can apply (:func:`whyidle.tune.plan.candidates`: the
+    candidate of that finding that carries its estimate, else its first). Returns
+    :func:`winner_patch`'s dict plus ``finding`` and ``settings``; ``error`` says why there is no
+    diff (no finding, or its fix is a code change)."""
+    first = next((f for f in report.get("findings") or [] if f["severity"] in plan.SEVERE), None)
+    if first is None:
+        return {"diff": None, "file": None, "placed": {}, "unplaced": {}, "finding": None, "settings": None,
+                "error": "no warning or critical finding: nothing to change"}
+    cands = [c for c in plan.candidates(report, plan.job_cores(report, limits.own_usable_cores()))
+             if c.origin == first["id"]]
+    cand = next((c for c in cands if c.predicted is not None), cands[0] if cands else None)
+    if cand is None:
+        return {"diff": None, "file": None, "placed": {}, "unplaced": {}, "finding": first["id"], "settings": None,
+                "error": f"the first fix ({first['id']}) is a code change, not a setting: see the report"}
+    return {**winner_patch(cmd, cand.settings, {}, report), "finding": first["id"], "settings": cand.settings}
+
+
+def _winner(tuner, base, win, cmd: list[str]) -> dict | None:
     if win is None:
         return None
     from whyidle.pipeline import analyze_run
@@ -123,7 +164,8 @@ def _winner(tuner, base, win) -> dict | None:
     comp = tuner.comparison(win.runs)
     return {"label": plan.label(win.candidate.settings), "settings": win.candidate.settings, "ratio": win.ratio,
             "ci": win.ci, "code": code, "statement": comp["comparisons"][0]["statement"] if comp else None,
-            "run_dirs": win.runs}
+            "run_dirs": win.runs, "sites": sites,
+            "patch": winner_patch(cmd, win.candidate.settings, sites, (base.report if base else None) or {})}
 
 
 def _batch(outcomes) -> dict | None:
@@ -158,6 +200,39 @@ def estimates(trials: list[dict]) -> list[dict]:
     return out
 
 
+def input_ceiling(trials: list[dict], report: dict) -> dict | None:
+    """The input pipeline's ceiling (the ``replay`` trial, :data:`whyidle.tune.plan.CEILING`): the
+    measured ratio with the DataLoader out of the step, the report's estimate of it
+    (``input_bound``'s ``est_speedup_if_removed``), and each input fix's trial held against it.
+
+    Returns ``{label, ratio, ci, claim, status, predicted, fixes: [{label, ratio, of_ceiling}]}``
+    (``of_ceiling``: the fix's ratio − 1 over the ceiling's − 1, the part of the reachable gain it
+    took; None when the ceiling gains nothing), or None when no ceiling trial ran.
+    """
+    ceiling = next((t for t in trials if t["origin"] == plan.CEILING), None)
+    if ceiling is None:
+        return None
+    inp = next((f for f in report.get("findings") or [] if f["id"] == "input_bound"), None)
+    top = ceiling["ratio"]
+    fixes = [{"label": t["label"], "ratio": t["ratio"],
+              "of_ceiling": round((t["ratio"] - 1) / (top - 1), 3) if top and top > 1 and t["ratio"] else None}
+             for t in trials if t["finding"] == "input_bound" and t["origin"] != plan.CEILING and t["status"] == "ok"]
+    return {"label": ceiling["label"], "ratio": top, "ci": ceiling["ratio_ci"], "claim": ceiling["claim"],
+            "status": ceiling["status"], "predicted": (inp or {}).get("est_speedup_if_removed"), "fixes": fixes}
+
+
+def code_fixes(report: dict, outcomes) -> list[dict]:
+    """The baseline's warning/critical findings no trial tried: their fix is a code change (or a
+    setting whyidle cannot apply in-process). Each ``{finding, severity, title, est_speedup,
+    est_speedup_if_removed, fix}`` (``fix``: the printed fix's text), the estimate as the report
+    gives it (None: none could be made)."""
+    tried = {o.candidate.origin for o in outcomes} | {o.candidate.finding for o in outcomes
+                                                       if o.candidate.origin != plan.CEILING}
+    return [{"finding": f["id"], "severity": f["severity"], "title": f.get("title"), "est_speedup": f.get("est_speedup"),
+             "est_speedup_if_removed": f.get("est_speedup_if_removed"), "fix": (f.get("fix") or {}).get("text")}
+            for f in report.get("findings") or [] if f["severity"] in plan.SEVERE and f["id"] not in tried]
+
+
 def _notes(tuner, base, win, trials, changed) -> list[str]:
     notes = []
     if base is None or base.status != "ok":
@@ -167,7 +242,8 @@ def _notes(tuner, base, win, trials, changed) -> list[str]:
         notes.append(f"The baseline run could not be measured: {why}. Nothing was tried.")
     elif not trials:
         notes.append("The diagnosis names no setting whyidle can change without code (its findings' fixes are code "
-                     "changes, or nothing holds the step); give settings to try with --try NAME=V1,V2.")
+                     "changes, listed above with their estimates, or nothing holds the step); give settings to try "
+                     "with --try NAME=V1,V2.")
     if tuner.interrupted:
         notes.append("Interrupted (Ctrl-C): the results so far.")
     skipped = [t["label"] for t in trials if t["status"] == "skipped"]

@@ -209,7 +209,8 @@ def tune_dir(cmd: list[str], opts: TuneOptions) -> str:
     """Creates the tune directory (``--out``, else ``whyidle-runs/<UTC time>-tune-<name>``).
     Errors: :class:`whyidle.run.launcher.LaunchError` (exit 2) when it cannot be made or holds a tune."""
     from whyidle.run.launcher import LaunchError
-    from whyidle.run.session import DEFAULT_RUNS_DIR, RUN_DIR_MODE, _safe, default_name
+    from whyidle.cmdline import default_name
+    from whyidle.run.session import DEFAULT_RUNS_DIR, RUN_DIR_MODE, _safe
 
     name = _safe(opts.name or default_name(cmd))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

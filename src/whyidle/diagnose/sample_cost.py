@@ -1,0 +1,119 @@
+"""How much of each batch's loading the program's own hottest lines hold (pure).
+
+The input of ``input_bound``'s "make each sample cheaper" option: with ``num_workers=0`` the
+training thread runs the Dataset itself, so the stack samples of the ``data`` phase
+(:func:`whyidle.analysis.stacks.hotspots`) say which of the program's lines prepare the samples
+(``__getitem__``, its transforms, a ``collate_fn``) and how much of the loading time each holds.
+The estimate assumes the program's own per-sample work is vectorized over the batch or computed
+once and cached, so *its* time leaves the step and everything else the loader does stays: PyTorch's
+own fetching and collating (time whose innermost user frame is the loop line, :data:`LOADER_LEAVES`),
+image decoding (:data:`DECODE_LEAVES`), and library code called from outside the program. The
+report names the hottest lines (those at :data:`HOT_MIN_SHARE` of the loading time or more). With
+workers the training thread only waits on their queue (the workers'
+own stacks are not sampled), so there is no measurement and :func:`measured_cost` says None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Innermost frames of the DataLoader's own per-batch work (fetching the samples, collating them):
+#: what a cheaper Dataset leaves in place.
+LOADER_LEAVES = ("torch/utils/data/",)
+#: Innermost frames of image decoding: a line running them is made cheaper by decoding at reduced
+#: size, not removed (a decoded dataset rarely fits in memory), so the estimate keeps its time.
+DECODE_LEAVES = ("PIL/ImageFile.py", "PIL/JpegImagePlugin.py", "PIL/PngImagePlugin.py", "imageio/", "cv2",
+                 "torchvision/io/", "turbojpeg", "simplejpeg")
+#: PIL functions that decode (or make a lazily opened image decode) when they are the innermost frame.
+PIL_DECODE = ("open", "load", "draft", "convert")
+#: A line of the program counts as a hot line when it holds at least this share (0–1) of the
+#: loading time: below it, rewriting the line would gain less than run-to-run noise (±2–9 %).
+HOT_MIN_SHARE = 0.05
+#: Hot lines counted at most (the terminal shows as many).
+HOT_LINES = 3
+
+
+@dataclass(frozen=True)
+class HotLine:
+    """One of the program's lines in the loading path: ``site`` (``file:line function``), ``code``
+    (its source text or None), ``share`` (fraction 0–1 of the loading time under it, its callees
+    included), ``leaf`` (the innermost frame most of that time ran, e.g. a pandas function)."""
+
+    site: str
+    code: str | None
+    share: float
+    leaf: str | None
+
+
+@dataclass(frozen=True)
+class SampleCost:
+    """The measured cost split of loading one batch: ``lines`` (the hot lines, hottest first),
+    ``removed`` (fraction 0–1 of the loading time they hold together), ``cost`` (1 − removed: the
+    loading left once they cost nothing, as a fraction of today's)."""
+
+    lines: tuple[HotLine, ...]
+    removed: float
+
+    @property
+    def cost(self) -> float:
+        return max(0.0, 1.0 - self.removed)
+
+
+def decodes(leaf: str) -> bool:
+    """True when ``leaf`` (``path:line function``) is image decoding (:data:`DECODE_LEAVES`, or PIL's
+    ``Image.open`` / ``load`` / ``draft`` / ``convert``, which decodes a lazily opened file first)."""
+    return any(p in leaf for p in DECODE_LEAVES) or ("PIL/" in leaf and leaf.rsplit(" ", 1)[-1] in PIL_DECODE)
+
+
+def _kept(line: dict) -> bool:
+    """True when a line's time stays after the fix: PyTorch's fetching and collating
+    (:data:`LOADER_LEAVES`) or image decoding."""
+    leaf = line.get("leaf") or ""
+    return any(p in leaf for p in LOADER_LEAVES) or decodes(leaf)
+
+
+def measured_cost(hotspots: list[dict] | None, data_share: float, num_workers: int | None) -> SampleCost | None:
+    """The loading left if the program's own per-sample work cost nothing, or None when it was not
+    measured: loading in workers (their stacks are not sampled), no data wait, or no function of
+    the program's with a line at :data:`HOT_MIN_SHARE` of the loading time.
+
+    Each of the program's functions in the loading path (the ``data`` phase's hotspots that are not
+    library or framework time) counts whole, less its lines that stay (:func:`_kept`: the loader's
+    collation, image decoding); a function without ``lines`` counts as one line. ``lines`` of the
+    result are the hottest lines that count, at most :data:`HOT_LINES`, for the report.
+
+    Args:
+        hotspots: the ``data`` phase's hotspots (``share`` = fraction of the summed step time,
+            ``library``/``framework`` flags, ``leaf``, per line ``lines``), as
+            :func:`whyidle.analysis.stacks.hotspots` gives.
+        data_share: the data wait's fraction (0–1) of the step time the shares are of.
+        num_workers: the DataLoader's ``num_workers`` (None or 0: the training process loads).
+    """
+    if num_workers or not hotspots or data_share <= 0:
+        return None
+    removed = 0.0
+    lines: list[HotLine] = []
+    for h in hotspots:
+        if h.get("library") or h.get("framework"):
+            continue  # not the program's own preparation
+        listed = h.get("lines") or [h]
+        kept = sum(line.get("share") or 0.0 for line in listed if _kept(line))
+        removed += max(0.0, (h.get("share") or 0.0) - kept) / data_share
+        lines += [HotLine(line.get("site") or h.get("function") or "?", line.get("code"),
+                          min(1.0, (line.get("share") or 0.0) / data_share), line.get("leaf"))
+                  for line in listed if not _kept(line)]
+    lines = sorted((h for h in lines if h.share >= HOT_MIN_SHARE), key=lambda h: -h.share)[:HOT_LINES]
+    if not lines:
+        return None
+    return SampleCost(tuple(lines), min(1.0, removed))
+
+
+def describe(cost: SampleCost) -> str:
+    """The measured split as a phrase: ``"the program's own per-sample code holds 93 % of the
+    loading time (`values = ...` (pandas_rows.py:51) 71 %, ...)"``."""
+    parts = []
+    for h in cost.lines:
+        path, _, rest = h.site.rpartition(":")
+        where = f"{path.rsplit('/', 1)[-1]}:{rest.split(' ')[0]}" if path else h.site
+        parts.append((f"`{h.code}` ({where})" if h.code else where) + f" {h.share:.0%}")
+    return f"the program's own per-sample code holds {cost.removed:.0%} of the loading time ({', '.join(parts)})"
