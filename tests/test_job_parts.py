@@ -249,3 +249,37 @@ def test_tokenizing_the_corpus_at_every_launch_is_startup_bound_and_a_saved_corp
     assert "startup_bound" not in warned(fixed)
     assert fixed["metrics"]["time"]["parts"]["startup"]["split"]["program_s"] < 0.25 * split["program_s"]
     assert fixed["metrics"]["time"]["wall_s"] < faulty["metrics"]["time"]["wall_s"]
+
+
+REBUILT = '''
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+if __name__ == "__main__":
+    ds = TensorDataset(torch.randn(256, 32), torch.randint(0, 4, (256,)))
+    model = nn.Linear(32, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(12):
+        loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=2)  # built again every epoch
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+'''
+
+
+def test_a_dataloader_built_again_every_epoch_is_the_training_loader_and_its_restarts_epoch_boundaries(tmp_path):
+    # each epoch's new DataLoader (often in the old one's memory) is the training loader built again,
+    # not a validation loader: its start-ups are epoch boundaries, and persistent_workers=True on the
+    # same line would change nothing
+    script = tmp_path / "rebuilt.py"
+    script.write_text(REBUILT)
+    proc, report, _ = observe(tmp_path, [sys.executable, str(script)], timeout=240, name="rebuilt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = report["metrics"]["time"]["parts"]
+    assert parts["evaluation"]["s"] == 0 and parts["epoch_boundary"]["count"] >= 8
+    assert finding(report, "eval_bound") is None
+    f = finding(report, "epoch_boundary")
+    if f is not None:  # a warning when the restarts reach 10 % of the wall time (they do on 2 cores)
+        assert f["evidence"]["rebuilt"] >= 5 and "Build the DataLoader once" in f["fix"]["text"]

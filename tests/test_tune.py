@@ -280,3 +280,14 @@ def test_input_fixes_are_held_against_the_measured_ceiling():
     assert c["ratio"] == 5.0 and c["predicted"] == 4.2 and c["status"] == "ok"
     assert c["fixes"] == [{"label": "num_workers=2", "ratio": 3.0, "of_ceiling": 0.5}]
     assert input_ceiling(trials[1:], report) is None
+
+
+def test_the_verdicts_fix_runs_first_then_the_users_tries(_report):
+    rep = _report("image_decode_main")  # verdict input_bound: its worker fix first, the user's try after it
+    cands = plan.candidates(rep, cores=2, tries={"threads": [1]})
+    assert cands[0].origin == "input_bound" and cands[-1].origin == "user"
+    # a verdict with no setting to try (here: renamed): the user's try before the side findings' trials
+    other = dict(rep, verdict="host_bound")
+    cands = plan.candidates(other, cores=2, tries={"threads": [1]})
+    assert cands[0].origin == "user" and cands[0].settings == {"threads": 1}
+    assert {c.finding or c.origin for c in cands[1:]} == {"input_bound"}

@@ -202,6 +202,9 @@ def analyze(run: RunData) -> RunFacts:
 
     loader = _train_loader([r for r in recs if r.get("k") == "loader"], analyzed)
     iters = [r for r in recs if r.get("k") == "iter" and (loader is None or r.get("loader") == loader["id"])]
+    if loader is not None and any(r.get("rebuilt") for r in iters):
+        # the program builds the DataLoader again at the same line (inside its epoch loop)
+        loader = {**loader, "rebuilt": sum(1 for r in iters if r.get("rebuilt"))}
     samples = None
     if step and step.get("samples_per_s"):
         samples = step["samples_per_s"] * sum(

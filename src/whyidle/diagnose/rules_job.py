@@ -377,7 +377,13 @@ def epoch_boundary(facts: RunFacts) -> Finding | None:
     nw = loader.get("num_workers") or 0
     n = part["count"]
     saved = part["s"]
-    if nw and not loader.get("persistent_workers"):
+    if loader.get("rebuilt"):
+        site = ((loader.get("created") or [None])[0]) or "its line"
+        text = (f"Build the DataLoader once, before the epoch loop, with persistent_workers=True: {site} builds it "
+                f"again every epoch ({loader['rebuilt']} times after the first), so its workers start again each "
+                f"time ({part['s'] / n:.2f} s each); persistent_workers=True on that line alone changes nothing.")
+        code = "# before the epoch loop:\n" + fixes.loader_code(facts, nw) if nw else None
+    elif nw and not loader.get("persistent_workers"):
         text = (f"Keep the DataLoader's {nw} workers alive between epochs (persistent_workers=True): {n} new "
                 f"epoch{'s' if n != 1 else ''} started them again ({part['s'] / n:.2f} s each"
                 f"{', spawn start method' if loader.get('mp_context') in ('spawn', 'forkserver') else ''}).")
@@ -391,7 +397,7 @@ def epoch_boundary(facts: RunFacts) -> Finding | None:
                f"({n} epoch{'s' if n != 1 else ''} after the first, {part['s'] / n:.2f} s each).")
     return finding("epoch_boundary", sev, "Epoch boundaries hold the job", summary,
                    _evidence(part, num_workers=nw, persistent_workers=loader.get("persistent_workers"),
-                             mp_context=loader.get("mp_context"), **_gains(facts, saved)),
+                             mp_context=loader.get("mp_context"), rebuilt=loader.get("rebuilt"), **_gains(facts, saved)),
                    loop_gain(facts, saved), text, code, bound=part["share"],
                    docs=["https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"])
 

@@ -292,6 +292,9 @@ class TorchInstrument:
         self.colls = coll_mod.CollectiveTimer(agent.record, self.tid)  # torch.distributed collectives
         self.train_loader: int | None = None  # id() of the DataLoader the last optimizer step trained on
         self.loop_open = False  # another DataLoader is being iterated between training steps
+        self.loader_sites: dict[int, str] = {}  # id() of a recorded DataLoader → the program's line that built it
+        self.alias: dict[int, int] = {}  # id() of a DataLoader built again at the training loader's line → its id()
+        self.rebuilt: set[int] = set()  # id() of a recorded DataLoader that a new one built at its line took over
 
     # -- phase accounting ------------------------------------------------------------------------
     def _begin_step(self, now: int) -> None:
@@ -531,19 +534,31 @@ class TorchInstrument:
     def on_iter(self, loader, t0: int, t1: int, it=None) -> None:
         self.boundary = True
         key = id(loader)
-        if key not in self.loaders:
+        user = (self.created.get(key) or (None,))[0]
+        train_site = self.loader_sites.get(self.train_loader) if self.train_loader is not None else None
+        # a DataLoader built again at the line that built the training loader (inside the epoch
+        # loop; its id() may even be the old one's): the training loader, its iterator an epoch's
+        rebuilt = user is not None and user == train_site and (key != self.train_loader or key in self.rebuilt)
+        self.rebuilt.discard(key)
+        if rebuilt and key != self.train_loader:
+            if len(self.alias) >= 64:
+                self.alias.clear()
+            self.alias[key] = self.train_loader
+        if key not in self.loaders and key not in self.alias:
             self.loaders.add(key)
             rec = _loader_config(loader, key, t0)
-            user, leaf, args, call = self.created.get(key) or (None, None, {}, None)
+            _, leaf, args, call = self.created.get(key) or (None, None, {}, None)
             rec["created"] = [user, leaf]
             rec["args"] = args
             rec["call"] = call
             rec["collate_user"] = self._user_code(getattr(loader, "collate_fn", None))
             self.agent.record(rec)
+            self.loader_sites[key] = user
+        key = self.alias.get(key, key)
         if len(self.iter_loader) >= 64:  # one iterator per epoch without persistent workers
             self.iter_loader.clear()
         self.iter_loader[id(it)] = key
-        self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1})
+        self.agent.record({"k": "iter", "t": t1, "loader": key, "t0": t0, "t1": t1, **({"rebuilt": True} if rebuilt else {})})
         if key == self.train_loader:
             if self.loop_open:
                 self._end_loop(t0)  # the training loader's next epoch
@@ -585,6 +600,8 @@ class TorchInstrument:
         the dataset, batch_size and collate_fn texts of it (``args``). One parse per construction."""
         if len(self.created) >= 64:
             self.created.clear()
+        if id(loader) in self.loaders:  # a new DataLoader in a recorded one's memory (the old one is gone)
+            self.rebuilt.add(id(loader))
         user, leaf = self.site_of(frame)
         args, call = {}, None
         if user is not None:  # the user's frame making the DataLoader(...) call, maybe through a

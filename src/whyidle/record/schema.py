@@ -137,7 +137,7 @@ SCHEMAS: dict[str, dict] = {
     "detail": {"step": NUM, "stride": NUM, "step_s?": _N},
     "override": {"name": TEXT, "applied": BOOL, "value?": ANY, "was?": ANY, "site?": _T, "why?": _T},
     "api": {"name": TEXT, "entry?": _T, "site?": _T, "package?": _T, "version?": _T, "config?": opt(OBJ)},
-    "iter": {"t0": NUM, "t1": NUM, "loader?": _I},
+    "iter": {"t0": NUM, "t1": NUM, "loader?": _I, "rebuilt?": _B},
     "iter_first": {"t0": NUM, "t1": NUM, "loader?": _I},
     "iter_end": {"t0": NUM, "t1": NUM, "loader?": _I},
     "gpu_marks": {"h": list_of(INT), "g": list_of(NUM), "phase": list_of(_T), "kind": list_of(_T),

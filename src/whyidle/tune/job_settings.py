@@ -124,9 +124,11 @@ def logging(report: dict, f: dict) -> Trial | None:
 
 def epoch_restarts(report: dict, f: dict) -> Trial | None:
     """``epoch_boundary``: ``persistent_workers=True`` when the loader has workers not kept between
-    epochs (the printed fix)."""
+    epochs (the printed fix); none when the program builds the DataLoader again every epoch
+    (``evidence.rebuilt``: a new DataLoader has new workers whatever its settings, the fix is code)."""
     ev = f["evidence"]
-    if report.get("framework") != "torch" or not ev.get("num_workers") or ev.get("persistent_workers"):
+    if (report.get("framework") != "torch" or not ev.get("num_workers") or ev.get("persistent_workers")
+            or ev.get("rebuilt")):
         return None
     return Trial("epoch_boundary", {"persistent_workers": True}, f.get("est_speedup"),
                  "keep the workers between epochs, as printed")

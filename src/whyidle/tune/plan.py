@@ -130,7 +130,8 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
         report: the baseline run's report.
         cores: the cores the job may use (:func:`job_cores`; worker and thread counts are kept to them).
         tries: settings the user asked for (``--try num_workers=2,4``): knob → values.
-    Returns: candidates in the order to run them, without duplicates. The batch-size ladder is
+    Returns: candidates in the order to run them (the verdict finding's first, then ``tries``, then
+        the other findings' in the order found), without duplicates. The batch-size ladder is
         not among them (:func:`ladder_start`, :func:`next_batch`).
     """
     out: list[Candidate] = []
@@ -207,7 +208,10 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
         if c.settings not in seen:
             seen.append(c.settings)
             unique.append(c)
-    return unique
+    # the verdict's own fix first, then what the user asked for, then the rest as found: a short
+    # budget must not run out on side findings before the trial that matters most
+    verdict = report.get("verdict")
+    return sorted(unique, key=lambda c: 0 if (c.finding or c.origin) == verdict else (1 if c.origin == "user" else 2))
 
 
 def ladder_start(report: dict, tries: dict[str, list] | None = None) -> int | None:
