@@ -277,6 +277,8 @@ def job_facts(parts: dict, wall: float = 100.0, steps: int = 100, api: str = "to
     (seconds, count, steps between two))."""
     from whyidle.analysis.facts import RunFacts
 
+    if "training" not in parts:  # the rest of the wall time trains (the loop the estimates are over)
+        parts = dict(parts, training=(max(0.0, wall - sum(p[0] for p in parts.values())), 1))
     full = {name: {"s": p[0], "share": p[0] / wall, "count": p[1], "every_steps": p[2] if len(p) > 2 else None,
                    "sites": [], "host_sites": [], "mix": None, "callers": []} for name, p in parts.items()}
     return RunFacts(framework="torch", api={"name": api, "config": config or {}},

@@ -41,16 +41,17 @@ def wall_gain(facts: RunFacts, saved_s: float) -> float:
 
 
 def loop_gain(facts: RunFacts, saved_s: float) -> float:
-    """Training-loop ratio when ``saved_s`` seconds of it disappear: the loop's span (the first
-    step's end to the last step's end, ``time.training_span_s``: the evaluations, checkpoints,
-    tracker logging and epoch boundaries that repeat with the steps, not the one-time start-up and
-    teardown) over the span less ``saved_s`` — what a longer run of the job gains, and what
-    ``whyidle tune`` measures (steps pooled, those holding the part included). :func:`wall_gain`
-    when the span is unknown or shorter than ``saved_s`` (the part ran outside the loop)."""
-    span = (facts.time or {}).get("training_span_s") or 0.0
-    if span <= 0 or saved_s > span:
+    """Training-loop ratio when ``saved_s`` seconds of it disappear: the loop's time (every part of
+    ``time.parts`` but the one-time start-up and teardown: the steps and the evaluations,
+    checkpoints, tracker logging, compilations and epoch boundaries that repeat with them, a last
+    evaluation after the last step included) over that time less ``saved_s`` — what a longer run
+    of the job gains, and what ``whyidle tune`` measures (steps pooled, those holding the part
+    included). :func:`wall_gain` when the parts are unknown or the loop is shorter than ``saved_s``."""
+    parts = (facts.time or {}).get("parts") or {}
+    loop = sum((p or {}).get("s") or 0.0 for k, p in parts.items() if k not in ("startup", "teardown"))
+    if loop <= 0 or saved_s > loop:
         return wall_gain(facts, saved_s)
-    return span / max(span - saved_s, span * 0.05)
+    return loop / max(loop - saved_s, loop * 0.05)
 
 
 def _gains(facts: RunFacts, saved_s: float | None) -> dict:

@@ -27,6 +27,11 @@ HOST_SHARE_WARN = 0.20
 #: samples has a relative standard error of about 1/sqrt(n) (binomial); 3 is the least that names.
 MIN_SITE_SAMPLES = 3
 HOST_SHARE_CRITICAL = 0.30
+#: A training step's backward takes about this many times its forward (two matrix products per
+#: forward one: Kaplan et al. 2020, "Scaling Laws for Neural Language Models", 6N vs 2N FLOPs per
+#: token); backward time beyond it, in a step whose host Python builds tensors (a loss or metric
+#: over many small tensor ops), is that Python's autograd graph: ``host_bound`` counts it removable.
+BWD_PER_FWD = 2.0
 
 #: The loader is "waiting, not computing" when at least half its time is off-CPU.
 LOADER_OFF_CPU = 0.5
