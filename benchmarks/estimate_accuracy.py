@@ -20,8 +20,9 @@ nothing faster or something real.
 variants: the faulty variant once under ``whyidle run`` (the named finding's ``est_speedup``), then
 plain runs of the faulty and the fixed variant, alternated (``--repeats`` each), the measured
 ratio being the median samples/s the scenario prints itself (its ``RESULT`` line: step terms) or
-the median training-loop time it prints (``loop``: the whole-job findings of the loop's periodic
-parts, whose estimate is a training-loop ratio, ``est_basis``). The printed fix and the fixed variant may differ in detail (the fixed variant is
+the median training-loop time it prints, after the first step (``loop``: the whole-job findings of
+the loop's periodic parts, whose estimate is a training-loop ratio, ``est_basis``; the first step
+holds the workers' first start, start-up to whyidle). The printed fix and the fixed variant may differ in detail (the fixed variant is
 what a user wrote); the table names both.
 
     flock /tmp/whyidle-timing.lock python benchmarks/estimate_accuracy.py --pairs [--repeats 2]
@@ -103,13 +104,15 @@ def _option(found: dict, word: str | None) -> dict:
 
 
 def _plain(cmd: list[str]) -> tuple[float | None, float | None]:
-    """(samples/s, training-loop seconds) from the scenario's RESULT line (None, None without one)."""
+    """(samples/s, training-loop seconds after the first step) from the scenario's RESULT line
+    (None, None without one)."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[1:3])}: exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     res = json.loads(line[7:]) if line else {}
-    return res.get("samples_per_s"), res.get("wall_s")
+    loop = res.get("wall_s") - (res.get("first_step_s") or 0.0) if res.get("wall_s") else None
+    return res.get("samples_per_s"), loop
 
 
 def pair(name: str, repeats: int, out: str) -> dict:

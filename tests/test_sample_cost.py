@@ -155,3 +155,21 @@ def test_every_warning_input_bound_carries_both_estimates(cores, nw, cpu, per_sa
     assert f["severity"] in ("warning", "critical")
     assert f["est_speedup"] is not None and f["est_speedup_if_removed"] is not None
     assert f["est_speedup"] <= f["est_speedup_if_removed"] + 1e-9 and f["evidence"]["est_terms"] == "step"
+
+
+def test_the_focus_function_floors_what_many_small_helpers_hold():
+    # a tokenizer spread over helpers: the listed ones hold 60 % of the loading, the function
+    # holding them all 98 % inclusively; the DataLoader's collation (5 % of the loading) stays
+    spots = [{"function": f"tok.py h{i}", "share": 0.12, "library": False, "framework": False,
+              "lines": [{"site": f"tok.py:{i} h{i}", "share": 0.12, "leaf": f"tok.py:{i} h{i}"}]} for i in range(3)]
+    spots.append({"function": "train.py main", "share": 0.03, "library": False, "framework": False,
+                  "lines": [{"site": "train.py:9 main", "share": 0.03, "leaf": "torch/utils/data/_utils/collate.py:1 f"}]})
+    from whyidle.diagnose.sample_cost import measured_cost
+
+    alone = measured_cost(spots, 0.6, 0)
+    floored = measured_cost(spots, 0.6, 0, {"share_of_phase": 0.98})
+    assert alone.removed == pytest.approx(0.6)
+    assert floored.removed == pytest.approx(0.98 - 0.05)
+    # with image decoding in the loading, no floor: the decoding stays and may not all be listed
+    spots[0]["lines"][0]["leaf"] = "PIL/JpegImagePlugin.py:400 load_read"
+    assert measured_cost(spots, 0.6, 0, {"share_of_phase": 0.98}).removed < 0.5

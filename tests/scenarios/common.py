@@ -189,6 +189,9 @@ class StepMeter:
         if len(self.step_times) > 1 and wall - self.step_times[0] > 0:
             steady = (self.data_s - self.data_times[0]) / (wall - self.step_times[0])
             out["data_wait_share_steady"] = round(steady, 4)
+        # the loop after its first step (the workers' first start is start-up): what whyidle's
+        # training-loop estimates are about
+        out["first_step_s"] = round(self.step_times[0], 4) if self.step_times else 0.0
         out.update(extra)
         return out
 

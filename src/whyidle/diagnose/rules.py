@@ -426,7 +426,8 @@ def input_bound(facts: RunFacts) -> dict | None:
     iowait = host.get("iowait_share") or 0.0
     cpu_busy = job_busy_share(host)
     reads = (per_sample or 0) >= T.STORAGE_MIN_READ_BYTES_PER_SAMPLE or iowait >= T.IOWAIT_STORAGE
-    measured = sample_cost.measured_cost((facts.hotspots or {}).get("data"), host_share, nw)
+    measured = sample_cost.measured_cost((facts.hotspots or {}).get("data"), host_share, nw,
+                                         (facts.focus or {}).get("data") if not nw else None)
     model = loader_model(facts, measured.cost if measured else None) if loader else None
     tensors = (facts.devices or {}).get("batch_tensors") or 0
     ipc = facts.data_ipc_share
