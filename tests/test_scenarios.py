@@ -50,8 +50,12 @@ def test_main_process_loader_with_cpu_heavy_samples(tmp_path):
     assert f["evidence"]["suggested_num_workers"] >= 1
     assert f["evidence"]["focus"]["function"].endswith(("decode", "__getitem__", "augment"))
     assert f["evidence"]["est_speedup_if_removed"] == pytest.approx(1 / (1 - f["evidence"]["data_wait_share"]), rel=0.01)
-    assert 1.0 < f["est_speedup"] <= f["evidence"]["est_speedup_if_removed"]  # what 1 worker on 2 cores can give
-    assert "num_workers=" in f["fix"]["code"]
+    assert 1.0 < f["est_speedup"] <= f["evidence"]["est_speedup_if_removed"]
+    # the workers' option is printed (first, or after the measured cheaper-sample fix when that gains more:
+    # the numpy decode is the program's own per-sample code, which batching or caching removes)
+    options = f["fix"]["options"]
+    workers = next(o for o in options if "num_workers=" in (o["code"] or ""))
+    assert 1.0 < workers["est_speedup"] <= f["est_speedup"] == options[0]["est_speedup"]
 
     # all the loading is CPU work on 2 cores: 2 workers take it off the training thread, but the
     # fixed run stays partly input-bound (about 40 % data wait; tests/scenarios/README.md)

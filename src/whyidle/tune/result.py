@@ -78,7 +78,8 @@ def build(tuner, base, win, validation, changed: dict, cmd: list[str]) -> dict:
                                           if o["name"] == "outputs"}),
             "stopped": first.stopped if first else None, "seconds": round(sum(t.seconds for t in runs), 1),
         })
-    trials.sort(key=lambda t: (t["ratio"] is None, -(t["ratio"] or 0)))
+    # best first; the input ceiling (a measurement, never a setting to adopt) after the trials
+    trials.sort(key=lambda t: (t["origin"] == plan.CEILING, t["ratio"] is None, -(t["ratio"] or 0)))
     res = {
         "schema": SCHEMA, "tool_version": whyidle.__version__, "command": list(cmd), "name": default_name(list(cmd)),
         "tune_dir": tuner.root,
