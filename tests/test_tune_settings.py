@@ -22,22 +22,7 @@ from whyidle.tune.patch import PatchError, change_source, settings_patch, unifie
 from whyidle.tune.plan import Candidate, Outcome
 
 
-class _Agent:
-    def __init__(self):
-        self.records, self.on_exit, self.notices = [], [], []
-
-    def record(self, rec):
-        self.records.append(rec)
-
-    def start_background(self):
-        pass
-
-    def notice(self, msg):
-        self.notices.append(msg)
-
-
-def _ov(**settings) -> overrides.Overrides:
-    return overrides.Overrides(_Agent(), settings)
+from test_tune import _ov  # the overrides under a recording agent
 
 
 def _finding(fid, severity="critical", est=1.5, code=None, **evidence):
