@@ -494,8 +494,9 @@ def test_nvml_failing_mid_run(tmp_path, monkeypatch, error):
     from fake_nvml import FakeDevice, FakeNvml, now_us
 
     from whyidle.run import session
+    from whyidle.sampling import helper
 
-    monkeypatch.setattr(session, "GPU_POLL_MIN_S", 0.25)
+    monkeypatch.setattr(helper, "GPU_POLL_MIN_S", 0.25)
     device = FakeDevice(name="NVIDIA H200", util=(40, 5))
     fake = FakeNvml([device]).install(monkeypatch)
     stop = threading.Event()

@@ -16,6 +16,7 @@ import os
 import re
 
 from whyidle.analysis import stacks as stack_analysis
+from whyidle.record import cells
 
 #: A function's lines below this share of its sampled set-up time are stray samples (a print, a
 #: model built between two data steps) and do not widen the block.
@@ -123,8 +124,10 @@ def setup_block(anchors: dict[str, float], source_root: str | None) -> dict | No
            "definitions": None}
     src = _source_path(path, source_root)
     try:
-        with open(src or "", encoding="utf-8") as f:
-            text = f.read()
+        text = cells.cell_text(path, source_root)  # a notebook cell's recorded text (record/cells.py)
+        if text is None:
+            with open(src or "", encoding="utf-8") as f:
+                text = f.read()
         body = _body(ast.parse(text), function, first)
     except (OSError, SyntaxError, ValueError):
         body = None

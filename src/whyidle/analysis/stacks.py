@@ -21,6 +21,8 @@ from __future__ import annotations
 import linecache
 import os
 
+from whyidle.record import cells
+
 #: Library modules (a sample's innermost frame) that are logging / output / formatting / progress
 #: code: time there is logging work, whoever called it.
 OUTPUT_MODULES = ("logging/", "tqdm/", "rich/", "wandb/", "tensorboard/", "torch/utils/tensorboard/",
@@ -51,10 +53,15 @@ def split_site(site: str) -> tuple[str, int | None, str]:
 
 def source_line(site: str, root: str | None) -> str | None:
     """The source text of a user site (``"file:line function"``), read from ``root`` (the run's
-    working directory) for relative paths; None when the file is not readable here."""
+    working directory) for relative paths; None when the file is not readable here. A notebook
+    cell's site (``"train.ipynb cell 5:28 f"``) reads the cell's text recorded in the run
+    (:func:`whyidle.record.cells.cell_line`), never a file."""
     path, line, _func = split_site(site)
     if line is None or path.startswith("<"):
         return None
+    cell = cells.cell_line(path, line, root)
+    if cell is not None:
+        return cell[:200] or None
     if not os.path.isabs(path):
         if root is None:
             return None

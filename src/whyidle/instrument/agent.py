@@ -75,8 +75,6 @@ class Agent:
         self._stop = threading.Event()
         self.reader = reader  # the reader's READER_ENV token, or None: nothing to watch
         self._written = False  # proc-<pid>.jsonl exists (a flush wrote to it)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
         atexit.register(self.at_exit)
 
     def record(self, rec: dict) -> None:
@@ -195,10 +193,29 @@ class Agent:
         except Exception:
             pass
 
+    def stop(self) -> None:
+        """Ends the observation of a process that goes on (``whyidle.watch()``, the ``%%whyidle``
+        magic): what :meth:`at_exit` does (threads stopped, last records written, the file
+        closed), then every hook, wrapper, timer and signal handler of whyidle's is taken out
+        (:func:`whyidle.instrument.patches.restore`), the import hook leaves ``sys.meta_path``
+        and the process has no agent any more: a later :func:`start` observes it afresh.
+        Idempotent; never raises."""
+        global _AGENT
+        with contextlib.suppress(Exception):
+            self.at_exit()
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.at_exit)
+        self.disabled = True  # a wrapper someone else kept calling ours passes calls through
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
+        from whyidle.instrument import patches
+
+        patches.restore()
+        if _AGENT is self:
+            _AGENT = None
+
     def _after_fork(self) -> None:
-        # A forked child (e.g. a DataLoader worker) shares our hooks but not our threads: it must
-        # neither write the parent's file nor run half-initialized. Forked trainers are therefore
-        # not observed; spawn-started ones get their own agent from the bootstrap.
+        # Forked trainers are therefore not observed; spawn-started ones get their own agent
+        # from the bootstrap.
         self.disabled = True
         self.collectors = []
         self.writer.abandon()
@@ -329,7 +346,6 @@ def start_from_env() -> "Agent | None":
     :data:`DEFAULT_STACK_HZ`) and :data:`READER_ENV` (the reader to watch; not watched when it
     cannot be seen now). Returns ``None`` when ``WHYIDLE_RUN_DIR`` is unset.
     """
-    global _AGENT
     if _AGENT is not None:
         return _AGENT
     run_dir = os.environ.get("WHYIDLE_RUN_DIR")
@@ -342,7 +358,25 @@ def start_from_env() -> "Agent | None":
     reader = os.environ.get(READER_ENV) or None
     if reader and not reader_alive(reader):
         reader = None  # gone already, or hidden from us (/proc mounted hidepid): never stop for it
+    return start(run_dir, stack_hz, reader)
+
+
+def start(run_dir: str, stack_hz: float = DEFAULT_STACK_HZ, reader: str | None = None) -> Agent:
+    """Observes this process from now on, recording into ``run_dir`` (an existing directory):
+    the frameworks already imported are instrumented now, the others when imported.
+    :meth:`Agent.stop` ends it. ``stack_hz``: stack samples of the training thread per second
+    (0: none); ``reader``: a :data:`READER_ENV` token (recording stops once that process is gone).
+
+    Errors: ``RuntimeError`` when the process is observed already (by ``whyidle run`` or another
+    watch); ``OSError`` from creating nothing yet (the file is opened at the first flush).
+    """
+    global _AGENT
+    if _AGENT is not None:
+        raise RuntimeError(f"this process is observed already (run directory {_AGENT.run_dir})")
     _AGENT = Agent(run_dir, stack_hz, reader)
+    from whyidle.instrument import cells
+
+    cells.install(_AGENT)  # a notebook kernel's cells: "cell N, line L" in the findings
     pending = {}
     for name, install in _INSTALLERS.items():
         if name in sys.modules:  # started late (e.g. by whyidle.watch()): instrument now
@@ -352,6 +386,18 @@ def start_from_env() -> "Agent | None":
     if pending:
         sys.meta_path.insert(0, _PostImportHook(pending))
     return _AGENT
+
+
+def _forked() -> None:
+    # A forked child (e.g. a DataLoader worker) shares our hooks but not our threads: it must
+    # neither write the parent's file nor run half-initialized (registered once per process:
+    # os.register_at_fork has no way back, and a stopped agent leaves nothing to disable).
+    if _AGENT is not None:
+        _AGENT._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _say(msg: str) -> None:

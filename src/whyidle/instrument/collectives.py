@@ -37,6 +37,8 @@ import threading
 import weakref
 from time import monotonic_ns
 
+from whyidle.instrument import patches
+
 #: The ``torch.distributed`` collectives timed when the program calls them.
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
@@ -249,7 +251,7 @@ def install(torch, timer: CollectiveTimer, notice) -> None:
     for name in COLLECTIVES:
         fn = getattr(dist, name, None)
         if callable(fn):
-            setattr(dist, name, _timed(timer, dist, fn, is_compiling))
+            patches.assign(dist, name, _timed(timer, dist, fn, is_compiling))
 
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -269,7 +271,7 @@ def install(torch, timer: CollectiveTimer, notice) -> None:
             timer.depth -= 1
             timer.bcast_ns += monotonic_ns() - t0
 
-    DDP._distributed_broadcast_coalesced = bcast
+    patches.assign(DDP, "_distributed_broadcast_coalesced", bcast)
     hook = _trampoline_hook(timer)
     # DDP module → its trampoline, beside the module, never on it: DDP pickles and deep-copies its
     # attributes (less the process group and reducer), and the trampoline holds the process group
@@ -316,6 +318,6 @@ def install(torch, timer: CollectiveTimer, notice) -> None:
         tramp.inner, tramp.state, tramp.user = fn, self.process_group, True
         return None
 
-    DDP.__init__ = __init__
-    DDP.register_comm_hook = register_comm_hook
-    DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    patches.assign(DDP, "__init__", __init__)
+    patches.assign(DDP, "register_comm_hook", register_comm_hook)
+    patches.assign(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook)

@@ -28,10 +28,13 @@ program's compiled code or adds a synchronization.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 from time import monotonic_ns
+
+from whyidle.instrument import patches
 
 #: Dynamo's logger for frame conversion (where the recompile-limit warning is logged, 2.1–2.13).
 CONVERT_LOGGER = "torch._dynamo.convert_frame"
@@ -231,8 +234,17 @@ def install(agent, dynamo) -> CompileWatch | None:
                     except Exception as exc:
                         agent.notice(f"torch.compile timing stopped at torch._dynamo.reset(): {exc!r}")
 
-            callback_handler.clear = clear_then_register
-    logging.getLogger(CONVERT_LOGGER).addFilter(_LimitFilter(watch))
+            patches.assign(callback_handler, "clear", clear_then_register)
+
+        def unregister() -> None:
+            for remove, callback in (("remove_start_callback", start), ("remove_end_callback", end)):
+                with contextlib.suppress(Exception):
+                    getattr(callback_handler, remove)(callback)
+
+        patches.on_restore(unregister)
+    limit = _LimitFilter(watch)
+    logging.getLogger(CONVERT_LOGGER).addFilter(limit)
+    patches.on_restore(lambda: logging.getLogger(CONVERT_LOGGER).removeFilter(limit))
 
     def final():
         try:

@@ -26,6 +26,8 @@ import threading
 import warnings
 from time import monotonic_ns
 
+from whyidle.instrument import patches
+
 #: Marks recorded but not yet read at most: beyond it (the GPU lags far behind or reading
 #: stopped) marks are dropped and the next one is flagged as following a gap, so memory stays
 #: bounded and no interval of unknown content is analyzed as if it were observed.
@@ -269,4 +271,4 @@ class SyncWatch:
         wrapper.__name__ = getattr(orig, "__name__", name)
         wrapper.__doc__ = getattr(orig, "__doc__", None)
         self._restores.append((owner, name, orig))
-        setattr(owner, name, wrapper)
+        patches.assign(owner, name, wrapper)

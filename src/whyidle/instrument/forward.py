@@ -38,6 +38,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from whyidle.instrument import patches
+
 #: ``(code, recursive)`` of whyidle's functions that TorchDynamo must not compile as frames of their
 #: own: the wrappers that sit where PyTorch's frames were (this module's ``__call__``, the hook
 #: timer's; the frames they call, the program's, are Dynamo's as without us) and, recursively, the
@@ -82,7 +84,7 @@ def put_in() -> None:
     if _WRAPPER is not None:
         module_cls, wrapper, call = _WRAPPER
         if module_cls.__dict__.get("__call__") is call:
-            module_cls.__call__ = wrapper
+            patches.assign(module_cls, "__call__", wrapper)
 
 
 def pin() -> None:
@@ -96,6 +98,28 @@ def pin() -> None:
 
 _PINNED = False
 _WRAPPER = None  # (torch.nn.Module, the wrapper, PyTorch's __call__) once installed
+
+
+#: Modules of TorchDynamo holding the ``Module.__call__`` it found at import as PyTorch's own
+#: (``unpatched_nn_module_call``: a module whose ``__call__`` is that one is compiled through its
+#: ``forward``, any other ``__call__`` is traced).
+_DYNAMO_HOLDERS = ("torch._dynamo.utils", "torch._dynamo.variables.nn_module")
+
+
+def _dynamo_sees(value, instead_of) -> None:
+    """TorchDynamo takes ``value`` for PyTorch's ``Module.__call__`` where it holds ``instead_of``."""
+    for name in _DYNAMO_HOLDERS:
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "unpatched_nn_module_call", None) is instead_of:
+            mod.unpatched_nn_module_call = value
+
+
+def _forget() -> None:
+    """``whyidle.watch()`` ended: PyTorch's ``__call__`` is back, and TorchDynamo sees it as its own."""
+    global _PINNED, _WRAPPER
+    if _WRAPPER is not None:
+        _dynamo_sees(_WRAPPER[2], _WRAPPER[1])
+    _PINNED, _WRAPPER = False, None
 
 
 def install(torch, inst):
@@ -143,8 +167,10 @@ def install(torch, inst):
 
     __call__.__doc__ = call.__doc__
     __call__.__wrapped__ = call  # inspect.signature(Module.__call__) reads PyTorch's
-    module_cls.__call__ = __call__
+    patches.assign(module_cls, "__call__", __call__)
+    _dynamo_sees(__call__, call)  # TorchDynamo imported before (an earlier watch, a notebook's cell)
     _WRAPPER = (module_cls, __call__, call)
+    patches.on_restore(_forget)
     skip_in_dynamo(__call__.__code__)
     for method in (type(inst).on_forward_pre, type(inst).on_forward_post, type(inst).fail):
         skip_in_dynamo(method.__code__, recursive=True)
@@ -153,6 +179,6 @@ def install(torch, inst):
         if _PINNED or module_cls.__dict__.get("__call__") not in (__call__, call):
             return
         needed = not inst.off and (inst.learning or inst.tracking or inst.marker == "forward")
-        module_cls.__call__ = __call__ if needed else call
+        patches.assign(module_cls, "__call__", __call__ if needed else call)
 
     return switch

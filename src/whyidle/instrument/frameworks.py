@@ -28,7 +28,7 @@ import functools
 import sys
 from time import monotonic_ns
 
-from whyidle.instrument import regions, startup
+from whyidle.instrument import patches, regions, startup
 
 #: Settings read from a Lightning ``Trainer`` (attribute names of its public API).
 LIGHTNING_TRAINER_ATTRS = ("accumulate_grad_batches", "log_every_n_steps", "precision", "val_check_interval",
@@ -115,7 +115,7 @@ def _wrap(cls, method: str, agent, make_record, after: bool = False) -> None:
         return out
 
     wrapper.__whyidle_wrapped__ = True
-    setattr(cls, method, wrapper)
+    patches.assign(cls, method, wrapper)
 
 
 def _compiled(model) -> bool:

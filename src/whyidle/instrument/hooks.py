@@ -33,6 +33,7 @@ import sys
 import types
 from time import perf_counter_ns
 
+from whyidle.instrument import patches
 from whyidle.vocab import TRACKERS
 
 #: Registration methods wrapped, with the phase their hooks run in.
@@ -170,6 +171,8 @@ class HookTimer:
         self.ns = 0  # in timed hooks since the last take()
         self.by_hook: dict[tuple, list[int]] = {}  # (phase, function, def site, registered at) → [calls, ns]
         self.is_compiling = lambda: False  # TorchDynamo tracing (install() takes PyTorch's)
+        self.placed: list[tuple] = []  # (weakref to a hook dict, key, TimedHook): see unwrap_all()
+        self._placed_max = 1024
 
     def wrap(self, hook, phase: str, frame):
         """``hook`` wrapped in a timer when it is a function (or method, or ``functools.partial``
@@ -202,12 +205,13 @@ class HookTimer:
         from whyidle.instrument.forward import skip_in_dynamo
 
         skip_in_dynamo(TimedHook.__call__.__code__)  # Dynamo compiles the hook's own frame, as without us
+        patches.on_restore(self.unwrap_all)
         for cls, methods in ((torch.nn.Module, MODULE_METHODS), (torch.Tensor, TENSOR_METHODS)):
             for name, phase in methods.items():
                 orig = cls.__dict__.get(name)
                 if orig is None:
                     continue
-                setattr(cls, name, self._registering(orig, phase))
+                patches.assign(cls, name, self._registering(orig, phase))
         recursive = getattr(getattr(torch, "jit", None), "_recursive", None)
         create = getattr(recursive, "create_script_module", None)
         if create is not None:
@@ -217,20 +221,50 @@ class HookTimer:
                 with plain_hooks(nn_module):
                     return create(nn_module, *args, **kwargs)
 
-            recursive.create_script_module = create_script_module
+            patches.assign(recursive, "create_script_module", create_script_module)
 
     def _registering(self, orig, phase: str):
         timer = self
 
         @functools.wraps(orig)
         def register(self, hook, *args, **kwargs):
+            timed = hook
             try:
-                hook = timer.wrap(hook, phase, sys._getframe(1))
+                timed = timer.wrap(hook, phase, sys._getframe(1))
             except Exception:  # never in the program's way
                 pass
-            return orig(self, hook, *args, **kwargs)
+            handle = orig(self, timed, *args, **kwargs)
+            if timed is not hook:
+                timer._placed(handle, timed)
+            return handle
 
         return register
+
+    def _placed(self, handle, timed: TimedHook) -> None:
+        """Remembers where a timer went (the handle's hook dict, weakly, and key) for :meth:`unwrap_all`;
+        forgets dicts that are gone once the list grows (a tensor hook registered every step)."""
+        ref = getattr(handle, "hooks_dict_ref", None)
+        if ref is None:
+            return
+        if len(self.placed) >= 2 * self._placed_max:
+            self.placed = [p for p in self.placed if p[0]() is not None]
+            self._placed_max = max(self._placed_max, len(self.placed))
+        self.placed.append((ref, handle.id, timed))
+
+    def unwrap_all(self) -> int:
+        """Puts the program's own hook back in place of every timer still in a hook dict (the
+        registration keys, hence the program's handles, stay valid). Returns how many. Raises nothing."""
+        n = 0
+        for ref, key, timed in self.placed:
+            try:
+                hooks = ref()
+                if hooks is not None and hooks.get(key) is timed:
+                    hooks[key] = timed.hook
+                    n += 1
+            except Exception:
+                pass
+        self.placed = []
+        return n
 
     def take(self) -> int:
         """Nanoseconds in timed hooks since the last call (a step's share)."""

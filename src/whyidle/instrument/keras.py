@@ -65,6 +65,7 @@ import sys
 import threading
 from time import monotonic_ns, thread_time_ns
 
+from whyidle.instrument import patches
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
 from whyidle.instrument.hooks import defined_at
@@ -590,7 +591,7 @@ def _watch_input(inst: KerasInstrument, backend: str | None) -> None:
         it = orig(self)
         return it if inst.off else _TimedBatches(iter(it), inst)
 
-    cls._get_iterator = _get_iterator
+    patches.assign(cls, "_get_iterator", _get_iterator)
     inst.input_timed = True
 
 
@@ -744,7 +745,7 @@ def _wrap_method(cls, name: str, inst: KerasInstrument, callback_cls) -> None:
             except Exception as exc:
                 inst.fail("leave_call", exc)
 
-    setattr(cls, name, method)
+    patches.assign(cls, name, method)
 
 
 def install_keras(agent, keras) -> KerasInstrument:
@@ -802,7 +803,7 @@ def _flush_first(callback_list) -> None:
             flush()
         return inner(self, *args, **kwargs)
 
-    callback_list.on_epoch_end = on_epoch_end
+    patches.assign(callback_list, "on_epoch_end", on_epoch_end)
 
 
 def install_tensorflow(agent, tf) -> KerasInstrument:
@@ -832,7 +833,19 @@ def _instance(agent) -> KerasInstrument:
     global _INSTANCE
     if _INSTANCE is None:
         _INSTANCE = KerasInstrument(agent)
+        patches.on_restore(_forget)
     return _INSTANCE
+
+
+def _forget() -> None:
+    """Undoes what outlives a ``fit`` (``whyidle.watch()`` ended, maybe inside one): the model's
+    ``train_function`` timer; the next watch makes a new instrument."""
+    global _INSTANCE
+    inst, _INSTANCE = _INSTANCE, None
+    model = getattr(inst, "model", None)
+    fn = getattr(model, "train_function", None)
+    if getattr(fn, "_whyidle", False):
+        model.train_function = fn.__wrapped__
 
 
 def _watch_profiler(inst: KerasInstrument) -> None:
@@ -846,12 +859,12 @@ def _watch_profiler(inst: KerasInstrument) -> None:
         return orig_start(*args, **kwargs)
 
     start._whyidle_orig = orig_start
-    profiler_v2.start = start
+    patches.assign(profiler_v2, "start", start)
     try:
         import tensorflow as tf
 
         if tf.profiler.experimental.start is orig_start:
-            tf.profiler.experimental.start = start
+            patches.assign(tf.profiler.experimental, "start", start)
     except Exception:
         pass
 
@@ -903,7 +916,7 @@ def _watch_iterators(inst: KerasInstrument, tf) -> None:
         _safe(inst, inst.on_next, self, t0, monotonic_ns(), element, False)
         return element
 
-    iterator_ops.OwnedIterator.__next__ = __next__
+    patches.assign(iterator_ops.OwnedIterator, "__next__", __next__)
 
     orig_call = polymorphic_function.Function.__call__
 
@@ -919,7 +932,7 @@ def _watch_iterators(inst: KerasInstrument, tf) -> None:
             inst.phase = "other"
             _safe(inst, inst.on_function, t0, monotonic_ns())
 
-    polymorphic_function.Function.__call__ = __call__
+    patches.assign(polymorphic_function.Function, "__call__", __call__)
 
     from tensorflow.python.eager import backprop
 
@@ -931,4 +944,4 @@ def _watch_iterators(inst: KerasInstrument, tf) -> None:
             _safe(inst, inst.on_gradient)
         return orig_gradient(self, *args, **kwargs)
 
-    backprop.GradientTape.gradient = gradient
+    patches.assign(backprop.GradientTape, "gradient", gradient)

@@ -29,7 +29,7 @@ import sys
 import threading
 from time import monotonic_ns
 
-from whyidle.instrument import overrides, saves
+from whyidle.instrument import overrides, patches, saves
 from whyidle.vocab import OUTSIDE_STEP, REGION_KINDS
 
 #: The kinds of region records (:data:`whyidle.vocab.REGION_KINDS`); those whose time inside a
@@ -149,7 +149,13 @@ def get(agent) -> Regions:
     if _REGIONS is None:
         _REGIONS = Regions(agent, threading.main_thread().ident)
         agent.on_exit.insert(0, _REGIONS.close_all)
+        patches.on_restore(_forget)
     return _REGIONS
+
+
+def _forget() -> None:
+    global _REGIONS
+    _REGIONS = None
 
 
 def wrap(owner, name: str, kind: str, agent, entry: str | None = None) -> None:
@@ -188,7 +194,7 @@ def wrap(owner, name: str, kind: str, agent, entry: str | None = None) -> None:
 
     wrapper.__whyidle_region__ = True
     try:
-        setattr(owner, name, wrapper)
+        patches.assign(owner, name, wrapper)
     except (AttributeError, TypeError):  # a read-only attribute (a C type): leave it alone
         pass
 
@@ -232,7 +238,7 @@ def watch_module_mode(module_cls, agent, on_step=None) -> None:
             local.inside = False
 
     train.__whyidle_region__ = True
-    module_cls.train = train
+    patches.assign(module_cls, "train", train)
 
 
 def _device_type(module) -> str | None:

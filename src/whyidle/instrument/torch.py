@@ -54,6 +54,7 @@ from time import monotonic_ns, perf_counter, thread_time_ns
 
 from whyidle.instrument import collectives as coll_mod
 from whyidle.instrument import forward as forward_mod
+from whyidle.instrument import patches
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
 from whyidle.instrument.hooks import HookTimer
@@ -1358,10 +1359,10 @@ def install(agent, torch) -> TorchInstrument:
             _safe(inst, agent.record, {"k": "iter_end", "t": monotonic_ns(), "loader": key, "t0": t0,
                                        "t1": monotonic_ns()})
 
-    dl._BaseDataLoaderIter.__next__ = __next__
-    dl.DataLoader.__iter__ = __iter__
-    dl.DataLoader.__init__ = __init__
-    dl._MultiProcessingDataLoaderIter._shutdown_workers = _shutdown_workers
+    patches.assign(dl._BaseDataLoaderIter, "__next__", __next__)
+    patches.assign(dl.DataLoader, "__iter__", __iter__)
+    patches.assign(dl.DataLoader, "__init__", __init__)
+    patches.assign(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", _shutdown_workers)
 
     orig_backward = torch.autograd.backward
 
@@ -1396,7 +1397,7 @@ def install(agent, torch) -> TorchInstrument:
                     inst.colls.backward_done()
                 _safe(inst, inst.on_backward, site)
 
-    torch.autograd.backward = backward
+    patches.assign(torch.autograd, "backward", backward)
 
     try:
         from whyidle.instrument.transfers import watch_placement
@@ -1426,7 +1427,7 @@ def install(agent, torch) -> TorchInstrument:
                 agent.notice(f"torch.compile call not recorded: {exc!r}")
             return orig_compile(*args, **kwargs)
 
-        torch.compile = compile
+        patches.assign(torch, "compile", compile)
 
     def opt_pre(optimizer, args, kwargs):
         if inst.off or agent.disabled or (inst.marker == "optimizer" and get_ident() != inst.tid):
@@ -1452,13 +1453,21 @@ def install(agent, torch) -> TorchInstrument:
         return None
 
     switch_forward = forward_mod.install(torch, inst)
-    optim_mod.register_optimizer_step_pre_hook(opt_pre)
-    optim_mod.register_optimizer_step_post_hook(opt_post)
+    handles = [optim_mod.register_optimizer_step_pre_hook(opt_pre), optim_mod.register_optimizer_step_post_hook(opt_post)]
+
+    def forget() -> None:  # whyidle.watch() ended: this process may be observed again later
+        global _INSTANCE
+        inst.off = True
+        for handle in handles:
+            handle.remove()
+        _INSTANCE = None
+
+    patches.on_restore(forget)
 
     def switch_backward(on: bool) -> None:
         # where backward calls mark the steps the wrapper stays
         if torch.autograd.backward in (backward, orig_backward):  # nobody else wrapped it since
-            torch.autograd.backward = backward if on or inst.marker == "backward" else orig_backward
+            patches.assign(torch.autograd, "backward", backward if on or inst.marker == "backward" else orig_backward)
 
     def switch_next(on: bool) -> None:
         # where batches mark the steps (or may start to, after forward-marked ones) the wrapper
@@ -1466,7 +1475,7 @@ def install(agent, torch) -> TorchInstrument:
         want = (__next__ if on or inst.marker in ("loader", "forward") or inst.pending_first is not None
                 else orig_next)
         if dl._BaseDataLoaderIter.__dict__.get("__next__") in (__next__, orig_next):
-            dl._BaseDataLoaderIter.__next__ = want
+            patches.assign(dl._BaseDataLoaderIter, "__next__", want)
 
     inst.switches = [switch_backward, switch_next, switch_forward]
     inst.switch_next = switch_next

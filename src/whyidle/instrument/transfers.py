@@ -27,6 +27,8 @@ import sys
 import weakref
 from time import monotonic_ns
 
+from whyidle.instrument import patches
+
 #: Distinct (site, kind) rows kept per audited step.
 MAX_ROWS = 64
 
@@ -257,4 +259,4 @@ def watch_placement(torch, record, site_of) -> None:
         fn.__name__ = name
         fn.__doc__ = orig.__doc__
         fn.__wrapped__ = orig
-        setattr(owner, name, fn)
+        patches.assign(owner, name, fn)

@@ -15,7 +15,7 @@ import os
 import re
 
 from whyidle.cmdline import program_and_script
-from whyidle.record import schema
+from whyidle.record import cells, schema
 from whyidle.record.steptable import StepTable
 from whyidle.redact import redact_argv
 
@@ -215,6 +215,7 @@ def load_run(path: str) -> RunData:
     elif not meta:
         problems.append("meta.json: missing (the command, its exit code and the run's start and end are unknown)")
     redact_run(meta, host, procs)
+    cells.name_cells(meta, procs)  # a notebook kernel's cell files named "cell N" (record/cells.py)
     return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps)
 
 

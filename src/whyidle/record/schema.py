@@ -175,6 +175,8 @@ SCHEMAS: dict[str, dict] = {
                      "modules?": opt(list_of(row(_T, _T, NUM, NUM, _N, _N, exact=True)))},
     "colls": {"rows": list_of(list_of(_N))},
     "notice": {"msg": TEXT},
+    "cell": {"file": TEXT, "cell": INT, "offset?": _I, "source?": _T},
+    "notebook": {"path": TEXT},
     "compile": {"t0": NUM, "t1": NUM, "id?": _T, "trig?": _T, "main?": ANY},
     "compile_frame": {"id?": _T, "fn?": _T, "file?": _T, "line?": _N, "s?": _N, "reason?": _T, "fail?": _T,
                       "fail_reason?": _T},
@@ -216,7 +218,7 @@ META = {"format": TEXT, "name?": _T, "command?": opt(list_of(TEXT)), "cwd?": _T,
         "started_utc?": _T, "ended_utc?": _T, "anchors?": opt(list_of({"monotonic_ns": NUM, "time_ns": NUM})),
         "interval_s?": _N, "stack_hz?": _N, "root_pid?": _I, "whyidle_pid?": _I, "html?": opt(BOOL), "start_t?": _N,
         "exit_t?": _N, "end_t?": _N, "wall_s?": _N, "exit_code?": _I, "signal?": _I, "interrupted?": opt(BOOL),
-        "run_dir?": _T, "tool_version?": _T, "python?": _T}
+        "run_dir?": _T, "tool_version?": _T, "python?": _T, "scope?": _T, "raised?": _T}
 
 
 def _marks_problem(rec: dict) -> str | None:

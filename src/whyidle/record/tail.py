@@ -78,3 +78,44 @@ class StepTail:
             data = sum(s["data"] for s in steps)
         busy = sum(s["t1"] - s["t0"] for s in steps)
         return self.total[path], rate, (data / busy if busy and data is not None else None)
+
+
+class SamplerTail:
+    """The most recent tick of the samplers of a run written by another process (the helper of
+    :mod:`whyidle.sampling.helper`), read from ``host.jsonl`` and ``gpu.jsonl``: the
+    :attr:`latest` that :class:`whyidle.report.live.LiveStatus` reads from a
+    :class:`whyidle.sampling.loop.SamplerLoop` in ``whyidle run``. Reads only what was appended
+    since the last look; never raises."""
+
+    FILES = ("host", "gpu")
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self._offsets: dict[str, int] = {}
+        self._latest: dict[str, list[dict]] = {}
+
+    @property
+    def latest(self) -> dict[str, list[dict]]:
+        """sampler name → the records of its last tick written so far (the records of the last
+        time stamp)."""
+        for name in self.FILES:
+            path = os.path.join(self.run_dir, f"{name}.jsonl")
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(name, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next look
+            self._offsets[name] = self._offsets.get(name, 0) + end
+            recs = []
+            for raw in data[:end].split(b"\n"):
+                try:
+                    recs.append(json.loads(raw))
+                except ValueError:  # an empty or torn line
+                    continue
+            stamped = [r for r in recs if isinstance(r, dict) and isinstance(r.get("t"), (int, float))]
+            if stamped:
+                last = max(r["t"] for r in stamped)
+                self._latest[name] = [r for r in stamped if r["t"] == last]
+        return self._latest

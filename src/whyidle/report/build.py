@@ -7,6 +7,7 @@ from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.ranks import job_rate
 from whyidle.diagnose.verdict import steady_verdict
 from whyidle.redact import redact_argv
+from whyidle.report import cell_sites
 
 SCHEMA = "whyidle.report/1"
 
@@ -76,6 +77,8 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
     notes = list(problems)
     if meta.get("stopped"):  # a whyidle tune trial, stopped once measured
         notes.append(f"whyidle tune stopped the command ({meta['stopped']}); this report covers the steps before it.")
+    elif meta.get("raised"):  # whyidle.watch() / %%whyidle: the watched code raised
+        notes.append(f"The watched code raised {meta['raised']}; this report covers the steps before it.")
     elif meta.get("signal"):
         notes.append(f"The command was ended by signal {meta['signal']}"
                      f"{' (Ctrl-C)' if meta.get('interrupted') else ''}; this report covers the steps before it.")
@@ -293,7 +296,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "verdict": verdict,
         "steady_verdict": steady_verdict(findings, verdict, (((facts.time or {}).get("parts") or {})
                                                              .get("training") or {}).get("s")),
-        "findings": findings,
+        "findings": cell_sites.readable_findings(findings),  # "cell 5, line 28" in texts, not evidence
         "metrics": metrics,
         "loader": {k: v for k, v in facts.loader.items() if k not in ("k", "t", "id")} if facts.loader else None,
         "keras": keras_of(facts),

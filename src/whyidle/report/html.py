@@ -26,7 +26,7 @@ from markupsafe import Markup, escape
 
 from whyidle.analysis.series import RunSeries
 from whyidle.jsonsafe import finite
-from whyidle.report import plots
+from whyidle.report import cell_sites, plots
 from whyidle.report.build import framework_text, logged_text, option_gain, steady_line, verdict_line
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("whyidle.report", "templates"),
@@ -273,6 +273,7 @@ def render_html(report: dict, series: RunSeries) -> str:
 def render_parts(report: dict, series: RunSeries) -> tuple[bytes, bytes, bytes]:
     """The page of :func:`render_html` as UTF-8 parts (text before plotly.js, plotly.js, text after
     it), so a writer never holds the whole page as one string."""
+    report = cell_sites.for_display(report)  # notebook sites read "cell 5, line 28"
     figures, views = [], []
     for n, p in enumerate(build_plots(report, series)):
         view = {"key": p.key, "title": p.title, "caption": p.caption, "why": p.why, "notes": p.notes,

@@ -64,11 +64,17 @@ class LiveStatus:
         steps, rate, wait = self.tail.summary(time.monotonic_ns())
         elapsed = time.monotonic() - self._started
         parts = [f"{elapsed:5.0f}s", f"{steps} steps"]
-        parts.append(f"{rate:.1f} steps/s" if rate else "– steps/s")
+        parts.append(f"{rate:.1f} steps/s ({1000 / rate:.0f} ms/step)" if rate else "– steps/s")
         parts.append(f"data wait {wait:.0%}" if wait is not None else "data wait –")
         parts.append(self._cpu_text)
         parts.append(self._gpu())
         return "[whyidle] " + " · ".join(parts)
+
+    def text(self) -> str:
+        """The current status text, following the host's latest tick (for a caller that shows it
+        itself: the ``%%whyidle`` cell's output)."""
+        self._cpu()
+        return self.line()
 
     def tick(self) -> None:
         """Refreshes the status (pinned line) or prints a plain line when one is due."""

@@ -11,6 +11,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from whyidle.report import cell_sites
 from whyidle.report.build import framework_text, logged_text, option_gain, steady_line, verdict_line
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -115,6 +116,7 @@ def _render_gpu(console: Console, gpu: dict) -> None:
 
 def render_brief(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
     """Prints the verdict and one line per finding (no fixes): for before/after views."""
+    report = cell_sites.for_display(report)
     console = Console(file=file, width=width, highlight=False)
     console.print(_verdict_text(report))
     for f in report.get("findings") or []:
@@ -223,9 +225,11 @@ def rank_lines(report: dict) -> list[str]:
     return out
 
 
-def render(report: dict, file: IO[str] | None = None, width: int | None = None) -> None:
-    """Prints ``report`` (a ``whyidle.report/1`` dict) for a human to ``file`` (default stdout)."""
-    console = Console(file=file, width=width, highlight=False, soft_wrap=False)
+def render(report: dict, file: IO[str] | None = None, width: int | None = None, console: Console | None = None) -> None:
+    """Prints ``report`` (a ``whyidle.report/1`` dict) for a human to ``file`` (default stdout), or
+    to ``console`` when given (a recording console: the ``%%whyidle`` cell shows its HTML export)."""
+    report = cell_sites.for_display(report)  # notebook sites read "cell 5, line 28"
+    console = console or Console(file=file, width=width, highlight=False, soft_wrap=False)
     m = report.get("metrics") or {}
     cmd = shlex.join(report.get("command") or []) or "(no command)"
     run = report.get("run") or {}

@@ -9,7 +9,6 @@ Used by ``whyidle run`` and ``whyidle demo`` (the same code path).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -21,7 +20,7 @@ from typing import Callable
 import whyidle
 from whyidle.cmdline import default_name
 from whyidle.jsonsafe import json_text
-from whyidle.record.writer import FILE_MODE, JsonlWriter, write_json_atomic
+from whyidle.record.writer import FILE_MODE, write_json_atomic
 from whyidle.redact import redact_argv
 from whyidle.run import launcher
 from whyidle.run.launcher import ChildExit, LaunchError
@@ -30,9 +29,6 @@ DEFAULT_RUNS_DIR = "whyidle-runs"
 #: Mode of a run directory whyidle creates (before the umask): its owner's only, as its files
 #: (:data:`whyidle.record.writer.FILE_MODE`) describe the user's program, paths and machine.
 RUN_DIR_MODE = 0o700
-#: NVML's sample buffer is drained at most this often (seconds); its own period is 1/6–1 s, so
-#: faster polling only re-reads the same samples (../shared/sampling.md §1.2, §5).
-GPU_POLL_MIN_S = 1.0
 
 
 @dataclasses.dataclass
@@ -114,9 +110,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     ``stream`` receives the live status and the final report (default: stderr).
     Errors: LaunchError (127 command not found, 126 not executable, 2 run directory problems).
     """
-    from whyidle.sampling.host import HostPoller
-    from whyidle.sampling.loop import SamplerLoop
-    from whyidle.sampling.nvml import open_gpu_poller
+    from whyidle.sampling.helper import start_sampler
 
     stream = stream or sys.stderr
     if not cmd:
@@ -142,17 +136,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         raise LaunchError(f"run directory not writable: {run_dir} ({problem})", 2)
 
     launcher.become_subreaper()
-    pollers = [HostPoller(os.getpid(), opts.interval_s)]
-    gpu, gpu_reason = open_gpu_poller(max(GPU_POLL_MIN_S, opts.interval_s))
-    if gpu is not None:
-        pollers.append(gpu)
-    sampler = SamplerLoop(run_dir, pollers)
-    if gpu is None:
-        notes = JsonlWriter(os.path.join(run_dir, "gpu.jsonl"))
-        notes.add({"k": "gpu_notice", "t": time.monotonic_ns(), "msg": gpu_reason or "no GPU"})
-        with contextlib.suppress(OSError):  # the sampler meets the same problem and says it
-            notes.close()
-    sampler.start()
+    sampler = start_sampler(run_dir, os.getpid(), opts.interval_s)
 
     env = launcher.child_env(run_dir, boot, opts.stack_hz, base={**os.environ, **(opts.env or {})})
     t_start = time.monotonic()
