@@ -132,6 +132,9 @@ whyidle_run c21_faulty_big 120 "$S/c21_pageable_copy.py" --variant faulty --big
 whyidle_run c21_fixed_big 120 "$S/c21_pageable_copy.py" --variant fixed --big
 # torch.compile on the GPU: recompilations at new lengths (aot_eager: no Triton code generation)
 whyidle_run compile_varlen 120 "$S/compile_varlen.py" --backend aot_eager --steps 60
+# whyidle.watch() inside the program (issue 33): the sampler helper's NVML, the hooks out afterwards
+rm -rf "$RES/runs/watch_block" "$RES/watch_block.json"
+step watch_block 90 "$PY" "$S/watch_block.py" --device "$DEVICE" --out "$RES/runs/watch_block" --json "$RES/watch_block.json"
 
 # -- 2. GPU-marked tests ------------------------------------------------------------------------------
 if "$PY" -c "import pytest" 2> /dev/null; then
@@ -175,7 +178,7 @@ import json, os, sys
 
 res = sys.argv[1]
 cases = ["c09_faulty", "c09_fixed", "c09_faulty_step", "c23_faulty", "c21_faulty_big", "c21_fixed_big",
-         "compile_varlen"]
+         "compile_varlen", "watch_block"]
 
 
 def script_result(name):

@@ -201,17 +201,19 @@ class Agent:
         and the process has no agent any more: a later :func:`start` observes it afresh.
         Idempotent; never raises."""
         global _AGENT
-        with contextlib.suppress(Exception):
-            self.at_exit()
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.at_exit)
-        self.disabled = True  # a wrapper someone else kept calling ours passes calls through
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
         from whyidle.instrument import patches
 
-        patches.restore()
-        if _AGENT is self:
-            _AGENT = None
+        try:  # a KeyboardInterrupt here (a second Ctrl-C) still takes every hook out
+            with contextlib.suppress(Exception):
+                self.at_exit()
+        finally:
+            with contextlib.suppress(Exception):
+                atexit.unregister(self.at_exit)
+            self.disabled = True  # a wrapper someone else kept calling ours passes calls through
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
+            patches.restore()
+            if _AGENT is self:
+                _AGENT = None
 
     def _after_fork(self) -> None:
         # Forked trainers are therefore not observed; spawn-started ones get their own agent

@@ -51,7 +51,8 @@ class RunOptions:
     until: "Callable[[str], str | None] | None" = None
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
+    """``name`` as a file-name part: letters, digits, ``-_.``, at most 60 characters."""
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:60] or "run"
 
 
@@ -64,7 +65,7 @@ def prepare_run_dir(cmd: list[str], opts: RunOptions) -> str:
 
     Errors: LaunchError (exit 2) when it cannot be created or written, or already holds a run.
     """
-    name = _safe(opts.name or default_name(cmd))
+    name = safe_name(opts.name or default_name(cmd))
     if opts.out:
         path = opts.out
     else:
@@ -100,7 +101,8 @@ def check_writable_file(path: str, option: str = "--json") -> None:
         raise LaunchError(f"{option} {path}: not writable", 2)
 
 
-def _anchor() -> dict:
+def clock_anchor() -> dict:
+    """One ``meta.json`` clock anchor: the monotonic and the wall clock now, in ns."""
     return {"monotonic_ns": time.monotonic_ns(), "time_ns": time.time_ns()}
 
 
@@ -119,7 +121,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     if opts.json_path and opts.json_path != "-":
         check_writable_file(opts.json_path)
     run_dir = prepare_run_dir(cmd, opts)
-    name = _safe(opts.name or default_name(cmd))
+    name = safe_name(opts.name or default_name(cmd))
     try:
         boot = launcher.prepare_bootstrap(run_dir)
     except OSError as exc:  # e.g. a full disk: the write probe of prepare_run_dir writes no data
@@ -128,10 +130,10 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         "format": "whyidle.run/1", "tool_version": whyidle.__version__, "name": name, "command": redact_argv(cmd),
         "run_dir": run_dir, "cwd": os.getcwd(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
         "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "anchors": [_anchor()], "interval_s": opts.interval_s, "stack_hz": opts.stack_hz,
+        "anchors": [clock_anchor()], "interval_s": opts.interval_s, "stack_hz": opts.stack_hz,
         "whyidle_pid": os.getpid(), "python": sys.version.split()[0], "html": opts.html,
     }
-    problem = _write_meta(run_dir, meta)
+    problem = write_meta(run_dir, meta)
     if problem:
         raise LaunchError(f"run directory not writable: {run_dir} ({problem})", 2)
 
@@ -152,7 +154,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         sampler.stop()
         raise LaunchError(f"cannot execute {cmd[0]}: {exc.strerror or exc}", 126) from None
     meta["root_pid"] = child.pid
-    _write_meta(run_dir, meta)  # from now on nothing whyidle cannot write may stop the command
+    write_meta(run_dir, meta)  # from now on nothing whyidle cannot write may stop the command
 
     live = None
     if not opts.quiet:
@@ -184,7 +186,7 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
         child.restore_signals()
 
 
-def _write_meta(run_dir: str, meta: dict) -> str | None:
+def write_meta(run_dir: str, meta: dict) -> str | None:
     """Writes ``RUN_DIR/meta.json`` atomically; returns None, or why it could not (an errno text)."""
     try:
         write_json_atomic(os.path.join(run_dir, "meta.json"), meta)
@@ -221,8 +223,8 @@ def _finish(run_dir, meta, status, sampler, child, opts, stream, t_start, told=F
         "end_t": time.monotonic_ns(), "wall_s": round(time.monotonic() - t_start, 3),
         "exit_code": status.exit_code, "signal": status.signal, "interrupted": status.interrupted,
     })
-    meta["anchors"].append(_anchor())
-    stale = _write_meta(run_dir, meta)
+    meta["anchors"].append(clock_anchor())
+    stale = write_meta(run_dir, meta)
 
     try:
         from whyidle.pipeline import report_run

@@ -137,11 +137,11 @@ class Watch:
             return
         self._meta = {
             "format": "whyidle.run/1", "tool_version": whyidle.__version__, "scope": "watch",
-            "name": session._safe(self.opts.name or session.default_name(cmd)), "command": cmd,
+            "name": session.safe_name(self.opts.name or session.default_name(cmd)), "command": cmd,
             "run_dir": self.run_dir, "cwd": os.getcwd(), "hostname": socket.gethostname(),
             "cpu_count": os.cpu_count(),
             "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "anchors": [session._anchor()], "interval_s": self.opts.interval_s, "stack_hz": self.opts.stack_hz,
+            "anchors": [session.clock_anchor()], "interval_s": self.opts.interval_s, "stack_hz": self.opts.stack_hz,
             "root_pid": os.getpid(), "python": sys.version.split()[0], "html": self.opts.html,
         }
         self._helper = self._start_helper()
@@ -149,7 +149,7 @@ class Watch:
             self._meta["whyidle_pid"] = self._helper.pid
         self._t0 = time.monotonic()
         self._meta["start_t"] = time.monotonic_ns()
-        problem = session._write_meta(self.run_dir, self._meta)
+        problem = session.write_meta(self.run_dir, self._meta)
         if problem:
             self._say(f"run directory not writable: {self.run_dir} ({problem})")
             self._stop_helper()
@@ -238,8 +238,8 @@ class Watch:
         })
         if exc is not None:
             meta["raised"] = (type(exc).__name__ + (f": {exc}" if str(exc) else "")).splitlines()[0][:200]
-        meta["anchors"].append(session._anchor())
-        stale = session._write_meta(self.run_dir, meta)
+        meta["anchors"].append(session.clock_anchor())
+        stale = session.write_meta(self.run_dir, meta)
         try:
             from whyidle.pipeline import report_run
 

@@ -210,9 +210,9 @@ def tune_dir(cmd: list[str], opts: TuneOptions) -> str:
     Errors: :class:`whyidle.run.launcher.LaunchError` (exit 2) when it cannot be made or holds a tune."""
     from whyidle.run.launcher import LaunchError
     from whyidle.cmdline import default_name
-    from whyidle.run.session import DEFAULT_RUNS_DIR, RUN_DIR_MODE, _safe
+    from whyidle.run.session import DEFAULT_RUNS_DIR, RUN_DIR_MODE, safe_name
 
-    name = _safe(opts.name or default_name(cmd))
+    name = safe_name(opts.name or default_name(cmd))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = opts.out or os.path.join(DEFAULT_RUNS_DIR, f"{stamp}-tune-{name}")
     try:
