@@ -36,6 +36,20 @@ MAX_ROWS = 64
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__repr__", "__format__")
 
 
+#: The live audits, weakly: after a fork (a DataLoader worker) each goes inert. One at-fork callback
+#: per process (``os.register_at_fork`` has no way back: ``whyidle.watch()`` makes a new audit each time).
+_AUDITS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for audit in list(_AUDITS):
+        audit.active = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 class TransferAudit:
     """Records host→device copies made by one thread while active.
 
@@ -61,8 +75,7 @@ class TransferAudit:
         self.reads: dict[tuple, int] = {}
         self._reading = False
         self.active = False
-        if hasattr(os, "register_at_fork"):  # a forked DataLoader worker inherits the wrappers: inert there
-            os.register_at_fork(after_in_child=self._forked)
+        _AUDITS.add(self)  # a forked DataLoader worker inherits the wrappers: inert there (_forked)
         self._saved: list[tuple[str, object]] = []
 
     def start(self) -> None:
@@ -110,8 +123,6 @@ class TransferAudit:
             setattr(tensor, name, fn)
         self.active = True
 
-    def _forked(self) -> None:
-        self.active = False
 
     def _read_wrapper(self, orig, op: str):
         audit = self
