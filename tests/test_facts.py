@@ -20,7 +20,8 @@ RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "runs")
 
 #: RunFacts field → its TypedDict.
 TYPED = {"step": F.StepMetrics, "host": F.HostMetrics, "gpu": F.GpuMetrics, "device": F.DeviceInfo,
-         "api": F.TrainingApi, "loader_iters": F.LoaderIters, "input_wait": F.InputWait, "time": F.TimeAccounting}
+         "api": F.TrainingApi, "loader_iters": F.LoaderIters, "input_wait": F.InputWait, "time": F.TimeAccounting,
+         "notebook": F.NotebookFacts, "worker_start": F.WorkerStart}
 
 
 def check(facts: F.RunFacts) -> set[str]:

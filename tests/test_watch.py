@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -166,3 +167,37 @@ def test_magic_options():
     for bad in ("--stack-hz fast", "--bogus", "--interval 0", "--name 'unclosed"):
         with pytest.raises(UsageError, match="%%whyidle"):
             parse_options(bad)
+
+
+@pytest.mark.slow
+def test_a_killed_program_leaves_a_readable_run_and_no_sampler(tmp_path):
+    """``kill -9`` of a program inside ``watch()``: the sampler helper notices (its stdin closes) and
+    exits, and ``whyidle report`` reads what was recorded (the last half second at most is lost)."""
+    import psutil
+
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f'''
+        import time, torch, whyidle
+        model = torch.nn.Linear(64, 2)
+        with whyidle.watch(out={str(tmp_path / "run")!r}, html=False, quiet=True):
+            for step in range(100000):
+                model(torch.randn(8, 64)).sum().backward()
+                time.sleep(0.01)
+                if step == 50:
+                    print("STEPS", flush=True)
+    '''))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "STEPS"
+        helpers = [p for p in psutil.Process(proc.pid).children() if "whyidle.sampling.helper" in " ".join(p.cmdline())]
+        assert len(helpers) == 1
+        time.sleep(1.0)  # a flush of the steps
+        proc.kill()
+        proc.wait(timeout=10)
+        helpers[0].wait(timeout=10)  # gone with its observed process
+    finally:
+        proc.kill()
+    done = run_whyidle(["report", str(tmp_path / "run"), "--json", "-"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    assert report["metrics"]["steps"] >= 50

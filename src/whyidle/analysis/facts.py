@@ -8,7 +8,8 @@ parts every rule reads, the step metrics and the host metrics, are declared here
 (:class:`StepMetrics`, :class:`HostMetrics`: they are copied into the JSON report as they are), as
 are the GPU metrics, the device, the training API, the loader's iterator start-ups and the Keras
 input wait (:class:`GpuMetrics`, :class:`DeviceInfo`, :class:`TrainingApi`, :class:`LoaderIters`,
-:class:`InputWait`); tests/test_facts.py checks each against what its builder returns. The
+:class:`InputWait`), the notebook and the workers' start method (:class:`NotebookFacts`,
+:class:`WorkerStart`); tests/test_facts.py checks each against what its builder returns. The
 remaining parts are records as the agent wrote them (``proc``, ``loader``, ``meta``) or lists and
 maps whose shape the building function documents.
 """
@@ -298,6 +299,27 @@ class CompileFacts(TypedDict):
     observed: bool
 
 
+class NotebookFacts(TypedDict):
+    """:func:`whyidle.analysis.notebook.notebook_facts`: the trainer ran in a notebook kernel;
+    ``path`` (the notebook as the kernel or the command names it, None when unknown) and
+    ``dataset`` (the training loader's Dataset class when the kernel's own code defines it:
+    ``class``, ``site``, ``cell``, ``calls``; None otherwise)."""
+
+    path: str | None
+    dataset: dict | None
+
+
+class WorkerStart(TypedDict):
+    """:func:`whyidle.analysis.notebook.worker_start`: the start method of the training
+    DataLoader's workers (``method``, None when unknown), what decided it (``source``:
+    ``"loader"``, ``"program"``, ``"default"``), and the ``platform`` and ``python`` version."""
+
+    method: str | None
+    source: str
+    platform: str | None
+    python: str | None
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class RunFacts:
     """What was measured in one run, over its analyzed (steady) steps.
@@ -349,6 +371,9 @@ class RunFacts:
       the program's functions that mostly run :data:`whyidle.analysis.stacks.DECODE_LEAVES`,
       :func:`whyidle.analysis.stacks.function_leaf_share`), else None; ``hooks``: the
       program's own model hooks (:func:`whyidle.analysis.run._hooks`), or None when none ran.
+    - ``notebook``: the trainer ran in a notebook kernel (:func:`whyidle.analysis.notebook.notebook_facts`),
+      else None; ``worker_start``: the start method of the training DataLoader's workers and what
+      decided it (:func:`whyidle.analysis.notebook.worker_start`), None without a DataLoader.
     - ``notices`` (texts), ``meta`` (``meta.json`` of the run), ``logged``
       (:func:`whyidle.analysis.logged.logged_metrics`).
     - Keras / TensorFlow: ``input_wait`` (:func:`whyidle.analysis.keras.input_wait`), ``tfdata``,
@@ -411,6 +436,8 @@ class RunFacts:
     data_ipc_share: float | None = None
     data_decode_share: float | None = None
     hooks: dict | None = None
+    notebook: NotebookFacts | None = None
+    worker_start: WorkerStart | None = None
 
     def replace(self, **changes) -> RunFacts:
         """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""

@@ -16,6 +16,7 @@ from whyidle.analysis import host as host_analysis
 from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import logged as logged_analysis
 from whyidle.analysis import loop as loop_analysis
+from whyidle.analysis import notebook as notebook_analysis
 from whyidle.analysis import ranks as rank_analysis
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
@@ -161,7 +162,9 @@ def analyze(run: RunData) -> RunFacts:
     ``threads`` (the primary's background Python threads: ``{name, module, cpu_s}``, busiest first);
     ``logged`` (metrics the program reported, :func:`whyidle.analysis.logged.logged_metrics`);
     ``step_rows`` (all steps of the primary trainer, warm-up and boundaries included) and
-    ``analyzed_steps`` (those the metrics are over) — step records or ``StepView`` rows.
+    ``analyzed_steps`` (those the metrics are over) — step records or ``StepView`` rows; ``notebook``
+    and ``worker_start`` (:mod:`whyidle.analysis.notebook`: the trainer ran in a notebook kernel, the
+    start method of its DataLoader's workers).
     """
     procs = run.procs
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
@@ -309,6 +312,8 @@ def analyze(run: RunData) -> RunFacts:
         data_decode_share=stack_analysis.function_leaf_share(recs, "data", stack_analysis.DECODE_LEAVES, window)
         if framework == "keras" and window else None,
         hooks=_hooks(_last(recs, "hooks"), analyzed, step),
+        notebook=notebook_analysis.notebook_facts(recs, run.meta, loader),
+        worker_start=notebook_analysis.worker_start(loader, proc),
     )
 
 

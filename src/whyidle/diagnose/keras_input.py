@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import fixes
+from whyidle.diagnose import fixes, notebook
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.fixes import keras_fit_call as fit_call
 from whyidle.diagnose.rules import fix_option, usable_cores, whole_cores
@@ -99,6 +99,7 @@ def _workers_option(facts: RunFacts, removed: float, threads: bool) -> tuple[Fix
         text = (f"Prepare the batches in {k} DataLoader worker processes (num_workers={k}, persistent_workers=True) "
                 f"so loading overlaps the train step; about {est:.2f}× per step.")
         code = f"loader = DataLoader(..., num_workers={k}, persistent_workers=True)   # was num_workers={m['now']}"
+        text, code = notebook.with_notes(text, code, notebook.worker_notes(facts, k))  # nothing outside a notebook
     elif kind == "PyDataset":
         was = f"workers={call.get('workers')}" + (", use_multiprocessing=True" if call.get("use_multiprocessing") else "")
         text = (f"Build the batches in {k} worker {procs}: PyDataset(workers={k}{mp}) in {_where(call)}; Keras then "

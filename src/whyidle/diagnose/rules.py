@@ -16,7 +16,7 @@ import re
 
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.stacks import OUTPUT_MODULES
-from whyidle.diagnose import fixes, sample_cost
+from whyidle.diagnose import fixes, notebook, sample_cost
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.fixes import ACCUMULATE_CODE  # noqa: F401  (trace_rules imports it from here)
 from whyidle.diagnose.loader_call import Change, operand
@@ -516,6 +516,9 @@ def input_bound(facts: RunFacts) -> dict | None:
         "unknown": f"Try num_workers={workers}{where}{also}, then re-run whyidle.",
     }
     options = []
+    # in a notebook: a spawned worker cannot import a cell's Dataset class; persistent workers and
+    # torch.set_num_threads outlive the cell (diagnose/notebook.py; nothing outside a notebook)
+    nb_notes = notebook.worker_notes(facts, workers, threads=bool(model and model["threads"]))
     full = model is not None and model["memory_cap"] is not None and model["memory_cap"] <= (nw or 0)
     if full:  # no more workers fit the cgroup memory limit
         summary += f" No more workers fit the memory: {model['memory_note']}."
@@ -524,15 +527,18 @@ def input_bound(facts: RunFacts) -> dict | None:
                                   "the limit.")
     elif model and not model["tiny_fetch"] and cause in worker_text:
         memory = f" Memory: {model['memory_note']}." if model["memory_note"] else ""
-        options.append(fix_option(worker_text[cause] + memory, gain, grows, code))
+        worker_fix, worker_code = notebook.with_notes(worker_text[cause] + memory, code, nb_notes)
+        options.append(fix_option(worker_fix, gain, grows, worker_code))
     if cause == "many_tensors":
         # the workers mostly wait for the training process to take their batches: packing removes
         # the wait (measured 4-10x where this estimates 4x: tests/scenarios/README.md)
-        options.append(fix_option(
+        packed_fix, packed_code = notebook.with_notes(
             f"Pack each batch into a few tensors in the DataLoader's collate_fn{where}, which the workers run: "
             "concatenate every per-sample field across the batch, with an offsets tensor to split it again, or "
             "return NumPy arrays / one buffer per field. A higher file-descriptor limit only hides the cost.",
-            removed, None, PACKED_COLLATE + fixes.collate_code(facts, "packed_collate")))
+            PACKED_COLLATE + fixes.collate_code(facts, "packed_collate"),
+            [notebook.dataset_note(facts, nw or 0, defines=("packed_collate",))])
+        options.append(fix_option(packed_fix, removed, None, packed_code))
     if cause == "storage":
         options.append(fix_option("Copy the dataset to local disk or RAM (/dev/shm), or pack small files into large "
                                   "shards (tar/WebDataset, LMDB) so each read fetches many samples.", removed,
@@ -565,7 +571,8 @@ def input_bound(facts: RunFacts) -> dict | None:
         options.append(fix_option(lead + f"the work in {name} runs on a CPU every epoch. " + _cheaper_sample(facts)
                                   + split, cheaper, condition, assumed=measured is None or _decodes(facts)))
     if not options:
-        options.append(fix_option(worker_text["unknown"], None if full else gain, None, None if full else code))
+        fallback = (worker_text["unknown"], None) if full else notebook.with_notes(worker_text["unknown"], code, nb_notes)
+        options.append(fix_option(fallback[0], None if full else gain, None, fallback[1]))
     options = rank_options(options)
     # a worker option estimated to gain nothing here is not offered beside a better one (on 2 busy
     # cores "1 worker + 1 thread", est. 1.00×, measured 0.74×): the summary says why instead
@@ -924,6 +931,8 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                                                    if own and own != "None" else []) + [""]
                 + fixes.in_api(facts, fixes.loader_lines(facts, [Change("worker_init_fn", "one_thread", note="",
                                                                         replace=True)]), tail=False))
+            text, code = notebook.with_notes(text, code, [  # a notebook: one_thread importable, threads outlive the cell
+                notebook.dataset_note(facts, workers, defines=("one_thread",)), notebook.threads_note(facts)])
         elif not workers and trainers * (threads or 1) <= cores:
             # the compute threads fit the cores: the training thread takes turns with the job's other
             # threads (a tracker's writer, prefetch threads, OpenMP threads spinning after each
@@ -936,6 +945,7 @@ def cpu_contention(facts: RunFacts) -> dict | None:
                     f"work off the training loop's path or measure torch.set_num_threads({max(1, cores - 1)}) (one core left "
                     "for them; it can also slow the step's own compute).")
             code = None
+            text, _ = notebook.with_notes(text, None, [notebook.threads_note(facts)])
         else:
             busy = trainers + workers
             wait = ((facts.step or {}).get("shares") or {}).get("data_wait")
@@ -1096,12 +1106,14 @@ def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
     summary = "DataLoader configuration: " + "; ".join(smells) + "."
     # The code goes with input_bound when that is reported; here only the options that differ.
     code = None if already else fixes.loader_code(facts, max(nw, 1) if nw else 1)
+    text = ("Keep workers alive between epochs (persistent_workers=True) and pin host memory when training on CUDA "
+            "(pin_memory=True); use workers when loading costs more than a few ms per batch.")
+    if code is not None:
+        text, code = notebook.with_notes(text, code, notebook.worker_notes(facts, max(nw, 1)))
     return finding("input_pipeline_config", "info", "Input pipeline configuration", summary,
                    {"smells": smells, "loader": {k: loader.get(k) for k in (
                        "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "dataset")}},
-                   None, "Keep workers alive between epochs (persistent_workers=True) and pin host memory when "
-                   "training on CUDA (pin_memory=True); use workers when loading costs more than a few ms per batch.",
-                   code, [DOCS_DATALOADER])
+                   None, text, code, [DOCS_DATALOADER])
 
 
 def device_bound(facts: RunFacts, findings: list[dict] = ()) -> dict:

@@ -13,7 +13,7 @@ import math
 
 from whyidle.analysis import loop as loop_analysis
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import fixes
+from whyidle.diagnose import fixes, notebook
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.rules import finding, fix_option
 from whyidle.diagnose.types import Finding
@@ -394,6 +394,8 @@ def epoch_boundary(facts: RunFacts) -> Finding | None:
                 "(fewer, larger epochs), or move the per-epoch set-up out of the dataset's __iter__ / worker_init_fn.")
         code = None
         saved = saved / 2
+    if code is not None:  # a notebook: a cell of its own for the DataLoader; spawn workers import its Dataset
+        text, code = notebook.with_notes(text, code, notebook.worker_notes(facts, nw))
     summary = (f"Restarting the DataLoader's iterators took {part['s']:.1f} s, {part['share']:.0%} of the wall time "
                f"({n} epoch{'s' if n != 1 else ''} after the first, {part['s'] / n:.2f} s each).")
     return finding("epoch_boundary", sev, "Epoch boundaries hold the job", summary,

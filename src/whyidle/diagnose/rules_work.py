@@ -19,7 +19,7 @@ import statistics
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis.capability import capability_of
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import fixes
+from whyidle.diagnose import fixes, notebook
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.loader_call import Change
 from whyidle.diagnose.rules import _ms, _pct, _round, bound_of, finding, usable_cores
@@ -497,6 +497,8 @@ def preprocess_in_forward(facts: RunFacts) -> dict | None:
     ] + fixes.in_api(facts, fixes.loader_lines(facts, [Change("collate_fn", "Preprocess()", note="", replace=True)] + [
         c for c in fixes.worker_changes(facts, max(workers, 2)) if c.name in ("num_workers", "persistent_workers")]),
         tail=False))
+    # a notebook: spawn workers import Preprocess (and a cell's Dataset) from a module; keep the loader's cell
+    text, code = notebook.with_notes(text, code, notebook.worker_notes(facts, max(workers, 2), defines=("Preprocess",)))
     evidence = _round({"preamble_s_per_step": pre["s_per_step"], "preamble_share": share})
     evidence.update(kind="preprocess_in_forward", module=pre.get("cls"), site=site, num_workers=workers,
                     hotspots=pre.get("sites") or [])

@@ -53,6 +53,7 @@ import weakref
 from time import monotonic_ns, perf_counter, thread_time_ns
 
 from whyidle.instrument import collectives as coll_mod
+from whyidle.instrument import dataset_code
 from whyidle.instrument import forward as forward_mod
 from whyidle.instrument import patches
 from whyidle.instrument import regions as region_mod
@@ -553,6 +554,7 @@ class TorchInstrument:
             rec["args"] = args
             rec["call"] = call
             rec["collate_user"] = self._user_code(getattr(loader, "collate_fn", None))
+            rec["dataset_code"] = dataset_code.dataset_code(getattr(loader, "dataset", None), self.frames().classify)
             self.agent.record(rec)
             self.loader_sites[key] = user
         key = self.alias.get(key, key)
@@ -1216,7 +1218,6 @@ def _loader_config(loader, key: int, t: int) -> dict:
         length = len(loader.dataset)
     except Exception:
         length = None
-    ctx = getattr(loader, "multiprocessing_context", None)
     collate = getattr(loader, "collate_fn", None)
     try:
         from torch.utils.data import IterableDataset
@@ -1229,7 +1230,7 @@ def _loader_config(loader, key: int, t: int) -> dict:
         "pin_memory": attr("pin_memory"), "persistent_workers": attr("persistent_workers"),
         "prefetch_factor": attr("prefetch_factor"), "batch_size": attr("batch_size"),
         "dataset": type(getattr(loader, "dataset", None)).__name__, "dataset_len": length,
-        "mp_context": ctx.get_start_method() if hasattr(ctx, "get_start_method") else ctx,
+        **dataset_code.start_method(loader),  # mp_context, start_method_set, platform
         "worker_init_fn": getattr(loader, "worker_init_fn", None) is not None,
         "iterable": iterable, "sampler": type(getattr(loader, "sampler", None)).__name__,
         "collate_fn": getattr(collate, "__name__", type(collate).__name__) if collate is not None else None,

@@ -9,7 +9,7 @@ took effect.
 from __future__ import annotations
 
 from whyidle.analysis.facts import RunFacts
-from whyidle.diagnose import fixes
+from whyidle.diagnose import fixes, notebook
 from whyidle.diagnose.loader_call import Change
 
 #: HF ``TrainingArguments`` field of each DataLoader setting.
@@ -30,7 +30,9 @@ def settings_code(facts: RunFacts, settings: dict, sites: dict[str, str] | None 
         facts: the baseline run's facts (its loader, API and tf.data pipeline).
         settings: the winning trial's settings.
         sites: knob → ``file:line`` where the trial applied it (from its ``override`` records).
-    Returns: lines of code, each change marked with the program's value it replaces.
+    Returns: lines of code, each change marked with the program's value it replaces; in a notebook
+    also the lines of :func:`whyidle.diagnose.notebook.worker_notes` (a cell's Dataset moved to a
+    module for spawn workers, the loader's own cell, the kernel's threads set back).
     """
     sites = sites or {}
     name = fixes.api_name(facts)
@@ -67,7 +69,13 @@ def settings_code(facts: RunFacts, settings: dict, sites: dict[str, str] | None 
                                        + ("" if bf16 else "; float16 needs torch.amp.GradScaler")]
     if settings.get("tfdata_parallel_map") or settings.get("tfdata_prefetch"):
         lines += _tfdata_lines(facts, settings, sites)
-    return "\n".join(lines)
+    code = "\n".join(lines)
+    if facts.notebook and code:  # a notebook: spawn workers import a cell's Dataset; threads outlive the cell
+        workers = settings.get("num_workers") if isinstance(settings.get("num_workers"), int) else 0
+        notes = notebook.worker_notes(facts, workers, threads="threads" in settings,
+                                      persistent=bool(settings.get("persistent_workers")))
+        code = notebook.with_notes("", code, notes)[1]
+    return code
 
 
 #: Where each frequency setting is passed, per call (:data:`whyidle.instrument.overrides.FREQUENCY_KNOBS`).
