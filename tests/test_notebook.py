@@ -105,6 +105,9 @@ def test_the_kernel_is_left_as_it_was(executed):
     errors = [o for o in _outputs(nb, "interrupted") if o.output_type == "error"]
     assert errors and errors[0].ename == "KeyboardInterrupt"
     assert any("Verdict" in o.get("data", {}).get("text/plain", "") for o in _outputs(nb, "interrupted"))
+    bad = next(c for c in nb.cells if c.source.startswith("%%whyidle --bogus"))
+    assert [(o.output_type, o.get("ename")) for o in bad.outputs] == [("error", "UsageError")], bad.outputs
+    assert "%%whyidle: unrecognized arguments: --bogus" in bad.outputs[0].evalue
 
 
 @pytest.mark.timing

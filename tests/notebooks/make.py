@@ -89,6 +89,9 @@ for i, (x, y) in enumerate(DataLoader(Images(), batch_size=8)):
     if i == 6:
         raise KeyboardInterrupt"""
 
+BAD_OPTIONS = """%%whyidle --bogus
+print("RAN")"""
+
 CHECK = """sys.path.insert(0, {tests!r})
 from leftovers import leftovers
 print("LEFTOVERS", leftovers([model, net]))"""
@@ -96,13 +99,14 @@ print("LEFTOVERS", leftovers([model, net]))"""
 
 def magic_notebook(path: str, out: str, tests: str) -> None:
     """The notebook of the ``%%whyidle`` test: a main-process image pipeline, a Lightning fit, a
-    Keras fit, a healthy loop, a cell interrupted (``KeyboardInterrupt``), then a check that nothing
+    Keras fit, a healthy loop, a cell interrupted (``KeyboardInterrupt``), a cell with a bad option (not run), then a check that nothing
     of whyidle's is left in the kernel."""
     cells = [new_markdown_cell("# whyidle in a notebook"), new_code_cell("%load_ext whyidle"), new_code_cell(SETUP),
              new_code_cell(TORCH_LOOP.format(out=out)), new_code_cell(LIGHTNING),
              new_code_cell(LIGHTNING_FIT.format(out=out)), new_code_cell(KERAS.format(out=out)),
              new_code_cell(HEALTHY.format(out=out)),
              new_code_cell(INTERRUPTED.format(out=out), metadata={"tags": ["raises-exception"]}),
+             new_code_cell(BAD_OPTIONS, metadata={"tags": ["raises-exception"]}),
              new_code_cell(CHECK.format(tests=tests))]
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -27,6 +27,7 @@ import os
 import shlex
 import sys
 
+from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.display import display
 
@@ -38,8 +39,9 @@ REPORT_WIDTH = 100
 FRAME_HEIGHT_PX = 720
 
 
-class UsageError(Exception):
-    """Bad ``%%whyidle`` options (shown as one line, the cell not run)."""
+class UsageError(IPythonUsageError):
+    """Bad ``%%whyidle`` options: IPython shows it as one ``UsageError:`` line, no traceback, and the
+    cell ends in error without running (a "Run All" stops there)."""
 
 
 def parse_options(line: str) -> dict:
@@ -77,11 +79,7 @@ class WhyidleMagics(Magics):
 
     @cell_magic
     def whyidle(self, line: str, cell: str):
-        try:
-            options = parse_options(line)
-        except UsageError as exc:
-            print(exc, file=sys.stderr)
-            return None
+        options = parse_options(line)
         shell = self.shell
         number = cell_number(shell)
         quiet = options.pop("quiet")
