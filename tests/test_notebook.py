@@ -105,6 +105,10 @@ def test_the_kernel_is_left_as_it_was(executed):
     errors = [o for o in _outputs(nb, "interrupted") if o.output_type == "error"]
     assert errors and errors[0].ename == "KeyboardInterrupt"
     assert any("Verdict" in o.get("data", {}).get("text/plain", "") for o in _outputs(nb, "interrupted"))
+    setup_cell = next(c for c in nb.cells if c.cell_type == "code" and c.source == SETUP)
+    line = SETUP.splitlines().index("held_out = DataLoader(Images(), batch_size=8)  # built here, iterated in a "
+                                    "later %%whyidle cell") + 1
+    assert interrupted["loader"]["created"][0] == f"cell {setup_cell.execution_count}:{line} <module>"
     bad = next(c for c in nb.cells if c.source.startswith("%%whyidle --bogus"))
     assert [(o.output_type, o.get("ename")) for o in bad.outputs] == [("error", "UsageError")], bad.outputs
     assert "%%whyidle: unrecognized arguments: --bogus" in bad.outputs[0].evalue

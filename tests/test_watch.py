@@ -66,10 +66,14 @@ PROGRAM = textwrap.dedent('''
     copy.deepcopy(model)
     pickle.dumps(model._forward_hooks)
 
+    big_loader = DataLoader(TensorDataset(torch.randn(512, 64), torch.randint(0, 2, (512,))),
+                            batch_size=32)  # built before the watch: found by its name
     with whyidle.watch(out="{tmp}/b", html=False, quiet=True) as w2:
-        train(DataLoader(TensorDataset(torch.randn(512, 64), torch.randint(0, 2, (512,))), batch_size=32))
+        for x, y in big_loader:
+            model(x).sum().backward()
     out(block="b", verdict=w2.report["verdict"], steps=w2.report["metrics"]["steps"],
-        batch=w2.report["metrics"]["batch_size"], left=leftovers([model]))
+        batch=w2.report["metrics"]["batch_size"], created=w2.report["loader"]["created"],
+        lead=(w2.report["loader"]["call"] or {{}}).get("lead"), left=leftovers([model]))
 
     try:
         with whyidle.watch(out="{tmp}/c", html=False, quiet=True) as w3:
@@ -107,6 +111,9 @@ def test_watch_blocks_report_and_leave_nothing(tmp_path):
     assert a["verdict"] == "input_bound" and a["steps"] == 24
     assert a["hooks_ok"] and not a["module_dict"]
     assert b["steps"] == 16 and b["batch"] == 32  # its own report, not the first block's
+    line = PROGRAM.splitlines().index("big_loader = DataLoader(TensorDataset(torch.randn(512, 64), "
+                                      "torch.randint(0, 2, (512,))),") + 1
+    assert b["created"][0] == f"prog.py:{line} <module>" and b["lead"] == "big_loader = ", b
     assert c["raised"] == "diverged"
     assert any("raised ValueError: diverged" in n for n in c["notes"]), c["notes"]
     assert d["steps"] == 8 and isinstance(d["value"], float)

@@ -29,6 +29,9 @@ class Images(Dataset):
         return augment(torch.rand(3, 32, 32)), i % 10
 
 
+held_out = DataLoader(Images(), batch_size=8)  # built here, iterated in a later %%whyidle cell
+
+
 def small_cnn():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
                                torch.nn.Flatten(), torch.nn.Linear(128, 10))
@@ -84,7 +87,7 @@ for x, y in DataLoader(data, batch_size=32):
     opt.step()"""
 
 INTERRUPTED = """%%whyidle --out {out}/interrupted
-for i, (x, y) in enumerate(DataLoader(Images(), batch_size=8)):
+for i, (x, y) in enumerate(held_out):
     model(x)
     if i == 6:
         raise KeyboardInterrupt"""

@@ -93,44 +93,81 @@ def call_site(frame, callee: str, params: list[str] | tuple = (), options: tuple
     """
     try:
         found = _locate(frame, callee, whole=True)
-        if found is None:
-            return None
-        source, call, stmt = found
-        if len(_segment(source, call)) > MAX_CALL_CHARS:
-            return None
-        positional = list(params)
-        args = []
-        starred = False
-        for i, node in enumerate(call.args):
-            text = _segment(source, node)
-            if isinstance(node, ast.Starred):
-                starred = True
-                args.append((node, {"kind": "*", "name": None, "text": text[1:].strip()}))
-            else:
-                name = positional[i] if not starred and i < len(positional) else None
-                if isinstance(node, ast.GeneratorExp) and not text.startswith("("):
-                    text = f"({text})"  # a lone generator argument needs its parentheses beside others
-                args.append((node, {"kind": "pos", "name": name, "text": text}))
-        for kw in call.keywords:  # the keyword's own span keeps the value's parentheses as written
-            text = _segment(source, kw)
-            text = text.split("=", 1)[1].strip() if kw.arg else text[2:].strip()
-            args.append((kw, {"kind": "kw" if kw.arg else "**", "name": kw.arg, "text": text}))
-        args.sort(key=lambda pair: (pair[0].lineno, pair[0].col_offset))
-        for node, arg in args:
-            if arg["name"] in options:
-                option = _option(frame, node.value if isinstance(node, ast.keyword) else node)
-                if option:
-                    arg["option"] = option
-        lead, lines = None, [call.lineno, call.end_lineno]
-        if stmt is not None and isinstance(stmt, _LEADS) and stmt.value is call:
-            lead = source.cut(stmt.lineno, stmt.col_offset, call.lineno, call.col_offset)
-            if "\n" in lead:  # `loader = \` continued on the next line
-                lead = " ".join(lead.replace("\\\n", " ").split()) + " "
-            lines = [stmt.lineno, stmt.end_lineno]
-        return {"callee": _segment(source, call.func), "lead": lead, "lines": lines, "params": positional,
-                "args": [arg for _, arg in args]}
+        return None if found is None else _describe(*found, params, options, frame)
     except Exception:
         return None
+
+
+def _describe(source: "_Source", call: ast.Call, stmt, params, options: tuple, frame) -> dict | None:
+    """The :func:`call_site` record of ``call`` (in ``stmt``, or None) read from ``source``; options
+    are looked up in ``frame`` (None: not looked up). None when the call is too long."""
+    if len(_segment(source, call)) > MAX_CALL_CHARS:
+        return None
+    positional = list(params)
+    args = []
+    starred = False
+    for i, node in enumerate(call.args):
+        text = _segment(source, node)
+        if isinstance(node, ast.Starred):
+            starred = True
+            args.append((node, {"kind": "*", "name": None, "text": text[1:].strip()}))
+        else:
+            name = positional[i] if not starred and i < len(positional) else None
+            if isinstance(node, ast.GeneratorExp) and not text.startswith("("):
+                text = f"({text})"  # a lone generator argument needs its parentheses beside others
+            args.append((node, {"kind": "pos", "name": name, "text": text}))
+    for kw in call.keywords:  # the keyword's own span keeps the value's parentheses as written
+        text = _segment(source, kw)
+        text = text.split("=", 1)[1].strip() if kw.arg else text[2:].strip()
+        args.append((kw, {"kind": "kw" if kw.arg else "**", "name": kw.arg, "text": text}))
+    args.sort(key=lambda pair: (pair[0].lineno, pair[0].col_offset))
+    for node, arg in args:
+        if arg["name"] in options and frame is not None:
+            option = _option(frame, node.value if isinstance(node, ast.keyword) else node)
+            if option:
+                arg["option"] = option
+    lead, lines = None, [call.lineno, call.end_lineno]
+    if stmt is not None and isinstance(stmt, _LEADS) and stmt.value is call:
+        lead = source.cut(stmt.lineno, stmt.col_offset, call.lineno, call.col_offset)
+        if "\n" in lead:  # `loader = \` continued on the next line
+            lead = " ".join(lead.replace("\\\n", " ").split()) + " "
+        lines = [stmt.lineno, stmt.end_lineno]
+    return {"callee": _segment(source, call.func), "lead": lead, "lines": lines, "params": positional,
+            "args": [arg for _, arg in args]}
+
+
+def assigned_call(names, filenames, callee: str, params: list[str] | tuple = ()) -> tuple[str, dict] | None:
+    """Where an object made before whyidle watched was built: the last statement ``NAME = callee(...)``
+    (``NAME`` one of ``names``, ``callee`` the name the call is made through) of the first of
+    ``filenames`` holding one (their :mod:`linecache` text: a notebook's cells, the program's file),
+    as ``(filename, call_site record)``; None when there is none. Parses each file once (at most
+    :data:`MAX_SOURCE_CHARS`); never raises. ``whyidle.watch()`` / ``%%whyidle`` use it for a
+    DataLoader built in an earlier cell than the observed one."""
+    wanted = set(names)
+    for filename in filenames:
+        try:
+            lines = linecache.getlines(filename)
+            if not lines or sum(map(len, lines)) > MAX_SOURCE_CHARS:
+                continue
+            source = "".join(lines)
+            found = None
+            for stmt in ast.walk(ast.parse(source)):
+                value = getattr(stmt, "value", None)
+                if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or not isinstance(value, ast.Call):
+                    continue
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                func = value.func
+                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                if name == callee and any(isinstance(t, ast.Name) and t.id in wanted for t in targets):
+                    if found is None or stmt.lineno > found.lineno:
+                        found = stmt
+            if found is not None:
+                described = _describe(_Source(source), found.value, found, params, (), None)
+                if described is not None:
+                    return filename, described
+        except Exception:
+            continue
+    return None
 
 
 def argument_texts(call: dict, spec: dict[str, int | None]) -> dict[str, str]:

@@ -135,6 +135,18 @@ class CellCollector:
         return out
 
 
+def cell_files() -> list[str]:
+    """The file names of the cells run so far in this IPython kernel, the latest first (empty outside
+    IPython or when IPython's private map cannot be read). Never raises."""
+    try:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
+        names = dict(shell.compile._filename_map) if shell is not None else {}
+        return [n for n, _ in sorted(names.items(), key=lambda item: -item[1]) if isinstance(n, str)]
+    except Exception:
+        return []
+
+
 def notebook_path(shell) -> str | None:
     """The path of the notebook a kernel runs, as the kernel knows it (Jupyter Server's
     :data:`SESSION_ENV`, VS Code's ``__vsc_ipynb_file__``, ipykernel's ``__session__``), or None

@@ -58,6 +58,7 @@ from whyidle.instrument import forward as forward_mod
 from whyidle.instrument import patches
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
+from whyidle.instrument.cells import cell_files
 from whyidle.instrument.hooks import HookTimer
 from whyidle.instrument import shape_probe
 from whyidle.instrument.module_calls import ModuleCalls
@@ -536,6 +537,8 @@ class TorchInstrument:
     def on_iter(self, loader, t0: int, t1: int, it=None) -> None:
         self.boundary = True
         key = id(loader)
+        if key not in self.created and key not in self.loaders and key not in self.alias:
+            self._adopt(loader, sys._getframe(1))  # built before whyidle watched (an earlier cell)
         user = (self.created.get(key) or (None,))[0]
         train_site = self.loader_sites.get(self.train_loader) if self.train_loader is not None else None
         # a DataLoader built again at the line that built the training loader (inside the epoch
@@ -628,6 +631,39 @@ class TorchInstrument:
             spec = {"dataset": 0, "batch_size": 1, "collate_fn": None}
             args = argument_texts(call, spec) if call else call_arguments(frame, spec, name)
         self.created[id(loader)] = (user, leaf, args, call)
+
+    def _adopt(self, loader, frame) -> None:
+        """A DataLoader first seen when iterated (built before ``whyidle.watch()`` or the
+        ``%%whyidle`` cell began: the usual notebook layout): its ``created`` site and call are
+        those of the last ``NAME = DataLoader(...)`` assigning a name that refers to it in the
+        iterating user frame, searched in that frame's file, then in the notebook's cells, the latest
+        first (:func:`whyidle.instrument.callsite.assigned_call`). Once per such loader; nothing when
+        no name or statement is found."""
+        classify = self.frames().classify
+        while frame is not None and classify(frame.f_code.co_filename)[0] != 0:
+            frame = frame.f_back
+        if frame is None:
+            return
+        names = [n for scope in (frame.f_locals, frame.f_globals) for n, v in list(scope.items()) if v is loader]
+        if not names:
+            return
+        import inspect
+
+        from whyidle.instrument.callsite import argument_texts, assigned_call
+
+        files = [frame.f_code.co_filename] + cell_files()
+        try:
+            params = [p.name for p in inspect.signature(type(loader)).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            params = []
+        found = assigned_call(names, dict.fromkeys(files), type(loader).__name__, params)
+        if found is None:
+            return
+        filename, call = found
+        site = f"{classify(filename)[1]}:{call['lines'][0]} <module>"
+        self.created[id(loader)] = (site, site, argument_texts(call, {"dataset": 0, "batch_size": 1, "collate_fn": None}),
+                                    call)
 
     def _user_code(self, fn) -> bool | None:
         """True when ``fn`` (a function, or an object with ``__call__``) is defined in the user's code,
