@@ -68,6 +68,18 @@ def test_each_cell_shows_its_own_report(executed):
     assert [o for o in torch_cell if o.output_type == "execute_result"], "the cell's last value is its result"
 
 
+def test_watch_in_a_cell_shows_its_report_in_the_cell(executed):
+    """``whyidle.watch()`` in a kernel: the report in one output of the cell (as ``%%whyidle``), not
+    line by line on stderr; the block's value is the cell's."""
+    tmp, nb = executed
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "whyidle.watch(" in c.source)
+    kinds = [o.output_type for o in cell.outputs]
+    assert kinds == ["display_data", "execute_result"], [(o.output_type, str(o.get("text", ""))[:80]) for o in cell.outputs]
+    assert "Verdict" in cell.outputs[0].data["text/plain"] and "\x1b[" not in cell.outputs[0].data["text/plain"]
+    assert _report(tmp, "watched")["metrics"]["steps"] == 16
+    assert json.loads((tmp / "runs" / "watched" / "meta.json").read_text())["command"] == ["whyidle.watch()"]
+
+
 def test_the_bottleneck_is_named_by_cell_and_line(executed):
     tmp, nb = executed
     report = _report(tmp, "torch")

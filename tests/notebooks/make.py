@@ -86,6 +86,13 @@ for x, y in DataLoader(data, batch_size=32):
     loss.backward()
     opt.step()"""
 
+WATCHED = """import whyidle
+
+with whyidle.watch(out="{out}/watched", html=False) as w:
+    for x, y in DataLoader(Images(), batch_size=16):
+        model(x)
+w.run_dir"""
+
 INTERRUPTED = """%%whyidle --out {out}/interrupted
 for i, (x, y) in enumerate(held_out):
     model(x)
@@ -102,12 +109,12 @@ print("LEFTOVERS", leftovers([model, net]))"""
 
 def magic_notebook(path: str, out: str, tests: str) -> None:
     """The notebook of the ``%%whyidle`` test: a main-process image pipeline, a Lightning fit, a
-    Keras fit, a healthy loop, a cell interrupted (``KeyboardInterrupt``), a cell with a bad option (not run), then a check that nothing
+    Keras fit, a healthy loop, ``whyidle.watch()`` in a cell, a cell interrupted (``KeyboardInterrupt``), a cell with a bad option (not run), then a check that nothing
     of whyidle's is left in the kernel."""
     cells = [new_markdown_cell("# whyidle in a notebook"), new_code_cell("%load_ext whyidle"), new_code_cell(SETUP),
              new_code_cell(TORCH_LOOP.format(out=out)), new_code_cell(LIGHTNING),
              new_code_cell(LIGHTNING_FIT.format(out=out)), new_code_cell(KERAS.format(out=out)),
-             new_code_cell(HEALTHY.format(out=out)),
+             new_code_cell(HEALTHY.format(out=out)), new_code_cell(WATCHED.format(out=out)),
              new_code_cell(INTERRUPTED.format(out=out), metadata={"tags": ["raises-exception"]}),
              new_code_cell(BAD_OPTIONS, metadata={"tags": ["raises-exception"]}),
              new_code_cell(CHECK.format(tests=tests))]

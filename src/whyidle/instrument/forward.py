@@ -147,6 +147,7 @@ def install(torch, inst):
     get_ident = threading.get_ident
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
         if is_compiling() or (inst.depth and not inst.learning) or inst.off or get_ident() != inst.tid:
             return call(self, *args, **kwargs)
         if not (inst.learning or inst.tracking or inst.marker == "forward"):

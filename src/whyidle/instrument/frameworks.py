@@ -105,6 +105,7 @@ def _wrap(cls, method: str, agent, make_record, after: bool = False) -> None:
 
     @functools.wraps(orig)
     def wrapper(self, *args, **kwargs):
+        __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
         site = _caller_site()
         if not after:
             note(self, args, kwargs, site)

@@ -72,6 +72,7 @@ class TimedHook:
                 pass
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
         if self.is_compiling():  # TorchDynamo traces the hook: nothing of ours in its graph
             return self.hook(*args, **kwargs)
         regions = self.regions

@@ -174,6 +174,7 @@ def wrap(owner, name: str, kind: str, agent, entry: str | None = None) -> None:
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
+        __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
         if kind == "checkpoint":  # in a tune trial, to its scratch folder (from any thread)
             args, kwargs = overrides.redirect(agent, args, kwargs, label)
         if get_ident() != regions.tid or agent.disabled:

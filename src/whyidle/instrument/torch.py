@@ -1330,6 +1330,7 @@ def install(agent, torch) -> TorchInstrument:
 
     @functools.wraps(orig_next)
     def __next__(self):
+        __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
         if inst.off or agent.disabled or get_ident() != inst.tid:
             return orig_next(self)
         try:
@@ -1359,6 +1360,7 @@ def install(agent, torch) -> TorchInstrument:
 
     @functools.wraps(orig_iter)
     def __iter__(self):
+        __tracebackhide__ = True
         if inst.off or agent.disabled or get_ident() != inst.tid:
             return orig_iter(self)
         t0 = monotonic_ns()
@@ -1376,6 +1378,7 @@ def install(agent, torch) -> TorchInstrument:
 
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
+        __tracebackhide__ = True
         orig_init(self, *args, **kwargs)
         if not inst.off:
             _safe(inst, inst.on_loader_created, self, sys._getframe(1))
@@ -1384,6 +1387,7 @@ def install(agent, torch) -> TorchInstrument:
 
     @functools.wraps(orig_shutdown)
     def _shutdown_workers(self):
+        __tracebackhide__ = True
         # an iterator's workers stopped and joined (the epoch's end without persistent workers:
         # 0.3-0.8 s per epoch for spawn workers on 2 cores): an ``iter_end`` record; once per iterator
         if inst.off or agent.disabled or get_ident() != inst.tid or getattr(self, "_shutdown", True):
@@ -1407,6 +1411,7 @@ def install(agent, torch) -> TorchInstrument:
 
     @functools.wraps(orig_backward)
     def backward(*args, **kwargs):
+        __tracebackhide__ = True
         if inst.off or agent.disabled or get_ident() != inst.tid or inst.bwd_depth:
             # another thread's, or a backward inside a backward (a reentrant checkpoint's): part of it
             return orig_backward(*args, **kwargs)
@@ -1456,6 +1461,7 @@ def install(agent, torch) -> TorchInstrument:
 
         @functools.wraps(orig_compile)
         def compile(*args, **kwargs):
+            __tracebackhide__ = True
             inst.compiled = True
             forward_mod.pin()  # compiled code may be guarded on Module.__call__: no more switching
             try:

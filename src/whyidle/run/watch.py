@@ -81,6 +81,7 @@ class Watch:
         self._meta: dict | None = None
         self._live_stop = threading.Event()
         self._live_thread: threading.Thread | None = None
+        self._cell = None  # the cell's output (whyidle.run.cell_output.CellOutput) in a Jupyter kernel
         self._t0 = 0.0
 
     # -- context manager and decorator -------------------------------------------------------------
@@ -120,13 +121,19 @@ class Watch:
         """Starts observing this process. Never raises: a problem is said in one line
         (:attr:`problem`) and the program runs unobserved."""
         from whyidle.instrument import agent
+        from whyidle.run import cell_output
 
+        if self.live is None and self.stream is None and not self.opts.quiet and cell_output.in_kernel():
+            self._cell = cell_output.CellOutput()  # the report in the cell's output, not on stderr
+            self.live = self._cell.live
         if agent.current() is not None:
             self._say(f"this process is observed already (run directory {agent.current().run_dir}): "
                       "its own report covers this part")
             return
-        cmd = self.command or redact_argv([os.path.basename(sys.executable), *(sys.argv or [])]) or ["python"]
-        if not self.opts.name and os.path.basename(sys.argv[0] if sys.argv else "").startswith("ipykernel"):
+        kernel = os.path.basename(sys.argv[0] if sys.argv else "").startswith("ipykernel")
+        cmd = self.command or (["whyidle.watch()"] if kernel else
+                               redact_argv([os.path.basename(sys.executable), *(sys.argv or [])]) or ["python"])
+        if not self.opts.name and kernel:
             self.opts.name = "notebook"
         try:
             if self.opts.json_path and self.opts.json_path != "-":
@@ -248,7 +255,11 @@ class Watch:
         except Exception as err:
             self._say(f"could not build the report ({err}); the recorded data is in {self.run_dir}")
             return None
-        if not self.opts.quiet:
+        if self._cell is not None:
+            with contextlib.suppress(Exception):
+                page = os.path.join(self.run_dir, "report.html") if self.opts.html else None
+                self._cell.show(self.report, page, None)
+        elif not self.opts.quiet:
             from whyidle.report import terminal
 
             with contextlib.suppress(Exception):
@@ -271,9 +282,13 @@ class Watch:
                 helper.wait(timeout=1)
 
     def _say(self, msg: str) -> None:
+        """``msg`` as one ``[whyidle]`` line: in the cell's output in a kernel, else on the stream."""
         self.problem = msg
         with contextlib.suppress(Exception):
-            (self.stream or sys.stderr).write(f"[whyidle] {msg}\n")
+            if self._cell is not None:
+                self._cell.live(f"[whyidle] {msg}")
+            else:
+                (self.stream or sys.stderr).write(f"[whyidle] {msg}\n")
 
 
 def _isatty(stream) -> bool:
