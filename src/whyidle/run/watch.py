@@ -247,11 +247,18 @@ class Watch:
             meta["raised"] = (type(exc).__name__ + (f": {exc}" if str(exc) else "")).splitlines()[0][:200]
         meta["anchors"].append(session.clock_anchor())
         stale = session.write_meta(self.run_dir, meta)
-        try:
-            from whyidle.pipeline import report_run
+        from whyidle.pipeline import report_run
 
-            json_path = self.opts.json_path if self.opts.json_path != "-" else None
-            self.report = report_run(self.run_dir, json_path, meta=meta if stale else None)
+        json_path = self.opts.json_path if self.opts.json_path != "-" else None
+        try:
+            try:
+                self.report = report_run(self.run_dir, json_path, meta=meta if stale else None)
+            except OSError as err:  # the json_path only: the report is still shown, with a note
+                if json_path is None:
+                    raise
+                self.report = report_run(self.run_dir, None, meta=meta if stale else None,
+                                         notes=[f"The JSON report could not be written to {json_path} "
+                                                f"({err.strerror or err})."])
         except Exception as err:
             self._say(f"could not build the report ({err}); the recorded data is in {self.run_dir}")
             return None
