@@ -15,6 +15,7 @@ time per step; and the time a ``%%whyidle`` cell adds around the loop (start: th
 the hooks; end: hooks out, the report built), which the step ratios do not contain.
 
     flock /tmp/whyidle-timing.lock python benchmarks/notebook_overhead.py [--rounds 4] [--steps 400]
+        [--magic-args "--stack-hz 0"] [--pin 0|none]
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--width", type=int, default=960, help="MLP width (sets the step time: ~10 ms here)")
     parser.add_argument("--pin", default="0", help="CPU to pin the kernel to ('none': no pin)")
+    parser.add_argument("--magic-args", default="", help="more %%%%whyidle options, e.g. '--stack-hz 0'")
     args = parser.parse_args()
     from jupyter_client.manager import start_new_kernel
 
@@ -111,7 +113,8 @@ def main() -> None:
         rows = {"plain": [], "whyidle": []}
         for k in range(args.rounds):
             for kind in ("plain", "whyidle"):
-                magic = f"%%whyidle -q --no-html --out {workdir}/r{k}\n" if kind == "whyidle" else ""
+                magic = (f"%%whyidle -q --no-html --out {workdir}/r{k} {args.magic_args}\n"
+                         if kind == "whyidle" else "")
                 out, cell_s = run_cell(kc, CELL.format(magic=magic, steps=args.steps, warmup=args.warmup))
                 r = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
                 r["extra_s"] = cell_s - r["loop_s"]

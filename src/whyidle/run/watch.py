@@ -178,6 +178,9 @@ class Watch:
     def _start_helper(self) -> subprocess.Popen | None:
         """The sampler helper, once its first tick is written; None (said once) when it cannot start."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("WHYIDLE_")}
+        here = os.path.dirname(os.path.dirname(os.path.abspath(whyidle.__file__)))
+        if os.path.basename(here) not in ("site-packages", "dist-packages"):  # a source tree on sys.path
+            env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             helper = subprocess.Popen(
                 [sys.executable, "-m", "whyidle.sampling.helper", os.path.abspath(self.run_dir), str(os.getpid()),
