@@ -12,7 +12,9 @@ exactly as a thread of the kernel would.
 Printed: each cell's figures, the ratio of the medians of the per-cell medians (the goal metric:
 ≤ 1.02 at ~10 ms steps, issue 33, the same goal as ``whyidle run``), the same for the means and CPU
 time per step; and the time a ``%%whyidle`` cell adds around the loop (start: the sampler helper,
-the hooks; end: hooks out, the report built), which the step ratios do not contain.
+the hooks; end: hooks out, the report built), which the step ratios do not contain. With
+``--blocks N``, one cell then alternates N plain blocks and N blocks inside ``whyidle.watch()`` (what
+the magic runs), each pair seconds apart, so drift between cells does not enter the ratio.
 
     flock /tmp/whyidle-timing.lock python benchmarks/notebook_overhead.py [--rounds 4] [--steps 400]
         [--magic-args "--stack-hz 0"] [--pin 0|none]
@@ -68,6 +70,23 @@ def loop(steps, warmup):
             "cpu": (cpu_s() - cpu0) / (steps - warmup)}}
 '''
 
+#: ``--blocks``: one cell alternating plain blocks of steps and blocks inside ``whyidle.watch()`` (the
+#: machinery ``%%whyidle`` runs: the same agent, helper and hooks), seconds apart instead of a cell apart.
+BLOCKS = r'''
+import whyidle
+rows = {{"plain": [], "whyidle": []}}
+for k in range({blocks}):
+    for kind in ("plain", "whyidle") if k % 2 == 0 else ("whyidle", "plain"):
+        if kind == "plain":
+            r = loop({steps}, {warmup})
+        else:
+            with whyidle.watch(out="{workdir}/b%d" % k, quiet=True, html=False) as w:
+                r = loop({steps}, {warmup})
+            assert w.report is not None and w.report["metrics"]["steps"] >= {steps} - 1, w.problem
+        rows[kind].append(r)
+print("RESULT " + json.dumps(rows))
+'''
+
 CELL = "{magic}t_cell = time.perf_counter()\nr = loop({steps}, {warmup})\nr['loop_s'] = time.perf_counter() - t_cell\nprint('RESULT ' + json.dumps(r))"
 
 
@@ -97,6 +116,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=960, help="MLP width (sets the step time: ~10 ms here)")
     parser.add_argument("--pin", default="0", help="CPU to pin the kernel to ('none': no pin)")
     parser.add_argument("--magic-args", default="", help="more %%%%whyidle options, e.g. '--stack-hz 0'")
+    parser.add_argument("--blocks", type=int, default=0,
+                        help="also: one cell alternating this many plain and whyidle.watch() blocks")
     args = parser.parse_args()
     from jupyter_client.manager import start_new_kernel
 
@@ -126,6 +147,15 @@ def main() -> None:
         for key, label in (("median", "median step"), ("mean", "mean step"), ("cpu", "CPU per step")):
             ratio = statistics.median(r[key] for r in rows["whyidle"]) / statistics.median(r[key] for r in rows["plain"])
             print(f"ratio of {label}s (%%whyidle / plain): {ratio:.3f}" + ("  (goal ≤ 1.02)" if key == "median" else ""))
+        if args.blocks:
+            out, _ = run_cell(kc, BLOCKS.format(blocks=args.blocks, steps=args.steps, warmup=args.warmup,
+                                                workdir=workdir), timeout=1800)
+            blocks = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+            for key in ("median", "cpu"):
+                pairs = [w[key] / p[key] for p, w in zip(blocks["plain"], blocks["whyidle"])]
+                print(f"blocks in one cell ({args.blocks} pairs): ratio of {key}s watch()/plain "
+                      f"{statistics.median(w[key] for w in blocks['whyidle']) / statistics.median(p[key] for p in blocks['plain']):.3f}"
+                      f" (pair ratios {min(pairs):.3f}-{max(pairs):.3f}, median {statistics.median(pairs):.3f})")
         print(f"a %%whyidle cell's time around the loop: {statistics.median(r['extra_s'] for r in rows['whyidle']):.2f} s "
               f"(plain cell: {statistics.median(r['extra_s'] for r in rows['plain']):.2f} s)")
     finally:
