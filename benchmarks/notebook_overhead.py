@@ -42,6 +42,7 @@ width, blocks = {width}, 0
 data = TensorDataset(torch.randn(4096, width), torch.randint(0, 10, (4096,)))
 ''' + MODEL + r'''
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(data, batch_size=64, shuffle=True, drop_last=True)  # built once, as overhead.py's
 
 def cpu_s():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -51,7 +52,7 @@ def loop(steps, warmup):
     times, t_prev, cpu0 = [], None, None
     n = 0
     while n < steps:
-        for x, y in DataLoader(data, batch_size=64, shuffle=True, drop_last=True):
+        for x, y in loader:
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()

@@ -48,12 +48,27 @@ def start_sampler(run_dir: str, tree_root_pid: int, interval_s: float) -> Sample
     return sampler
 
 
+def off_the_job_cores(pid: int) -> None:
+    """Moves this process to the machine's CPUs that the observed process ``pid`` may not use (the
+    helper inherits the affinity of a pinned kernel): as ``whyidle run``'s sampler, which the job's
+    pinning does not bind, it then takes no time from the job's cores. Nothing where there are no
+    such CPUs (the job may use them all: the usual case), none is allowed (a cgroup's cpuset) or
+    affinity is unsupported."""
+    try:
+        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(pid)
+        if others:
+            os.sched_setaffinity(0, others)  # the kernel keeps to the CPUs its cgroup allows (EINVAL: none)
+    except (AttributeError, OSError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     """``RUN_DIR PID INTERVAL_S``: samples until stdin says ``stop`` or closes. Exit code 0, or 2
     for bad arguments (one line on stderr)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopped by its stdin only
     try:
         run_dir, pid, interval_s = argv[0], int(argv[1]), float(argv[2])
+        off_the_job_cores(pid)
         sampler = start_sampler(run_dir, pid, interval_s)
     except Exception as exc:
         sys.stderr.write(f"whyidle sampler: cannot start: {exc}\n")
