@@ -7,6 +7,7 @@ errors and unreadable input; 127 command not found; 126 not executable.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -55,8 +56,20 @@ def main() -> None:
 @click.option("--diff", "diff_path", metavar="FILE",
               help="Also write the first fix, when it is a setting, as a unified diff of the script to FILE "
                    "(git apply FILE / patch -p1 < FILE, from this directory).")
+@click.option("--window", "window_s", type=click.FloatRange(2.0, 86400.0), default=180.0, show_default=True,
+              help="Seconds of one window of the rolling diagnosis (verdict and shares over time; RUN_DIR/windows.jsonl).")
+@click.option("--trace-steps", type=click.IntRange(1, 200), default=10, show_default=True,
+              help="Steps of a deep (Kineto) trace taken when a window departs from the job's baseline, or by trace-now.")
+@click.option("--trace-every", "trace_every", type=click.FloatRange(0.0, 100000.0), default=30.0, show_default=True,
+              help="Minutes at least between two automatic deep traces.")
+@click.option("--no-triggers", is_flag=True, help="Take no automatic deep trace (whyidle trace-now still can).")
+@click.option("--metrics-port", metavar="[HOST:]PORT",
+              help="Expose Prometheus metrics of the job on this port (whyidle's process, never the trainer).")
+@click.option("--metrics-file", metavar="FILE",
+              help="Write the Prometheus metrics to FILE (node_exporter's textfile collector, *.prom) as the job runs.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(out, name, json_path, interval, stack_hz, quiet, no_html, diff_path, command) -> None:
+def run(out, name, json_path, interval, stack_hz, quiet, no_html, diff_path, window_s, trace_steps, trace_every,
+        no_triggers, metrics_port, metrics_file, command) -> None:
     """Run COMMAND unchanged and diagnose why the device waits.
 
     \b
@@ -71,8 +84,12 @@ def run(out, name, json_path, interval, stack_hz, quiet, no_html, diff_path, com
     if not cmd:
         click.echo(click.get_current_context().get_usage(), err=True)
         _fail("no command given (usage: whyidle run [OPTIONS] -- COMMAND ...)", 2)
+    from whyidle.run.rolling import RollingOptions
+
+    rolling = RollingOptions(window_s=window_s, trace_steps=trace_steps, trace_every_s=trace_every * 60.0,
+                             triggers=not no_triggers, metrics_port=metrics_port, metrics_file=metrics_file)
     opts = RunOptions(out=out, name=name, json_path=json_path, interval_s=interval, stack_hz=stack_hz, quiet=quiet,
-                      html=not no_html)
+                      html=not no_html, rolling=rolling)
     try:
         if diff_path not in (None, "-"):
             from whyidle.run.session import check_writable_file
@@ -232,6 +249,30 @@ def report(run_dir, json_path, html_path) -> None:
     _show(rep, json_path)
     if html_path and json_path != "-":
         click.echo(f"HTML report (--html): {html_path}")
+
+
+@main.command("trace-now", context_settings=CONTEXT)
+@click.argument("run_dir", metavar="RUN_DIR")
+@click.option("--steps", type=click.IntRange(1, 200), default=None,
+              help="Steps to trace (default: the run's --trace-steps).")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank (default: every rank).")
+def trace_now(run_dir, steps, rank) -> None:
+    """Take a deep (Kineto) trace of a running `whyidle run` job now, from another shell.
+
+    \b
+    The trainers start it at their next step boundaries; the trace and its analysis land in
+    RUN_DIR/traces/ and RUN_DIR/traces.jsonl, and in the final report.
+    """
+    from whyidle.run.rolling import request_trace
+
+    try:
+        request_trace(run_dir, steps, rank)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    except OSError as exc:
+        _fail(f"{run_dir}: cannot write the request ({exc.strerror or exc})", 2)
+    click.echo(f"whyidle: deep trace requested; it is taken at the next step boundaries (a second or two), "
+               f"analyzed into {os.path.join(run_dir, 'traces.jsonl')} and shown in the report", err=True)
 
 
 @main.command(context_settings=CONTEXT)

@@ -121,6 +121,24 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
     return report
 
 
+def window_record(run: RunData, i: int, start_t: int | None) -> dict:
+    """The rolling diagnosis of one window: ``run`` holds the window's records
+    (:func:`whyidle.record.window.slice_run`, its ``meta["window"]`` = ``[t0, t1]`` monotonic ns),
+    analyzed and diagnosed as a whole run, reduced to a ``window`` record
+    (:func:`whyidle.report.windows.window_record`; docs/run-format.md). ``start_t``: the command's
+    start (monotonic ns), for the record's seconds.
+    """
+    from whyidle.analysis.run import analyze
+    from whyidle.diagnose import diagnose
+    from whyidle.report.build import build_report
+    from whyidle.report.windows import window_record as reduce
+
+    t0, t1 = run.meta["window"]
+    facts = analyze(run)
+    verdict, findings = diagnose(facts)
+    return reduce(build_report(facts, verdict, findings, []), i, t0, t1, start_t)
+
+
 def render_html_parts(a: Analyzed, report: dict) -> tuple[bytes, ...]:
     """The HTML page of a report as UTF-8 parts (:func:`whyidle.report.html.render_parts`)."""
     from whyidle.analysis.series import run_series

@@ -25,6 +25,8 @@ Stages: an in-memory synthetic dataset split by ``DistributedSampler``, an MLP i
   part (``indices[rank::world]``), rank 1's cut to 80 % (a shard that ends early). Fixed: a
   ``DistributedSampler`` with ``drop_last=True`` (the same number of batches on every rank).
 - faulty: as above; fixed (``--fixed``): the ranks do the same work.
+- ``--slow-after S`` (loader, host): rank 1 turns slow S seconds after the start, a straggler
+  that appears mid-run; ``--seconds S``: run that long instead of ``--steps`` (checked every 50 steps).
 - ``--profile DIR``: each rank writes a ``torch.profiler`` trace of its steps after the first 4
   (2 skipped, 2 warm-up) to DIR with ``tensorboard_trace_handler``, for ``whyidle trace DIR``.
 
@@ -56,8 +58,9 @@ from common import StepMeter, make_parser, seed_everything
 
 
 class Shard(Dataset):
-    def __init__(self, slow_s: float):
+    def __init__(self, slow_s: float, slow_from: float = 0.0):
         g = torch.Generator().manual_seed(0)
+        self.slow_from = slow_from  # monotonic s from which the shard is slow (--slow-after)
         self.x = torch.randn(8192, 64, generator=g)
         self.y = torch.randint(0, 4, (8192,), generator=g)
         self.slow_s = slow_s
@@ -66,7 +69,7 @@ class Shard(Dataset):
         return len(self.x)
 
     def __getitem__(self, i):
-        if self.slow_s:
+        if self.slow_s and time.monotonic() >= self.slow_from:
             time.sleep(self.slow_s)  # this rank's shard is slow to read
         return self.x[i], self.y[i]
 
@@ -116,14 +119,20 @@ def main():
     p.add_argument("--kind", choices=("loader", "host", "forward", "compute", "validation", "metrics", "accum", "uneven"),
                    default="loader")
     p.add_argument("--profile", metavar="DIR", default=None, help="write each rank's profiler trace to DIR")
+    p.add_argument("--slow-after", type=float, default=0.0, metavar="S",
+                   help="loader and host kinds: rank 1 turns slow only S seconds after the start (a straggler "
+                        "that appears mid-run)")
+    p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds instead of --steps")
     args = p.parse_args()
+    slow_from = time.monotonic() + args.slow_after
+    end_at = None if args.seconds is None else time.monotonic() + args.seconds
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     seed_everything(args.seed)
     faulty = args.variant == "faulty"
     late = rank == 1 and faulty
-    data = Shard(0.002 if late and args.kind == "loader" else 0.0)
+    data = Shard(0.002 if late and args.kind == "loader" else 0.0, slow_from)
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=args.seed), drop_last=True)
     if args.kind == "uneven":  # one epoch; each rank its own slice, rank 1's shorter when faulty
         part = Subset(data, range(2048))
@@ -146,6 +155,8 @@ def main():
     prof.__enter__()
     join = model.join() if args.kind == "uneven" else contextlib.nullcontext()
     join.__enter__()
+    if end_at is not None:
+        args.steps = 10**9
     while step < args.steps:
         for x, y in loader:
             meter.got_batch()
@@ -171,7 +182,7 @@ def main():
                 loss.backward()
                 optimizer.step()
             step += 1
-            if args.kind == "host" and late:
+            if args.kind == "host" and late and time.monotonic() >= slow_from:
                 rank_local_bookkeeping()
             if args.kind == "metrics":
                 metrics = torch.stack([loss.detach(), out.detach().abs().mean(), out.detach().std(),
@@ -190,6 +201,11 @@ def main():
             meter.step_done(x.shape[0])
             if args.profile:
                 prof.step()
+            if end_at is not None and step % 50 == 0:  # --seconds: the ranks stop together (rank 0's clock)
+                stop = torch.tensor([float(time.monotonic() >= end_at)])
+                dist.broadcast(stop, 0)
+                if stop.item():
+                    args.steps = step
             if step >= args.steps:
                 break
         if args.kind == "uneven":

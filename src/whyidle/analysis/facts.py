@@ -380,6 +380,8 @@ class RunFacts:
       ``tf_devices``, ``keras_calls``.
     - ``overrides``: a ``whyidle tune`` trial's settings where the program took them or not
       (:func:`whyidle.analysis.run._overrides`); None outside a trial.
+    - ``windows``: the rolling diagnosis's ``window`` records (docs/run-format.md), in time
+      order; ``deep_traces``: the deep traces taken during the run and their analyses.
     - ``threads``: the primary trainer's background Python threads and their CPU seconds
       (:mod:`whyidle.instrument.thread_cpu`: ``{name, module, cpu_s}``).
     """
@@ -426,6 +428,8 @@ class RunFacts:
     threads: list[dict] | None = None
     overrides: list[dict] | None = None
     logged: dict | None = None
+    windows: list[dict] | None = None
+    deep_traces: list[dict] | None = None
     step_rows: list[Any] | None = None
     analyzed_steps: list[Any] | None = None
     time: TimeAccounting | None = None

@@ -300,6 +300,8 @@ def analyze(run: RunData) -> RunFacts:
         keras_calls=[r for r in recs if r.get("k") == "keras_call"],
         threads=(_last(recs, "threads") or {}).get("threads") or [],
         logged=logged_analysis.logged_metrics(procs),
+        windows=list(run.windows),
+        deep_traces=list(run.deep_traces),
         step_rows=rows,
         analyzed_steps=analyzed,
         time=time_parts,

@@ -218,9 +218,11 @@ def uneven_shards(facts: RunFacts) -> Finding | None:
     training loader's ``DistributedSampler`` pads: ``drop_last=False`` with a dataset that does
     not split evenly repeats ``total_size − len(dataset)`` samples each epoch, at least
     :data:`PAD_MIN_SHARE` of them (no idle time: trained on twice, and counted twice by an
-    evaluation metric); ``bound`` null. None else."""
+    evaluation metric); ``bound`` null. None else. A window of a running job (``meta.window``,
+    :mod:`whyidle.run.rolling`) cuts the ranks' steps at a time, not at a step: its step counts
+    are not compared."""
     counts = {str(r["rank"]): r["steps"] for r in facts.ranks or [] if isinstance(r.get("steps"), int)}
-    if len(counts) >= 2:
+    if len(counts) >= 2 and not (facts.meta or {}).get("window"):
         most, least = max(counts.values()), min(counts.values())
         if most - least >= max(UNEVEN_MIN_STEPS, UNEVEN_MIN_SHARE * most):
             mean = sum(counts.values()) / len(counts)

@@ -18,6 +18,11 @@ What it observes, without a code change in the user's program:
   ``TensorBoard`` callback with ``profile_batch``, ``tf.profiler.experimental.start``,
   ``tf.summary.trace_on(profiler=True)``): a user's start while whyidle's window is open closes
   whyidle's window first, discarding it.
+- **On-demand deep traces** (``whyidle run``'s requests in ``RUN_DIR/control/trace.json``): on the
+  TensorFlow backend a TensorFlow profiler window of the request's N train-function calls, looked
+  for at the training batch begins (one clock comparison per batch, one ``stat`` at most once a
+  second; :mod:`whyidle.instrument.tf_deep_trace`); it too steps aside for the program's own
+  profiling and waits for the window above.
 - **Input wait on the torch and JAX backends**: their trainers take each batch from the iterator
   the epoch iterator makes (``TorchEpochIterator`` / ``JAXEpochIterator._get_iterator``: a torch
   ``DataLoader`` over the input, or a generator over it), whatever ``fit`` was given
@@ -127,6 +132,9 @@ class KerasInstrument:
         self.devices_recorded = False
         self.window = None  # whyidle.instrument.tfprof.ProfilerWindow once it may run
         self.user_profiles = False
+        self.deep = None  # on-demand deep traces (tf_deep_trace.KerasDeepTrace), from the first fit
+        self.tb_profilers: list = []  # this fit's TensorBoard callbacks with a profile_batch
+        self.last_end = 0  # monotonic ns: the end of the last keras step
         self.it_step: dict | None = None  # the open custom-loop step
         self.it_last = None  # the iterator of the last next()
         self.stacks = None
@@ -153,6 +161,8 @@ class KerasInstrument:
             self.agent.notice(f"Keras/TensorFlow instrumentation disabled after an error in {where}: {exc!r}")
         if self.window is not None:
             self.window.abandon()
+        if self.deep is not None:
+            self.deep.drop("the Keras instrumentation stopped: whyidle's deep-trace window was discarded")
 
     # -- fit ---------------------------------------------------------------------------------------
     def on_fit_start(self, method: str, model, bound: dict, site: str | None = None) -> None:
@@ -184,9 +194,10 @@ class KerasInstrument:
             self.batch_size = bound.get("batch_size") or 32  # Keras's default
         if self.fit_info["input"] == "tf.data":
             self._describe_dataset(x)
-        for cb in bound.get("callbacks") or []:
-            if type(cb).__name__ == "TensorBoard" and (getattr(cb, "_start_batch", 0) or 0) > 0:
-                self.user_profile("a TensorBoard callback with profile_batch")
+        self.tb_profilers = [cb for cb in bound.get("callbacks") or []
+                             if type(cb).__name__ == "TensorBoard" and (getattr(cb, "_start_batch", 0) or 0) > 0]
+        if self.tb_profilers:
+            self.user_profile("a TensorBoard callback with profile_batch")
 
     def _describe_dataset(self, ds) -> None:
         try:
@@ -216,6 +227,10 @@ class KerasInstrument:
             self.agent.record(_devices_record(model))
         if self.window is None and not self.user_profiles:
             self.window = _new_window(self)
+        if self.deep is None:
+            from whyidle.instrument.tf_deep_trace import KerasDeepTrace
+
+            self.deep = KerasDeepTrace(self.agent, self)
 
     def _timed(self, fn):
         inst = self
@@ -252,6 +267,9 @@ class KerasInstrument:
         w = self.window
         if w is not None and not self.off and w.before_call(self.calls, now):
             now = monotonic_ns()  # the profiler's own start / stop-and-save is in no step
+        d = self.deep
+        if d is not None and now >= d.due:  # a deep-trace request to look for, or its window open
+            now = d.boundary(self.calls, self.step_i, now)
         self.cur = {"t0": now, "c0": thread_time_ns(), "fn": 0, "data": 0, "data_in_fn": 0, "data_cpu": 0,
                     "i": self.step_i, "ph": [], "first": self.cur_first, "profiled": w is not None and w.active}
         self.cur_first = False
@@ -261,6 +279,7 @@ class KerasInstrument:
 
     def _end_step(self, now: int, boundary: bool) -> None:
         cur, self.cur = self.cur, None
+        self.last_end = now
         samples = self.batch_size * self.spe if self.batch_size else (cur.get("samples") or None)
         rec = {
             "k": "step", "t": now, "i": cur["i"], "t0": cur["t0"], "t1": now, "by": "keras",
@@ -326,6 +345,8 @@ class KerasInstrument:
             model.train_function = fn.__wrapped__
         if self.window is not None:
             self.window.close(now)
+        if self.deep is not None:
+            self.deep.fit_ended(now)
         self.flush_done(now)
         self.batch_step = {}
         info = self.fit_info
@@ -369,7 +390,10 @@ class KerasInstrument:
 
     # -- profiler --------------------------------------------------------------------------------
     def user_profile(self, how: str) -> None:
-        """The program profiles itself: whyidle's profiler window steps aside for good."""
+        """The program profiles itself: whyidle's profiler window steps aside for good, and an
+        open deep-trace window is stopped first (its start would fail otherwise)."""
+        if self.deep is not None:
+            self.deep.program_starts()
         if self.user_profiles:
             return
         self.user_profiles = True

@@ -32,6 +32,29 @@ def _profiler():
     return profiler_v2
 
 
+def start_profiler(logdir: str) -> None:
+    """Starts TensorFlow's profiler session into ``logdir`` (TensorBoard's layout:
+    ``plugins/profile/<run>/<host>.xplane.pb`` once saved) with TensorFlow's default options (host
+    tracer level 2, device tracer level 1, no Python tracer), through the original
+    ``profiler_v2.start``, not the wrapper :mod:`whyidle.instrument.keras` puts in to see the
+    program's own starts. Errors: TensorFlow's (``AlreadyExistsError`` when a session runs)."""
+    prof = _profiler()
+    start = getattr(prof.start, "_whyidle_orig", prof.start)
+    # passing the default options explicitly makes TF 2.21 log "expects an i value" warnings
+    start(logdir)
+
+
+def session_running() -> bool:
+    """Whether a profiler session started through ``tf.profiler.experimental.start`` (the
+    program's, TensorBoard's, or whyidle's) is running: ``profiler_v2``'s module-level session."""
+    return getattr(_profiler(), "_profiler", None) is not None
+
+
+def xplane_files(logdir: str) -> list[str]:
+    """The ``*.xplane.pb`` files a profiler session saved under ``logdir``, oldest first."""
+    return sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")), key=os.path.getmtime)
+
+
 class ProfilerWindow:
     """Opens the TensorFlow profiler before train-function call ``after_calls`` and closes it
     after ``calls`` calls or ``max_s`` seconds (checked at batch begins), once per process.
@@ -85,12 +108,8 @@ class ProfilerWindow:
             self.state = "abandoned"
 
     def _start(self, calls_seen: int, now: int) -> None:
-        prof = _profiler()
-        start = getattr(prof.start, "_whyidle_orig", prof.start)  # not the wrapper that watches the user
         try:
-            # TensorFlow's default options are the ones wanted (host tracer 2, device tracer 1, no
-            # Python tracer); passing them explicitly makes TF 2.21 log "expects an i value" warnings.
-            start(self.logdir)
+            start_profiler(self.logdir)
         except Exception as exc:  # e.g. a profiler session the program opened is running
             self.state = "failed"
             self.agent.notice(f"TensorFlow profiler window not opened ({exc!r}): the input wait inside the train "
@@ -117,8 +136,7 @@ class ProfilerWindow:
             return []
         self.state = "done"
         t0 = monotonic_ns()
-        files = sorted(glob.glob(os.path.join(self.logdir, "plugins", "profile", "*", "*.xplane.pb")),
-                       key=os.path.getmtime)
+        files = xplane_files(self.logdir)
         rec = {"k": "tf_window", "t": monotonic_ns(), "method": "tf_profiler", "t0": self.t_start,
                "t1": self.t_stop, "first_call": self.first_call}
         if not files:

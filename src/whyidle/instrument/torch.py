@@ -34,7 +34,8 @@ the first optimizer step) is accounted. Once the model is on CUDA, every phase b
 records a mark on the CUDA timeline (:mod:`whyidle.instrument.cuda`: events read later with
 ``query()``, never a synchronize) and syncs are counted; the first steps audit copies and host
 reads (:mod:`whyidle.instrument.transfers`). In a ``torch.distributed`` job on gloo, each step's
-collectives are timed (:mod:`whyidle.instrument.collectives`). Every hook catches its own errors
+collectives are timed (:mod:`whyidle.instrument.collectives`). The step boundaries also serve the
+run's on-demand ``torch.profiler`` windows (:mod:`whyidle.instrument.deep_trace`). Every hook catches its own errors
 and turns the instrumentation off with one notice.
 """
 
@@ -54,6 +55,7 @@ from time import monotonic_ns, perf_counter, thread_time_ns
 
 from whyidle.instrument import collectives as coll_mod
 from whyidle.instrument import dataset_code
+from whyidle.instrument import deep_trace
 from whyidle.instrument import forward as forward_mod
 from whyidle.instrument import patches
 from whyidle.instrument import regions as region_mod
@@ -298,6 +300,8 @@ class TorchInstrument:
         self.loader_sites: dict[int, str] = {}  # id() of a recorded DataLoader → the program's line that built it
         self.alias: dict[int, int] = {}  # id() of a DataLoader built again at the training loader's line → its id()
         self.rebuilt: set[int] = set()  # id() of a recorded DataLoader that a new one built at its line took over
+        self.deep = None  # on-demand profiler windows (deep_trace.py), once installed
+        self.trace_due = 1 << 62  # monotonic ns from which end_step calls self.deep.boundary
 
     # -- phase accounting ------------------------------------------------------------------------
     def _begin_step(self, now: int) -> None:
@@ -379,6 +383,8 @@ class TorchInstrument:
         if self.t0 is None:
             self._begin_step(now)
             return
+        if now >= self.trace_due:  # a deep-trace request to look for, or its window open (deep_trace.py)
+            now = self.deep.boundary(now)
         # the main thread's CPU time when this step or the next is recorded in full: this step's
         # ``cpu`` ends and the next step's ``wi`` (below) starts here
         cpu_now = thread_time_ns() if self.full or self.step + 1 >= self.next_full else None
@@ -1452,6 +1458,11 @@ def install(agent, torch) -> TorchInstrument:
         coll_mod.install(torch, inst.colls, agent.notice)
     except Exception as exc:
         agent.notice(f"collective timing disabled: {exc!r}")
+
+    try:
+        deep_trace.install(agent, torch, inst)
+    except Exception as exc:
+        agent.notice(f"deep traces disabled: {exc!r}")
 
     region_mod.wrap(torch, "save", "checkpoint", agent, "torch.save")
     region_mod.watch_module_mode(module_mod.Module, agent)

@@ -36,6 +36,8 @@ class RunData:
         procs: pid → records of ``proc-<pid>.jsonl`` other than steps.
         steps: pid → that file's ``step`` records (and GPU step times) as a :class:`StepTable`.
         problems: readable notes about skipped damage (e.g. a truncated last line).
+        windows: ``window`` records of ``windows.jsonl`` (the rolling diagnosis), in time order.
+        deep_traces: ``deep_trace`` records of ``traces.jsonl`` (deep traces taken during the run).
     """
 
     path: str
@@ -45,6 +47,8 @@ class RunData:
     procs: dict
     problems: list
     steps: dict = dataclasses.field(default_factory=dict)
+    windows: list = dataclasses.field(default_factory=list)
+    deep_traces: list = dataclasses.field(default_factory=list)
 
 
 def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict], list[str]]:
@@ -205,6 +209,7 @@ def load_run(path: str) -> RunData:
         table = StepTable()
         procs[int(m.group(1))] = read(file, table)
         steps[int(m.group(1))] = table
+        table.mark_profiled(traced_spans(procs[int(m.group(1))]))
     recorded = host or any(procs.values()) or any(len(t) for t in steps.values())
     if not recorded and (corrupt or not (meta or procs)):
         raise (corrupt[0] if corrupt else None) or meta_error or RunDirError(
@@ -214,9 +219,19 @@ def load_run(path: str) -> RunData:
                         "exit code and the run's start and end are unknown)")
     elif not meta:
         problems.append("meta.json: missing (the command, its exit code and the run's start and end are unknown)")
+    windows = sorted((r for r in read(os.path.join(path, "windows.jsonl")) if r.get("k") == "window"),
+                     key=lambda r: r["t0"])
+    deep_traces = [r for r in read(os.path.join(path, "traces.jsonl")) if r.get("k") == "deep_trace"]
     redact_run(meta, host, procs)
     cells.name_cells(meta, procs)  # a notebook kernel's cell files named "cell N" (record/cells.py)
-    return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps)
+    return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps,
+                   windows=windows, deep_traces=deep_traces)
+
+
+def traced_spans(records: list[dict]) -> list[tuple[int, int]]:
+    """The ``(t0, t1)`` of a process's deep-trace windows (``trace_window`` records)."""
+    return [(r["t0"], r["t1"]) for r in records if r.get("k") == "trace_window"
+            and isinstance(r.get("t0"), int) and isinstance(r.get("t1"), int)]
 
 
 def redact_run(meta: dict, host: list[dict], procs: dict[int, list[dict]]) -> None:

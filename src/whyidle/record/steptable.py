@@ -187,6 +187,21 @@ class StepTable:
             self.gpu_ms[row] = gpu_ms
         return True
 
+    def mark_profiled(self, spans: list[tuple[int, int]]) -> int:
+        """Marks ``profiled`` the steps inside one of ``spans`` (``(t0, t1)`` monotonic ns: the deep
+        traces' windows, ``trace_window`` records), whose profiler start, stop and export slow them:
+        the analysis leaves them out like the Keras profiler window's steps. Returns how many."""
+        marked = 0
+        if not spans:
+            return 0
+        t0s, t1s = self.cols["t0"], self.cols["t1"]
+        for row in range(len(self.by)):
+            a, b = t0s[row], t1s[row]
+            if any(s <= a and b <= e for s, e in spans):
+                self.profiled[row] = 1
+                marked += 1
+        return marked
+
     def rows(self) -> list["StepView"]:
         """All rows as :class:`StepView` objects, in file order."""
         return [StepView(self, i) for i in range(len(self))]

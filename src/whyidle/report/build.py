@@ -8,6 +8,7 @@ from whyidle.analysis.ranks import job_rate
 from whyidle.diagnose.verdict import steady_verdict
 from whyidle.redact import redact_argv
 from whyidle.report import cell_sites
+from whyidle.report.windows import changes, goodput
 
 SCHEMA = "whyidle.report/1"
 
@@ -126,8 +127,9 @@ def notes_of(facts: RunFacts, problems: list[str]) -> list[str]:
                      f"phases, samples and CPU times were recorded on {full} of the {n} analyzed steps ({every}drawn "
                      "at random); step times cover every step (docs/run-format.md, detail stride).")
     if info.get("profiled_excluded"):
-        notes.append(f"{info['profiled_excluded']} step(s) ran under whyidle's TensorFlow profiler window; they give "
-                     "the input-wait split and were left out of the step times.")
+        what = ("whyidle's TensorFlow profiler window; they give the input-wait split"
+                if facts.framework in ("keras", "tensorflow") else "a deep trace (torch.profiler), which slows them")
+        notes.append(f"{info['profiled_excluded']} step(s) ran under {what} and were left out of the step times.")
     iw = facts.input_wait or {}
     if iw.get("method") == "tf_profiler":
         notes.append(f"Input wait inside Keras's compiled train step: {iw['ratio']:.0%} of its time in IteratorGetNext "
@@ -284,6 +286,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "loop": loop_of(facts),
         "compile": compile_of(facts),
     }
+    metrics["goodput"] = goodput(metrics)
     return _r({
         "schema": SCHEMA,
         "tool_version": whyidle.__version__,
@@ -307,8 +310,21 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "run": {**{k: meta.get(k) for k in ("run_dir", "started_utc", "ended_utc", "exit_code", "signal", "interrupted")},
                 **({"stopped": meta["stopped"]} if meta.get("stopped") else {})},
         "overrides": facts.overrides,
+        **over_time(facts),
         "notes": notes_of(facts, problems or []),
     })
+
+
+def over_time(facts: RunFacts) -> dict:
+    """The rolling diagnosis in the report (docs/report.md): ``windows`` (each window's verdict,
+    shares and goodput, time order), ``over_time`` (the runs of windows with one verdict:
+    :func:`whyidle.report.windows.changes`), ``goodput`` (over the whole run,
+    :func:`whyidle.report.windows.goodput` of the run's metrics is added by the caller) and
+    ``deep_traces`` (each deep trace taken during the run, with its analysis). Empty lists when the
+    run was recorded without windows."""
+    windows = [{k: v for k, v in w.items() if k not in ("k", "t")} for w in facts.windows or []]
+    traces = [{k: v for k, v in t.items() if k != "k"} for t in facts.deep_traces or []]
+    return {"windows": windows, "over_time": changes(windows), "deep_traces": traces}
 
 
 def logged_text(report: dict, limit: int = 6) -> str | None:

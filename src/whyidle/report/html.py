@@ -244,6 +244,8 @@ def build_plots(report: dict, series: RunSeries) -> list[plots.Plot]:
         idle_why = "GPU idle per cause was not measured."
     builders = [
         ("time", "Wall time by part", lambda: plots.time_plot((report.get("metrics") or {}).get("time"))),
+        *([("windows", "Verdict over time", lambda: plots.windows_plot(report))]
+          if len(report.get("over_time") or []) >= 2 or len(report.get("windows") or []) >= 4 else []),
         ("gpu_util", "GPU utilization", lambda: plots.gpu_util_plot(devices, no_gpu, window_s)),
         ("cpu", "CPU and memory", lambda: plots.cpu_plot(cpu, window_s, series.interval_s)),
         ("steps", "Step time and data wait per step", lambda: plots.step_time_plot(steps, left_out, no_steps)),

@@ -22,6 +22,8 @@ import math
 import pkgutil
 
 import numpy as np
+
+from whyidle.report.windows import over_time_lines
 from markupsafe import escape
 
 #: Most points one trace of a time series holds: ~5,000 keeps a page with a few long traces at a few
@@ -359,8 +361,8 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
     plot = Plot("steps", "Step time and data wait per step",
                 "Wall time of each training step and the part of it spent waiting for the next batch "
                 "(DataLoader or tf.data iterator), in milliseconds. Marked steps are left out of the "
-                "metrics: warm-up, steps holding an epoch boundary or evaluation, steps run under the "
-                "TensorFlow profiler window.")
+                "metrics: warm-up, steps holding an epoch boundary or evaluation, steps run under a "
+                "profiler window (whyidle's TensorFlow window, or a deep trace).")
     n = len(steps.get("i", ()))
     if not n:
         plot.why = why
@@ -537,4 +539,64 @@ def idle_cause_plot(gpu: dict | None, why: str) -> Plot:
     plot.figure = fig.done(height=80 + 44 * len(causes), showlegend=False, hovermode="closest",
                            xaxis={"title": _title("seconds starved"), "rangemode": "tozero"},
                            yaxis={"autorange": "reversed"})
+    return plot
+
+
+#: Colours of the verdicts in the windows plot (healthy ones green, the rest by kind).
+_VERDICT_COLOURS = {"device_bound": "#54a24b", "small_workload": "#88d27a", "no_steps": "#bab0ac",
+                    "input_bound": "#e45756", "host_bound": "#f58518", "sync_bound": "#b279a2",
+                    "eval_bound": "#72b7b2", "checkpoint_bound": "#9d755d", "imbalance": "#4c78a8"}
+
+
+def windows_plot(report: dict) -> Plot:
+    """The rolling diagnosis over the job's time (``report.windows``): one bar per window coloured
+    by its verdict (top), the data-wait and host shares of step time and the GPU idle share of
+    each window (middle, percent) and its samples/s (bottom), so a job that was healthy for hours
+    and then went input-bound, or slowed down keeping its verdict, shows when."""
+    plot = Plot("windows", "Verdict over time",
+                "The job cut into windows (whyidle run --window), each analyzed and diagnosed on its own: its "
+                "verdict, and what share of its steps waited for data or ran other host work, and how much of it "
+                "the GPU was idle.")
+    windows = [w for w in report.get("windows") or [] if w.get("steps")]
+    if len(windows) < 2:
+        plot.why = ("The run was recorded without windows (whyidle run writes one every --window seconds)."
+                    if not windows else "The run fits in one window: the report above is its diagnosis.")
+        return plot
+    fig = _Figure(row_heights=[1, 3, 2], vertical_spacing=0.06, shared_xaxes=True)
+    seen = set()
+    for w in windows:
+        v = w.get("verdict") or "?"
+        fig.add({"type": "bar", "x": [round((w["start_s"] + w["end_s"]) / 2, 2)], "y": [1],
+                 "width": [max(0.01, w["end_s"] - w["start_s"])], "name": v, "legendgroup": v,
+                 "showlegend": v not in seen, "marker": {"color": _VERDICT_COLOURS.get(v, "#bab0ac")},
+                 "hovertemplate": f"{w['start_s']:.0f}–{w['end_s']:.0f} s: {v}"
+                                  f"{' — ' + w['title'] if w.get('title') else ''}<extra></extra>"}, row=1)
+        seen.add(v)
+    mid = [round((w["start_s"] + w["end_s"]) / 2, 2) for w in windows]
+    lines = [("data wait", "#e45756", [(w.get("shares") or {}).get("data_wait") for w in windows]),
+             ("other host", "#f58518", [(w.get("shares") or {}).get("other_host") for w in windows]),
+             ("GPU idle", "#4c78a8", [(w.get("gpu") or {}).get("idle_share") if (w.get("gpu") or {}).get("idle_share")
+                                      is not None else (None if (w.get("gpu") or {}).get("util_mean") is None
+                                                        else 1 - w["gpu"]["util_mean"] / 100) for w in windows])]
+    for name, colour, ys in lines:
+        if all(y is None for y in ys):
+            continue
+        fig.add({"type": "scatter", "mode": "lines+markers", "x": mid,
+                 "y": [None if y is None else round(100 * y, 2) for y in ys], "name": name,
+                 "line": {"color": colour}, "hovertemplate": f"{name} %{{y:.0f}}%<extra></extra>"}, row=2)
+    sps = [w.get("samples_per_s") for w in windows]
+    if any(v is not None for v in sps):
+        fig.add({"type": "scatter", "mode": "lines+markers", "x": mid, "y": sps, "name": "samples/s",
+                 "line": {"color": "#54a24b"}, "hovertemplate": "%{y:,.1f} samples/s<extra></extra>"}, row=3)
+    fig.axis("y", 1, showticklabels=False, range=[0, 1])
+    fig.axis("y", 2, title=_title("percent"), rangemode="tozero")
+    fig.axis("y", 3, title=_title("samples/s"), rangemode="tozero")
+    fig.axis("x", 3, title=_title("seconds since the command started"))
+    for t in report.get("deep_traces") or []:
+        if t.get("start_s") is not None:
+            fig.layout.setdefault("shapes", []).append(
+                {"type": "line", "x0": t["start_s"], "x1": t["start_s"], "xref": "x2", "y0": 0, "y1": 1,
+                 "yref": "y2 domain", "line": {"color": "#444", "dash": "dot", "width": 1}})
+    plot.figure = fig.done(height=400, barmode="overlay", bargap=0, hovermode="closest")
+    plot.notes = [f"{label} {text}" if label.strip() else f"· {text}" for label, text in over_time_lines(report)]
     return plot

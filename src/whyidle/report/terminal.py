@@ -11,6 +11,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from whyidle.report.windows import over_time_lines
 from whyidle.report import cell_sites
 from whyidle.report.build import framework_text, logged_text, option_gain, steady_line, verdict_line
 
@@ -301,6 +302,8 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None, 
     logged = logged_text(report)
     if logged:
         console.print("[bold]logged[/] " + escape(logged))
+    for label, text in over_time_lines(report):
+        console.print(f"[bold]{label}[/] " + escape(text))
 
     findings = report.get("findings") or []
     if findings:

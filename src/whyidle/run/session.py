@@ -24,6 +24,7 @@ from whyidle.record.writer import FILE_MODE, write_json_atomic
 from whyidle.redact import redact_argv
 from whyidle.run import launcher
 from whyidle.run.launcher import ChildExit, LaunchError
+from whyidle.run.rolling import Rolling, RollingOptions
 
 DEFAULT_RUNS_DIR = "whyidle-runs"
 #: Mode of a run directory whyidle creates (before the umask): its owner's only, as its files
@@ -49,6 +50,9 @@ class RunOptions:
     #: stops the command gently (:meth:`whyidle.run.launcher.Child.stop`), recorded in meta.json
     #: ``stopped``. whyidle tune stops a trial once it has measured enough steps.
     until: "Callable[[str], str | None] | None" = None
+    #: Always-on (:mod:`whyidle.run.rolling`): windows of verdicts, deep traces, metrics; None: off
+    #: (tune's trials, the demo, watch blocks).
+    rolling: "RollingOptions | None" = None
 
 
 def safe_name(name: str) -> str:
@@ -120,12 +124,19 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     launcher.resolve_command(cmd)
     if opts.json_path and opts.json_path != "-":
         check_writable_file(opts.json_path)
-    run_dir = prepare_run_dir(cmd, opts)
     name = safe_name(opts.name or default_name(cmd))
+    metrics = _start_metrics(opts.rolling, name)
     try:
+        run_dir = prepare_run_dir(cmd, opts)
         boot = launcher.prepare_bootstrap(run_dir)
     except OSError as exc:  # e.g. a full disk: the write probe of prepare_run_dir writes no data
+        if metrics is not None:
+            metrics.close()
         raise LaunchError(f"run directory not writable: {run_dir} ({exc.strerror or exc})", 2) from None
+    except LaunchError:
+        if metrics is not None:
+            metrics.close()
+        raise
     meta = {
         "format": "whyidle.run/1", "tool_version": whyidle.__version__, "name": name, "command": redact_argv(cmd),
         "run_dir": run_dir, "cwd": os.getcwd(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
@@ -135,6 +146,8 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
     }
     problem = write_meta(run_dir, meta)
     if problem:
+        if metrics is not None:
+            metrics.close()
         raise LaunchError(f"run directory not writable: {run_dir} ({problem})", 2)
 
     launcher.become_subreaper()
@@ -152,9 +165,17 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
                 output.close()  # the child holds its own copy
     except OSError as exc:
         sampler.stop()
+        if metrics is not None:
+            metrics.close()
         raise LaunchError(f"cannot execute {cmd[0]}: {exc.strerror or exc}", 126) from None
     meta["root_pid"] = child.pid
     write_meta(run_dir, meta)  # from now on nothing whyidle cannot write may stop the command
+    rolling = None
+    if opts.rolling is not None:
+        say = None if opts.quiet else _sayer(stream)
+        rolling = Rolling(run_dir, meta, opts.rolling, metrics, say=say)
+        if say and metrics is not None:
+            say(_metrics_line(metrics, opts.rolling))
 
     live = None
     if not opts.quiet:
@@ -168,6 +189,8 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
             launcher.reap_orphans(child.pid)
             if live:
                 live.tick()
+            if rolling is not None:
+                rolling.tick()
             told = _tell_problem(sampler, stream, told)
             if opts.until is not None and "stopped" not in meta:
                 why = opts.until(run_dir)
@@ -180,10 +203,51 @@ def observe(cmd: list[str], opts: RunOptions, stream=None) -> tuple[dict, ChildE
             live.close()
     meta["exit_t"] = time.monotonic_ns()
     status = child.exit_status()
+    if rolling is not None:
+        rolling.finish(meta["exit_t"])
     try:
         return _finish(run_dir, meta, status, sampler, child, opts, stream, t_start, told)
     finally:
         child.restore_signals()
+
+
+def _start_metrics(rolling: RollingOptions | None, name: str):
+    """The Prometheus exporter asked for (``--metrics-port``/``--metrics-file``), started before
+    the command so a port in use fails fast; None when not asked for.
+
+    Errors: LaunchError (exit 2) naming the problem (port in use, file not writable)."""
+    if rolling is None or not (rolling.metrics_port or rolling.metrics_file):
+        return None
+    from whyidle.export.prometheus import JobMetrics, MetricsError
+
+    try:
+        return JobMetrics(run=name, host=socket.gethostname(), port=rolling.metrics_port,
+                          textfile=rolling.metrics_file)
+    except MetricsError as exc:
+        raise LaunchError(str(exc), 2) from None
+
+
+def _metrics_line(metrics, rolling: RollingOptions) -> str:
+    """The one line saying where the job's Prometheus metrics are (``--metrics-port``/``-file``)."""
+    parts = []
+    if metrics.address:
+        host, port = metrics.address
+        shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
+        parts.append(f"http://{shown}:{port}/metrics")
+    if rolling.metrics_file:
+        parts.append(rolling.metrics_file + ("" if rolling.metrics_file.endswith(".prom") else
+                                             " (node_exporter's textfile collector reads only *.prom files)"))
+    return "[whyidle] Prometheus metrics: " + " and ".join(parts)
+
+
+def _sayer(stream):
+    def say(text: str) -> None:
+        try:
+            stream.write(text + "\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    return say
 
 
 def write_meta(run_dir: str, meta: dict) -> str | None:
