@@ -52,11 +52,11 @@ def _finish(proc, report_path, timeout=240):
 
 @pytest.mark.timing  # healthy windows must read healthy: run alone, as the scenario verdict tests are
 def test_a_job_that_goes_input_bound_mid_run_says_when_and_takes_a_trace(tmp_path):
-    """Healthy for ~17 s of the command (the script's 15 s after its start-up), then every sample
-    read waits 2 ms: 5-second windows, automatic traces allowed at once; a trace-now during the
+    """Healthy for ~13 s of the command (the script's 11 s after its start-up), then every sample
+    read waits 2 ms: 4-second windows, automatic traces allowed at once; a trace-now during the
     healthy part."""
-    proc, run_dir, report_path = _start(tmp_path, [sys.executable, MIDRUN, "--seconds", "34", "--after", "15"],
-                                        "--window", "5", "--trace-every", "0")
+    proc, run_dir, report_path = _start(tmp_path, [sys.executable, MIDRUN, "--seconds", "26", "--after", "11"],
+                                        "--window", "4", "--trace-every", "0")
     _wait_for_steps(run_dir)
     asked = subprocess.run(whyidle_cmd("trace-now", run_dir, "--steps", "5"), capture_output=True, text=True)
     assert asked.returncode == 0, asked.stderr
@@ -64,7 +64,7 @@ def test_a_job_that_goes_input_bound_mid_run_says_when_and_takes_a_trace(tmp_pat
     runs = report["over_time"]
     assert runs[0]["verdict"] in HEALTHY and runs[-1]["verdict"] == "input_bound", runs
     change = next(r for r in runs if r["verdict"] == "input_bound")
-    assert 10 <= change["start_s"] <= 25, runs  # the window that holds the switch (~17 s)
+    assert 8 <= change["start_s"] <= 20, runs  # the window that holds the switch (~13 s)
     assert "over time" in err and "input_bound" in err
     traces = report["deep_traces"]
     manual = [t for t in traces if t.get("trigger") == "request"]
@@ -73,7 +73,7 @@ def test_a_job_that_goes_input_bound_mid_run_says_when_and_takes_a_trace(tmp_pat
     assert manual[0]["start_s"] < change["start_s"] and manual[0]["verdict"]
     assert auto and not auto[0]["error"], traces
     # within two windows of the change: requested when the window holding it closed
-    assert auto[0]["start_s"] <= change["start_s"] + 2 * 5 + 3, (auto[0], change)
+    assert auto[0]["start_s"] <= change["start_s"] + 2 * 4 + 3, (auto[0], change)
     assert auto[0]["verdict"] == "input_bound" and "data wait rose" in auto[0]["reason"]
     assert auto[0]["cost"] and auto[0]["cost"]["ratio"] > 0
     for t in manual + auto:
@@ -115,12 +115,12 @@ def test_a_real_prometheus_server_scrapes_the_job(tmp_path):
     from test_prometheus_server import free_port, prometheus_against
 
     port = free_port()
-    cmd = [sys.executable, MIDRUN, "--seconds", "30", "--after", "0"]  # input-bound from the start: steady
-    proc, run_dir, report_path = _start(tmp_path, cmd, "--metrics-port", f"127.0.0.1:{port}", "--window", "6")
+    cmd = [sys.executable, MIDRUN, "--seconds", "22", "--after", "0"]  # input-bound from the start: steady
+    proc, run_dir, report_path = _start(tmp_path, cmd, "--metrics-port", f"127.0.0.1:{port}", "--window", "4")
     try:
         with prometheus_against(f"127.0.0.1:{port}", tmp_path) as query:
             _wait_for_steps(run_dir, 100)
-            time.sleep(14)  # two windows closed, a [10s] rate window filled
+            time.sleep(11)  # two windows closed, a [10s] rate window filled
             sps = query('rate(whyidle_samples_total[10s])')
             wait = query('whyidle_data_wait_ratio')
             stuck = query('time() - whyidle_last_step_timestamp_seconds')
