@@ -306,18 +306,7 @@ elif MODE == "own":
 """
 
 
-def _records(run_dir, kind=None):
-    out = []
-    for path in glob.glob(os.path.join(run_dir, "proc-*.jsonl")):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if kind is None or rec.get("k") == kind:
-                    out.append({**rec, "_file": os.path.basename(path)})
-    return out
+from test_deep_trace import _records  # noqa: E402 - the same reader of a run's proc records
 
 
 def _wait_for(cond, timeout=90.0, what="it"):

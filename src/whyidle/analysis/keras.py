@@ -37,6 +37,13 @@ NOT_TRAINING = ("the program iterated a tf.data dataset but called no tf.functio
                 "while doing so: it reads data, it does not train")
 
 
+def input_wait_ratio(calls: list) -> float | None:
+    """The share (fraction) of a TensorFlow profiler window's train-function time spent waiting for
+    the input: ``calls`` are ``[duration_ns, get_next_ns]`` per call (``tf_window`` /
+    ``trace_window`` records), each wait capped at its call; None when they hold no time."""
+    total = sum(c[0] for c in calls)
+    return min(1.0, sum(min(c[1], c[0]) for c in calls) / total) if total > 0 else None
+
 def _window(records) -> dict | None:
     return next((r for r in records if r.get("k") == "tf_window"), None)
 
@@ -74,7 +81,7 @@ def input_wait(steps: list, records) -> tuple[list, InputWait | None]:
             "no TensorFlow profiler window ran (see the notes)")
         # steps marked as profiled by a window that was abandoned are ordinary steps
         return [dict(s, data=None, comp=s.get("fn"), profiled=False) for s in steps], {"method": None, "reason": reason}
-    ratio = min(1.0, sum(min(c[1], c[0]) for c in calls) / total)
+    ratio = input_wait_ratio(calls)
     profiled = [s for s in steps if s.get("profiled")]
     own = {}
     if len(profiled) == len(calls):

@@ -193,14 +193,19 @@ class KerasDeepTrace:
                 return
             self.state = "idle"
             self.due = 0
-            t = monotonic_ns()
-            try:
-                tfprof._profiler().stop(save=False)
-            except Exception:
-                pass
-            end = monotonic_ns()
-            self._record(self.t0, self._last_end(end), self.inst.calls - self.first_call, DISCARDED, t=end,
-                         stop_s=(end - t) / 1e9)
+            self._discard(DISCARDED)
+
+    def _discard(self, why: str) -> None:
+        """Stops the open profiler session without saving and records the window with ``why``
+        (under the lock)."""
+        t = monotonic_ns()
+        try:
+            tfprof._profiler().stop(save=False)
+        except Exception:
+            pass
+        end = monotonic_ns()
+        self._record(self.t0, self._last_end(end), self.inst.calls - self.first_call, why, t=end,
+                     stop_s=(end - t) / 1e9)
 
     # -- fit ends, failures, exit ----------------------------------------------------------------
     def fit_ended(self, now: int) -> None:
@@ -219,14 +224,7 @@ class KerasDeepTrace:
             self.due = _NEVER
             state, self.state = self.state, "idle"
             if state == "open":
-                t = monotonic_ns()
-                try:
-                    tfprof._profiler().stop(save=False)
-                except Exception:
-                    pass
-                end = monotonic_ns()
-                self._record(self.t0, self._last_end(end), self.inst.calls - self.first_call, why, t=end,
-                             stop_s=(end - t) / 1e9)
+                self._discard(why)
             elif state == "pending":
                 now = monotonic_ns()
                 self._record(now, now, 0, why)

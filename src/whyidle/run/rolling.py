@@ -450,14 +450,14 @@ def _tf_window_verdict(rec: dict) -> dict:
     time spent waiting for the input (``IteratorGetNext`` inside them, as ``tf_window`` records are
     read, :mod:`whyidle.analysis.keras`); input-bound past the ``input_bound`` rule's warning share
     (:data:`whyidle.diagnose.thresholds.DATA_WAIT_WARN`)."""
+    from whyidle.analysis.keras import input_wait_ratio
     from whyidle.diagnose.thresholds import DATA_WAIT_WARN
 
     calls = [c for c in rec.get("calls") or [] if isinstance(c, list) and len(c) >= 2
              and all(isinstance(v, (int, float)) for v in c[:2])]
-    total = sum(c[0] for c in calls)
-    if not total:
+    share = input_wait_ratio(calls)
+    if share is None:
         return {"verdict": None, "error": "the TensorFlow profiler window holds no train-function call"}
-    share = min(1.0, sum(min(c[0], c[1]) for c in calls) / total)
     stages = ", ".join(f"{s[0]} {s[2]:.0f} ms" for s in (rec.get("iterators") or [])[:3]
                        if isinstance(s, list) and len(s) >= 3 and isinstance(s[2], (int, float)))
     bound = share >= DATA_WAIT_WARN
