@@ -188,7 +188,7 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
     Returns ``{"dtype", "batch", "target", "shapes": [{"kind", "in", "w", "calls", "float32_s", "lowp_s",
     "float32_target_s", "lowp_target_s"}], "float32_s", "lowp_s", "slowdown", "float32_target_s",
     "lowp_target_s", "growth", "covered", "slowdown_target", "probe_s", "cpu_flags"}`` (seconds per
-    call, the fastest of ``reps``; the totals are per step: summed over the shapes × their calls;
+    call, the fastest of ``reps``; the totals are per step: summed over the shapes timed in that key × their calls;
     ``covered``: the probed shapes' share of the layers' forward time in the first steps (0–1);
     ``slowdown`` = lowp_s / float32_s over the shapes timed in both, None without ``dtype`` or when
     no shape was (an emulated dtype is timed up to :data:`MAX_FLOPS_EMULATED` only); ``cpu_flags``:
@@ -251,8 +251,8 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
     return {"dtype": dtype, "batch": batch, "target": target if grow else None, "shapes": rows,
             "float32_s": fp32, "lowp_s": lowp, "slowdown": (lowp / max(fp32_lowp, 1e-12)) if lowp is not None else None,
             "cpu_flags": flags,
-            "float32_target_s": _sum(both, "float32_target_s") if both else None,
-            "lowp_target_s": _sum(both, "lowp_target_s") if both and dtype is not None else None,
+            "float32_target_s": _total(rows, "float32_target_s"),
+            "lowp_target_s": _total(rows, "lowp_target_s"),
             "growth": growth, "covered": timed_ns / all_ns if all_ns else None,
             "slowdown_target": _ratio([r for r in rows if r["lowp_target_s"] is not None]),
             "probe_s": perf_counter() - t_start}
@@ -261,6 +261,12 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
 def _sum(rows: list[dict], key: str) -> float:
     """Seconds per step of ``key`` over ``rows``: each shape's time × its calls per step."""
     return sum(r[key] * r.get("calls", 1) for r in rows)
+
+
+def _total(rows: list[dict], key: str) -> float | None:
+    """:func:`_sum` over the rows where ``key`` was timed; None when none was."""
+    timed = [r for r in rows if r[key] is not None]
+    return _sum(timed, key) if timed else None
 
 
 def _ratio(rows: list[dict]) -> float | None:
