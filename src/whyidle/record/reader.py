@@ -15,7 +15,7 @@ import os
 import re
 
 from whyidle.cmdline import program_and_script
-from whyidle.record import cells, schema
+from whyidle.record import cells, schema, stepdecode
 from whyidle.record.steptable import StepTable
 from whyidle.redact import redact_argv
 
@@ -94,6 +94,8 @@ def read_jsonl(path: str, steps: "StepTable | None" = None) -> tuple[list[dict],
                     continue
                 lines += 1
                 last = number
+                if steps is not None and stepdecode.add_line(steps, raw):
+                    continue  # a well-typed step line, appended without a dict
                 try:
                     obj = json.loads(raw)
                 except (ValueError, RecursionError):

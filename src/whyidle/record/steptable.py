@@ -28,6 +28,7 @@ BY_CODES = _BY
 #: The int columns a ``steps`` row holds (``i``, ``t0``, ``t1`` first) and their positions in it.
 _LITE_INT = tuple(f for f in LITE_COLUMNS if f in _INT_FIELDS)
 _LITE_POS = tuple(LITE_COLUMNS.index(f) for f in _LITE_INT)
+_LITE_EMPTY = tuple(f for f in _INT_FIELDS if f not in _LITE_INT)
 
 
 def expand_lite(rec: dict) -> list[dict]:
@@ -75,6 +76,7 @@ class StepTable:
 
     def __init__(self) -> None:
         self.cols = {f: array.array("q") for f in _INT_FIELDS}
+        self._int_cols = [self.cols[f] for f in _INT_FIELDS]
         self.by = array.array("b")
         self.boundary = array.array("b")
         self.profiled = array.array("b")
@@ -102,15 +104,24 @@ class StepTable:
             t0, t1 = int(rec["t0"]), int(rec["t1"])
         except (TypeError, ValueError, OverflowError, KeyError):
             return False
-        if t1 < t0 or min(values) < _NONE or max(values) > _INT_MAX or any(v < _NONE or v > _INT_MAX for v in ph):
+        return self.add_values(values, rec.get("by"), rec.get("boundary"), rec.get("profiled"), rec.get("lite"),
+                               ph, step, t0, t1)
+
+    def add_values(self, values: list[int], by, boundary, profiled, lite, ph: list[int], step: int, t0: int,
+                   t1: int) -> bool:
+        """Appends one step from its :data:`_INT_FIELDS` values (ints, :data:`NULL_INT` for null), its
+        marker ``by``, the truth of its ``boundary``/``profiled``/``lite`` flags and its ``ph`` values
+        (what :meth:`add` reads from a record, or a typed decode of its line:
+        :mod:`whyidle.record.stepdecode`). False (nothing appended) when the interval ends before it
+        starts or a value is outside int64."""
+        if t1 < t0 or min(values) < _NONE or max(values) > _INT_MAX or (ph and (min(ph) < _NONE or max(ph) > _INT_MAX)):
             return False
-        for f, v in zip(_INT_FIELDS, values):
-            self.cols[f].append(v)
-        by = rec.get("by")
+        for col, v in zip(self._int_cols, values):
+            col.append(v)
         self.by.append(_BY.index(by) if isinstance(by, str) and by in _BY else 2)
-        self.boundary.append(1 if rec.get("boundary") else 0)
-        self.profiled.append(1 if rec.get("profiled") else 0)
-        self.lite.append(1 if rec.get("lite") else 0)
+        self.boundary.append(1 if boundary else 0)
+        self.profiled.append(1 if profiled else 0)
+        self.lite.append(1 if lite else 0)
         self.gpu_ms.append(math.nan)
         self.ph.extend(ph)
         self.ph_end.append(len(self.ph))
@@ -119,7 +130,10 @@ class StepTable:
 
     def _index(self, step: int) -> None:
         """Remembers the row of step ``i`` = ``step`` just appended (see :meth:`row_of`)."""
-        row = len(self.by) - 1
+        self._index_at(len(self.by) - 1, step)
+
+    def _index_at(self, row: int, step: int) -> None:
+        """Remembers that step ``i`` = ``step`` is at ``row`` (the latest row of a step wins)."""
         if self._first is None:
             self._first = step - row
         if step - self._first != row:
@@ -145,7 +159,7 @@ class StepTable:
             return 1
         bad = 0
         lite = [self.cols[f] for f in _LITE_INT]
-        empty = [self.cols[f] for f in _INT_FIELDS if f not in _LITE_INT]
+        empty = [self.cols[f] for f in _LITE_EMPTY]
         n = len(LITE_COLUMNS)
         for row in rows:
             if type(row) is not list or len(row) != n:
@@ -172,6 +186,43 @@ class StepTable:
             self.ph_end.append(len(self.ph))
             self._index(values[0])
         return bad
+
+    def add_lite_columns(self, columns: list[tuple]) -> bool:
+        """Appends the rows of one ``steps`` record given column by column (``columns[j]`` holds
+        every row's value of ``LITE_COLUMNS[j]``: a typed decode of its line transposed,
+        :mod:`whyidle.record.stepdecode`), all or none: False, nothing appended, when a row would
+        be left out by :meth:`add_lite` (null ``i``/``t0``/``t1``, an interval that ends before it
+        starts, a value outside int64), so the caller can take the record the slow way and count."""
+        n = len(columns[0])
+        try:
+            ints = [array.array("q", [_NONE if v is None else v for v in columns[p]]) for p in _LITE_POS]
+        except (TypeError, OverflowError):
+            return False
+        i, t0, t1 = ints[0], ints[1], ints[2]
+        if _NONE in i or _NONE in t0 or any(b < a for a, b in zip(t0, t1)):
+            return False
+        for f, col in zip(_LITE_INT, ints):
+            self.cols[f].extend(col)
+        nulls = array.array("q", [_NONE]) * n
+        for f in _LITE_EMPTY:
+            self.cols[f].extend(nulls)
+        top = len(_BY)
+        self.by.extend(array.array("b", [b if isinstance(b, int) and 0 <= b < top else 2 for b in columns[3]]))
+        self.boundary.extend(array.array("b", [1 if b else 0 for b in columns[12]]))
+        zeros = array.array("b", [0]) * n
+        self.profiled.extend(zeros)
+        self.lite.extend(array.array("b", [1]) * n)
+        self.gpu_ms.extend(array.array("d", [math.nan]) * n)
+        self.ph_end.extend(array.array("q", [len(self.ph)]) * n)
+        first = len(self.by) - n  # the row of this record's first step
+        if self._first is None:
+            self._first = i[0] - first
+        if not self._moved and i[0] - self._first == first and i[-1] - i[0] == n - 1 \
+                and all(b - a == 1 for a, b in zip(i, i[1:])):
+            return True  # rows in step order where expected: no index entry (the usual case)
+        for row, step in enumerate(i, start=first):
+            self._index_at(row, step)
+        return True
 
     def add_gpu(self, rec: dict) -> bool:
         """Attaches a ``gpu_step`` record's ``gpu_ms`` to its step (ignored if the step is unknown);
@@ -219,11 +270,27 @@ class StepView(collections.abc.Mapping):
         self._row = row
 
     def __getitem__(self, key: str):
-        t, r = self._table, self._row
-        col = t.cols.get(key)
+        col = self._table.cols.get(key)
         if col is not None:
-            v = col[r]
+            v = col[self._row]
             return None if v == _NONE else v
+        return self._other(key)
+
+    def get(self, key: str, default=None):
+        """As ``Mapping.get`` (a null field reads None, an unknown key ``default``), without its
+        exception round trip: analysis reads millions of fields this way."""
+        col = self._table.cols.get(key)
+        if col is not None:
+            v = col[self._row]
+            return None if v == _NONE else v
+        try:
+            return self._other(key)
+        except KeyError:
+            return default
+
+    def _other(self, key: str):
+        """The fields that are not int columns."""
+        t, r = self._table, self._row
         if key == "by":
             return _BY[t.by[r]]
         if key == "boundary":
