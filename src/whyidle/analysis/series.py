@@ -20,6 +20,7 @@ import numpy as np
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.steps import COMPUTE_KEY, PHASE_KEYS
+from whyidle.analysis.stepcols import StepCols
 from whyidle.record.steptable import NULL_INT
 
 #: Phase columns of a step series, in the order a step runs them: name → step record key.
@@ -60,30 +61,9 @@ def step_series(steps: list, origin_ns: int) -> dict:
 _PHASE_RECORD_KEYS = tuple(key for _, key in STEP_PHASES)
 
 
-def _table_rows(steps: list):
-    """``(table, row indices)`` when every step is a ``StepView`` of one ``StepTable`` (what
-    :func:`whyidle.record.reader.load_run` gives), so columns can be gathered without a Python
-    loop over the rows; else None."""
-    from whyidle.record.steptable import StepView
-
-    if not steps or type(steps[0]) is not StepView:
-        return None
-    table = steps[0]._table
-    rows = np.empty(len(steps), dtype=np.int64)
-    for n, s in enumerate(steps):
-        if type(s) is not StepView or s._table is not table:
-            return None
-        rows[n] = s._row
-    return table, rows
-
-
 def step_ids(steps: list) -> np.ndarray:
     """The ``i`` of each step (int64 array), without a Python loop for ``StepView`` rows."""
-    found = _table_rows(steps)
-    if found is not None:
-        table, rows = found
-        return np.frombuffer(table.cols["i"], dtype=np.int64)[rows]
-    return np.array([s["i"] for s in steps], dtype=np.int64)
+    return StepCols(steps).ints("i")
 
 
 #: Columns of :func:`step_columns`.
@@ -108,43 +88,18 @@ def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
     """
     want = set(STEP_COLUMNS if keys is None else keys)
     n = len(steps)
-    found = _table_rows(steps)
-    if found is not None:
-        table, rows = found
+    cols = StepCols(steps)
+    ints, flags, gpu_ms = cols.ints, cols.flags, cols.gpu_ms
 
-        def ints(key: str) -> np.ndarray:  # int64, NULL_INT = null
-            return np.frombuffer(table.cols[key], dtype=np.int64)[rows] if n else np.zeros(0, np.int64)
-
-        def flags(key: str) -> np.ndarray:
-            return np.frombuffer(getattr(table, key), dtype=np.int8)[rows].astype(bool) if n else np.zeros(0, bool)
-
-        def gpu_ms() -> np.ndarray:
-            return np.frombuffer(table.gpu_ms, dtype=np.float64)[rows] if n else np.zeros(0)
-
-        def phase(key: str) -> np.ndarray | None:  # ns as float64, 0 when null; None when never measured
-            v = ints(key)
-            missing = v == NULL_INT
-            if missing.all():
-                return None
-            ns = v.astype(np.float64)
-            del v
-            ns[missing] = 0.0
-            return ns
-    else:
-        def ints(key: str) -> np.ndarray:
-            return np.array([NULL_INT if s.get(key) is None else s[key] for s in steps], dtype=np.int64)
-
-        def flags(key: str) -> np.ndarray:
-            return np.array([bool(s.get(key)) for s in steps], dtype=bool)
-
-        def gpu_ms() -> np.ndarray:
-            return np.array([np.nan if s.get("gpu_ms") is None else s["gpu_ms"] for s in steps], dtype=np.float64)
-
-        def phase(key: str) -> np.ndarray | None:
-            values = [s.get(key) for s in steps]
-            if all(v is None for v in values):
-                return None
-            return np.array([v or 0 for v in values], dtype=np.float64)
+    def phase(key: str) -> np.ndarray | None:  # ns as float64, 0 when null; None when never measured
+        v = ints(key)
+        missing = v == NULL_INT
+        if missing.all():
+            return None
+        ns = v.astype(np.float64)
+        del v
+        ns[missing] = 0.0
+        return ns
 
     out: dict = {}
     if "i" in want:

@@ -20,8 +20,11 @@ from __future__ import annotations
 import bisect
 import math
 
+import numpy as np
+
 from whyidle.analysis.facts import StepMetrics
-from whyidle.record.steptable import expand_lite, phase_spans
+from whyidle.analysis.stepcols import StepCols
+from whyidle.record.steptable import NULL_INT, expand_lite, phase_spans
 
 #: Steps skipped at the start of a run: the first steps include worker start-up, lazy
 #: initialization and allocator warm-up, and would skew per-step shares (PyTorch profiler
@@ -195,40 +198,61 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
     """
     if not steps:
         raise ValueError("no steps to analyze")
-    times = [(s["t1"] - s["t0"]) / 1e9 for s in steps]
+    c = StepCols(steps)
+    dur = c.ints("t1") - c.ints("t0")  # ns
+    times = (dur / 1e9).tolist()
     total = sum(times) or 1e-12
     # phase shares over the steps whose phases were timed (lite steps without hooks have none)
-    phased = [s for s in steps if not (s.get("lite") and s.get("data") is None)] or steps
+    data = c.ints("data")
+    phased_mask = ~(c.flags("lite") & (data == NULL_INT))
+    if not phased_mask.any():
+        phased_mask[:] = True
+
+    def summed(key: str, mask=None) -> int:
+        """The sum of a field's non-null values (ns, counts) over the steps of ``mask``."""
+        v = c.ints(key) if key != "data" else data
+        v = v if mask is None else v[mask]
+        return int(v[v != NULL_INT].sum())
+
     # whyidle's own step-boundary work ("wi": record building, hook switching) is not the program's
     # host work: shares are of the step time without it
-    own_s = sum(s.get("wi") or 0 for s in phased) / 1e9
+    own_s = summed("wi", phased_mask) / 1e9
+    phased = [steps[j] for j in np.flatnonzero(phased_mask).tolist()] if outside else []
     per_step = _overlaps(phased, outside) if outside else []
     outside_s = sum(per_step) / 1e9
     in_phase = _outside_by_phase(phased, per_step, outside) if outside_s else {}
-    phased_wall_s = sum(s["t1"] - s["t0"] for s in phased) / 1e9
+    phased_wall_s = int(dur[phased_mask].sum()) / 1e9
     phased_s = (phased_wall_s - own_s - outside_s) or 1e-12
     shares = {}
-    keys = PHASE_KEYS + ((COMPUTE_KEY,) if any(s.get(COMPUTE_KEY[1]) is not None for s in steps) else ())
+    keys = PHASE_KEYS + ((COMPUTE_KEY,) if (c.ints(COMPUTE_KEY[1]) != NULL_INT).any() else ())
     for name, key in keys:
-        shares[name] = max(0.0, sum(s.get(key) or 0 for s in phased) - in_phase.get(name, 0)) / 1e9 / phased_s
+        shares[name] = max(0.0, summed(key, phased_mask) - in_phase.get(name, 0)) / 1e9 / phased_s
     over = sum(shares.values())
     if over > 1.0:  # interval time inside phases of steps without spans: scaled back to the step
         shares = {k: v / over for k, v in shares.items()}
     shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
-    known = [s for s in steps if s.get("samples") is not None]
+    samples = c.ints("samples")
+    known = samples != NULL_INT
     samples_per_s = None
     batch = None
-    if known:
-        samples_per_s = sum(s["samples"] for s in known) / (sum((s["t1"] - s["t0"]) for s in known) / 1e9)
-        batch = percentile([s["samples"] / max(1, s.get("batches") or 1) for s in known], 50)
+    batches = c.ints("batches")
+    if known.any():
+        samples_per_s = int(samples[known].sum()) / (int(dur[known].sum()) / 1e9)
+        per = np.maximum(1, np.where(batches == NULL_INT, 1, batches))[known]
+        batch = percentile((samples[known] / per).tolist(), 50)
     data_s = shares["data_wait"] * total  # the phased steps' share, over all steps
     # CPU times are on fully recorded steps only (lite steps have none): shares over those steps
-    timed = [s for s in steps if s.get("cpu") is not None]
-    timed_data_s = sum(s.get("data") or 0 for s in timed) / 1e9
-    data_cpu = sum(s.get("data_cpu") or 0 for s in timed) / 1e9
-    timed_s = sum(s["t1"] - s["t0"] for s in timed) / 1e9
-    gpu = [s["gpu_ms"] for s in steps if s.get("gpu_ms") is not None]
-    micro = [s["mb"] for s in steps if s.get("mb") is not None]
+    cpu = c.ints("cpu")
+    timed = cpu != NULL_INT
+    timed_data_s = summed("data", timed) / 1e9
+    data_cpu = summed("data_cpu", timed) / 1e9
+    timed_s = int(dur[timed].sum()) / 1e9
+    gpu_all = c.gpu_ms()
+    gpu = gpu_all[~np.isnan(gpu_all)].tolist()
+    mb = c.ints("mb")
+    micro = mb[mb != NULL_INT].tolist()
+    known_batches = batches[batches != NULL_INT]
+    lite_steps = int(c.flags("lite").sum())
     return {
         "steps": len(steps),
         "window": [steps[0]["t0"], steps[-1]["t1"]],
@@ -236,8 +260,7 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         "samples_per_s": samples_per_s,
         "steps_per_s": len(steps) / total,
         "batch_size": batch,
-        "batches_per_step": percentile([s.get("batches") or 0 for s in steps if s.get("batches") is not None] or [0],
-                                       50),
+        "batches_per_step": percentile(known_batches.tolist() or [0], 50),
         "micro_batches_per_step": percentile(micro, 50) if micro else None,  # loop.py refines it
         "backward_per_step": percentile(micro, 50) if micro else None,
         "step_time_s": {
@@ -248,8 +271,8 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         "data_wait_s_per_step": data_s / len(steps),
         "compute_s_per_step": (total - data_s) / len(steps),
         "data_cpu_share": (data_cpu / timed_data_s) if timed_data_s > 0 else None,
-        "main_cpu_share": sum(s["cpu"] for s in timed) / 1e9 / timed_s if timed_s > 0 else None,
-        "lite_steps": sum(1 for s in steps if s.get("lite")),
+        "main_cpu_share": int(cpu[timed].sum()) / 1e9 / timed_s if timed_s > 0 else None,
+        "lite_steps": lite_steps,
         "whyidle_share": own_s / phased_wall_s if phased_wall_s > 0 else 0.0,
         "outside_share": outside_s / phased_wall_s if phased_wall_s > 0 else 0.0,
         "gpu_ms": {"p50": percentile(gpu, 50), "mean": sum(gpu) / len(gpu)} if gpu else None,
