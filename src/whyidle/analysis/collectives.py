@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import statistics
 
+from whyidle.analysis.stepcols import StepCols
+from whyidle.record.steptable import NULL_INT
+
 #: Steps at the start left out (start-up: the first collectives meet ranks still starting), as
 #: the step analysis leaves out its warm-up steps (analysis/steps.py).
 SKIP_STEPS = 2
@@ -155,7 +158,10 @@ def accumulation(records: list[dict], steps: list) -> dict | None:
     it was timed; ``redundant_s`` = exposed_s × (rounds − 1) / rounds, what reducing once saves), or
     None when the medians are below 2 (no accumulation, or ``no_sync`` used) or nothing matched.
     """
-    mb = {s.get("i"): s.get("mb") for s in steps if s.get("mb")}
+    c = StepCols(steps)
+    micro_batches = c.ints("mb")
+    has = (micro_batches != NULL_INT) & (micro_batches != 0)
+    mb = dict(zip(c.ints("i")[has].tolist(), micro_batches[has].tolist()))
     rows = [r for r in _rows(records, 9) if r[0] >= SKIP_STEPS and isinstance(r[7], int) and r[7] > 0 and r[0] in mb]
     if not rows:
         return None

@@ -20,6 +20,7 @@ Pure; takes step rows (dicts or ``StepView``) and records.
 from __future__ import annotations
 
 from whyidle.analysis.facts import LoopFacts, Part
+from whyidle.analysis.stepcols import StepCols
 from whyidle.analysis.steps import percentile
 
 #: Steps of an optimizer per step of the primary one from which it is a part of every step (a
@@ -63,9 +64,8 @@ def loop_facts(rows, rec: dict | None) -> LoopFacts | None:
     if not rows:
         return None
     loop_parts = parts(rec)
-    backward = [r["mb"] for r in rows if r.get("mb") is not None]
-    batches = [r["batches"] for r in rows if r.get("batches") is not None]
-    calls = [r["fc"] for r in rows if r.get("fc") is not None]
+    c = StepCols(rows)
+    backward, batches, calls = (c.values(key).tolist() for key in ("mb", "batches", "fc"))
     backward_per_step = percentile(backward, 50) if backward else None
     if len(loop_parts) >= 2:
         micro = 1.0

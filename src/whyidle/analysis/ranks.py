@@ -14,6 +14,8 @@ import statistics
 
 from whyidle.analysis import collectives as coll_analysis
 from whyidle.analysis import steps as step_analysis
+from whyidle.analysis.stepcols import StepCols
+from whyidle.record.steptable import NULL_INT
 
 SHARE_KEYS = ("data_wait", "forward", "backward", "optimizer", "eval", "other_host")
 
@@ -33,7 +35,8 @@ def training_rate(rows: list) -> float | None:
 def samples_after_first(rows: list) -> float | None:
     """The samples of every step after the first; steps whose batch size was not read count as the
     median of those that were. None when no batch size was read."""
-    known = [r["samples"] for r in rows[1:] if r.get("samples") is not None]
+    after = StepCols(rows).ints("samples")[1:]
+    known = after[after != NULL_INT].tolist()
     if not known:
         return None
     return sum(known) + step_analysis.percentile(known, 50) * (len(rows) - 1 - len(known))

@@ -6,6 +6,8 @@ This is the facade over the one-question modules: :mod:`.steps` (step time and i
 
 from __future__ import annotations
 
+import numpy as np
+
 from whyidle.analysis import accounting
 from whyidle.analysis import api as api_analysis
 from whyidle.analysis import collectives as coll_analysis
@@ -22,7 +24,9 @@ from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
 from whyidle.analysis.facts import DeviceInfo, LoaderIters, RunFacts
+from whyidle.analysis.stepcols import StepCols
 from whyidle.record.reader import RunData
+from whyidle.record.steptable import NULL_INT
 
 
 def _first(records: list[dict], kind: str) -> dict | None:
@@ -97,11 +101,9 @@ def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
     iterates its validation loader first (the sanity check), so the first is not always the one
     that trains."""
     by_id = {r.get("id"): r for r in loaders}
-    counts: dict = {}
-    for s in analyzed:
-        key = s.get("ld")
-        if key in by_id:
-            counts[key] = counts.get(key, 0) + 1
+    ids, first, n = np.unique(StepCols(analyzed).ints("ld"), return_index=True, return_counts=True)
+    order = np.argsort(first)  # ties go to the loader seen first
+    counts = {key: c for key, c in zip(ids[order].tolist(), n[order].tolist()) if key in by_id}
     if counts:
         return by_id[max(counts, key=counts.get)]
     return loaders[0] if loaders else None
@@ -210,8 +212,7 @@ def analyze(run: RunData) -> RunFacts:
         loader = {**loader, "rebuilt": sum(1 for r in iters if r.get("rebuilt"))}
     samples = None
     if step and step.get("samples_per_s"):
-        samples = step["samples_per_s"] * sum(
-            (s["t1"] - s["t0"]) / 1e9 for s in analyzed)
+        samples = step["samples_per_s"] * int(StepCols(analyzed).durations().sum()) / 1e9
     loader_in_main = not loader or not loader.get("num_workers")
     whyidle_pid = run.meta.get("whyidle_pid")
     host = host_analysis.host_metrics(run.host, window, set(trainers), primary, whyidle_pid,
@@ -220,7 +221,7 @@ def analyze(run: RunData) -> RunFacts:
     if host is None and window is not None:  # run shorter than two host ticks inside the steps
         host = host_analysis.host_metrics(run.host, None, set(trainers), primary, whyidle_pid)
 
-    total_s = sum((s["t1"] - s["t0"]) / 1e9 for s in analyzed) if analyzed else None
+    total_s = int(StepCols(analyzed).durations().sum()) / 1e9 if analyzed else None
     phase_seconds = None
     if step:
         names = {"other": "other_host", "data": "data_wait", "forward": "forward", "backward": "backward",
@@ -327,9 +328,11 @@ def _hooks(rec: dict | None, analyzed: list, step: dict | None) -> dict | None:
     (``forward``/``backward`` → share of step, from the hooks' totals), ``hooks`` (the ``hooks``
     record's rows: ``phase``, ``function``, ``defined``, ``registered``, ``owner``, ``calls``,
     ``s``; costliest first). None without hook time or steady steps."""
-    timed = [s for s in analyzed if s.get("hk") is not None]
-    total_ns = sum(s["t1"] - s["t0"] for s in timed)
-    hook_ns = sum(s["hk"] for s in timed)
+    c = StepCols(analyzed)
+    hooks = c.ints("hk")
+    timed = hooks != NULL_INT
+    total_ns = int(c.durations()[timed].sum())
+    hook_ns = int(hooks[timed].sum())
     if not step or not total_ns or not hook_ns:
         return None
     share = min(1.0, hook_ns / total_ns)

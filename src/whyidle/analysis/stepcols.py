@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from whyidle.record.steptable import NULL_INT, StepView
+from whyidle.record.steptable import NULL_INT, StepRows, StepView
 
 
 class StepCols:
@@ -25,12 +25,24 @@ class StepCols:
     def __init__(self, steps: list) -> None:
         self.steps = steps
         self.n = len(steps)
-        self.table, self.rows = _table_rows(steps)
+        if type(steps) is StepRows and len(steps.index) == self.n:
+            self.table, self.rows = steps.table, np.frombuffer(steps.index, dtype=np.int64)
+        else:
+            self.table, self.rows = _table_rows(steps)
 
     def ints(self, key: str) -> np.ndarray:
         if self.table is not None:
             return np.frombuffer(self.table.cols[key], dtype=np.int64)[self.rows] if self.n else np.zeros(0, np.int64)
         return np.array([_int(s.get(key)) for s in self.steps], dtype=np.int64)
+
+    def values(self, key: str) -> np.ndarray:
+        """The non-null values of an int field (int64), in step order."""
+        v = self.ints(key)
+        return v[v != NULL_INT]
+
+    def durations(self) -> np.ndarray:
+        """Each step's ``t1 - t0`` (int64 ns)."""
+        return self.ints("t1") - self.ints("t0")
 
     def flags(self, key: str) -> np.ndarray:
         if self.table is not None:
@@ -64,3 +76,12 @@ def _table_rows(steps: list) -> tuple:
             return None, None
         rows[n] = s._row
     return table, rows
+
+
+def take(steps: list, keep: np.ndarray) -> list:
+    """The steps where the bool array ``keep`` is true, in order; rows of one table stay
+    :class:`~whyidle.record.steptable.StepRows` (their columns are gathered without a loop)."""
+    picked = np.flatnonzero(keep)
+    if type(steps) is StepRows and len(steps.index) == len(steps):
+        return steps.table.rows(np.frombuffer(steps.index, dtype=np.int64)[picked].tolist())
+    return [steps[j] for j in picked.tolist()]

@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from whyidle.analysis.facts import StepMetrics
-from whyidle.analysis.stepcols import StepCols
-from whyidle.record.steptable import NULL_INT, expand_lite, phase_spans
+from whyidle.analysis.stepcols import StepCols, take
+from whyidle.record.steptable import BY_CODES, NULL_INT, expand_lite, phase_spans
 
 #: Steps skipped at the start of a run: the first steps include worker start-up, lazy
 #: initialization and allocator warm-up, and would skew per-step shares (PyTorch profiler
@@ -61,8 +61,13 @@ def steps_of(records) -> list:
     with loader- or backward-marked steps and later stepped an optimizer keeps only the optimizer ones), see
     ``PREFERRED_BY``; GPU times from ``gpu_step`` records are merged in as ``gpu_ms``.
     """
-    if hasattr(records, "rows"):
-        steps = records.rows()
+    if hasattr(records, "rows"):  # a StepTable: the marker chosen over its ``by`` column
+        codes = np.frombuffer(records.by, dtype=np.int8)
+        for by in PREFERRED_BY:
+            rows = np.flatnonzero(codes == BY_CODES.index(by))
+            if len(rows):
+                return records.rows(rows.tolist())
+        return records.rows()
     else:
         steps = []
         for r in records:
@@ -98,32 +103,41 @@ def select_steps(steps: list[dict], compile_spans: list[tuple[int, int]] | None 
     """
     n = len(steps)
     warmup = WARMUP_STEPS_LONG if n >= MIN_STEPS_FOR_LONG_WARMUP else (WARMUP_STEPS_SHORT if n >= 3 else 0)
-    rest = steps[warmup:]
-    compiling = [s for s in rest if compile_spans and in_spans(s, compile_spans)]
-    if compiling and len(rest) - len(compiling) >= 3:
-        rest = [s for s in rest if not in_spans(s, compile_spans)]
-    else:
-        compiling = []
-    boundary = [s for s in rest if s.get("boundary")]
-    excluded: list[dict] = []
-    if boundary and len(boundary) <= MAX_BOUNDARY_FRACTION_TO_EXCLUDE * len(rest) and len(rest) - len(boundary) >= 3:
+    c = StepCols(steps)
+    keep = np.zeros(n, dtype=bool)
+    keep[warmup:] = True
+    compiling = np.zeros(n, dtype=bool)
+    if compile_spans:
+        t0, t1 = c.ints("t0"), c.ints("t1")
+        for a, b in compile_spans:
+            compiling |= (a < t1) & (b > t0)
+        compiling &= keep
+        if compiling.any() and keep.sum() - compiling.sum() >= 3:
+            keep &= ~compiling
+        else:
+            compiling[:] = False
+    boundary = c.flags("boundary") & keep
+    excluded = np.zeros(n, dtype=bool)
+    left = int(keep.sum())
+    if boundary.any() and boundary.sum() <= MAX_BOUNDARY_FRACTION_TO_EXCLUDE * left and left - boundary.sum() >= 3:
         excluded = boundary
-        rest = [s for s in rest if not s.get("boundary")]
-    profiled = [s for s in rest if s.get("profiled")]
-    if profiled and len(rest) - len(profiled) >= 3:
-        rest = [s for s in rest if not s.get("profiled")]
+        keep &= ~boundary
+    profiled = c.flags("profiled") & keep
+    if profiled.any() and keep.sum() - profiled.sum() >= 3:
+        keep &= ~profiled
     else:
-        profiled = []
+        profiled[:] = False
+    data = c.ints("data")[excluded]
     info = {
         "total": n,
         "warmup": warmup,
-        "boundary_excluded": len(excluded),
-        "boundary_s": sum(s["t1"] - s["t0"] for s in excluded) / 1e9,
-        "boundary_data_s": sum(s.get("data") or 0 for s in excluded) / 1e9,
-        "profiled_excluded": len(profiled),
-        "compile_excluded": len(compiling),
+        "boundary_excluded": int(excluded.sum()),
+        "boundary_s": int((c.ints("t1") - c.ints("t0"))[excluded].sum()) / 1e9,
+        "boundary_data_s": int(data[data != NULL_INT].sum()) / 1e9,
+        "profiled_excluded": int(profiled.sum()),
+        "compile_excluded": int(compiling.sum()),
     }
-    return rest, info
+    return take(steps, keep), info
 
 
 def in_spans(step, spans: list[tuple[int, int]]) -> bool:

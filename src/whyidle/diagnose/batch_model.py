@@ -29,6 +29,11 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
+from whyidle.analysis.stepcols import StepCols
+from whyidle.record.steptable import NULL_INT
+
 #: Steps each of two batch sizes needs before the run's own T(b) fit is trusted.
 FIT_MIN_STEPS = 3
 #: The smaller of the two sizes must be at most this fraction of the larger (closer sizes make c noise).
@@ -48,10 +53,12 @@ def fit_batches(rows: list[dict]) -> dict | None:
     than ``FIT_MAX_SIZE_RATIO``, or the fit is not physical (c ≤ 0 or a < 0).
     """
     by: dict[float, list[float]] = {}
-    for r in rows:
-        n = r.get("samples")
-        if n:
-            by.setdefault(n / max(1, r.get("batches") or 1), []).append((r["t1"] - r["t0"]) / 1e9)
+    c = StepCols(rows)
+    samples, batches = c.ints("samples"), c.ints("batches")
+    has = (samples != NULL_INT) & (samples != 0)
+    per = np.maximum(1, np.where(batches == NULL_INT, 1, batches))[has]
+    for b, dt in zip((samples[has] / per).tolist(), (c.durations()[has] / 1e9).tolist()):
+        by.setdefault(b, []).append(dt)
     sizes = sorted((b for b in by if len(by[b]) >= FIT_MIN_STEPS), key=lambda b: -len(by[b]))[:2]
     if len(sizes) < 2:
         return None

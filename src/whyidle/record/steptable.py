@@ -253,9 +253,24 @@ class StepTable:
                 marked += 1
         return marked
 
-    def rows(self) -> list["StepView"]:
-        """All rows as :class:`StepView` objects, in file order."""
-        return [StepView(self, i) for i in range(len(self))]
+    def rows(self, which: list[int] | None = None) -> "StepRows":
+        """The rows ``which`` (default all, in file order) as :class:`StepView` objects."""
+        which = range(len(self)) if which is None else which
+        return StepRows([StepView(self, i) for i in which], self, array.array("q", which))
+
+
+class StepRows(list):
+    """A list of :class:`StepView` rows of one table that also knows their row numbers
+    (``index``), so their columns are gathered without visiting each row
+    (:class:`whyidle.analysis.stepcols.StepCols`). A plain list in every other respect; a list
+    made from it (a slice, a comprehension) is a plain list."""
+
+    __slots__ = ("table", "index")
+
+    def __init__(self, views: list, table: StepTable, index: array.array) -> None:
+        super().__init__(views)
+        self.table = table
+        self.index = index
 
 
 class StepView(collections.abc.Mapping):
