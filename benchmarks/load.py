@@ -59,8 +59,10 @@ def lap(name):
     global marks
     now = time.perf_counter()
     out[name + "_s"], out["rss_" + name + "_mb"], marks = now - marks, rss(), now
-run = load_run(run_dir); lap("load")
-facts = analyze(run); verdict, findings = diagnose(facts); lap("analyze")
+from whyidle.gcpause import gc_paused
+with gc_paused():  # as pipeline.analyze_run reads and analyzes
+    run = load_run(run_dir); lap("load")
+    facts = analyze(run); verdict, findings = diagnose(facts); lap("analyze")
 a = pipeline.Analyzed(run, facts, verdict, findings)
 report = build_report(facts, verdict, findings, run.problems); lap("report")
 pipeline.write_parts(os.path.join(run_dir, "report.html"), pipeline.render_html_parts(a, report)); lap("html")

@@ -45,7 +45,7 @@ def test_analysis_and_diagnosis_never_import_renderers_or_the_runner():
 
 #: The small shared modules at the bottom (``../shared/DESIGN.md``, "Architecture"): every layer may
 #: read them and they read no layer.
-SHARED = ("whyidle.vocab", "whyidle.mounts", "whyidle.cmdline", "whyidle.redact", "whyidle.jsonsafe")
+SHARED = ("whyidle.vocab", "whyidle.mounts", "whyidle.cmdline", "whyidle.redact", "whyidle.jsonsafe", "whyidle.gcpause")
 LAYERS = ("whyidle.cli", "whyidle.pipeline", "whyidle.tune", "whyidle.run", "whyidle.report", "whyidle.env",
           "whyidle.diagnose", "whyidle.analysis", "whyidle.instrument", "whyidle.sampling", "whyidle.record",
           "whyidle.export", "whyidle.demo")

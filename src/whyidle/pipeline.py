@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
-from whyidle.analysis.facts import RunFacts
-from whyidle.record.reader import RunData
+from whyidle.gcpause import gc_paused
+
+if TYPE_CHECKING:  # annotations only: `whyidle trace` does not load the run-side modules
+    from whyidle.analysis.facts import RunFacts
+    from whyidle.record.reader import RunData
 
 
 @dataclasses.dataclass
@@ -45,12 +49,16 @@ def analyze_run(run_dir: str | list[str], meta: dict | None = None) -> Analyzed:
     Errors: :class:`whyidle.record.reader.RunDirError` for a missing, older-format or corrupt
     directory, or directories that are not one job's nodes.
     """
+    with gc_paused():
+        return _analyze_run([run_dir] if isinstance(run_dir, str) else list(run_dir), meta)
+
+
+def _analyze_run(dirs: list[str], meta: dict | None) -> Analyzed:
     from whyidle.analysis.run import analyze, job_lead
     from whyidle.diagnose import diagnose
     from whyidle.record import merge
     from whyidle.record.reader import load_run
 
-    dirs = [run_dir] if isinstance(run_dir, str) else list(run_dir)
     if len(dirs) == 1:
         run = load_run(dirs[0])
         if meta is not None:
@@ -110,8 +118,12 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
             del parts
     if own:
         timeline = os.path.join(own, "timeline.json")
-        if _write_view(report, "timeline.json", lambda: write_timeline(a, timeline)):
+        written: dict = {}
+        if _write_view(report, "timeline.json", lambda: written.update(write_timeline(a, timeline))):
             report["run"]["timeline"] = timeline
+            size_law = written["otherData"].get("size_law")  # a long run: which steps are summarized
+            if size_law:
+                report["notes"].append(size_law)
         try:
             write_json_atomic(os.path.join(own, "report.json"), report)
         except OSError as exc:  # a read-only saved run can still be rendered; --json, stdout still get it
