@@ -8,6 +8,7 @@ The analysis of a long run reads a million steps: a field read through a
 
 from __future__ import annotations
 
+import array
 import math
 
 import numpy as np
@@ -25,8 +26,8 @@ class StepCols:
     def __init__(self, steps: list) -> None:
         self.steps = steps
         self.n = len(steps)
-        if type(steps) is StepRows and len(steps.index) == self.n:
-            self.table, self.rows = steps.table, np.frombuffer(steps.index, dtype=np.int64)
+        if type(steps) is StepRows:
+            self.table, self.rows = steps.table, np.frombuffer(steps.positions, dtype=np.int64)
         else:
             self.table, self.rows = _table_rows(steps)
 
@@ -82,6 +83,14 @@ def take(steps: list, keep: np.ndarray) -> list:
     """The steps where the bool array ``keep`` is true, in order; rows of one table stay
     :class:`~whyidle.record.steptable.StepRows` (their columns are gathered without a loop)."""
     picked = np.flatnonzero(keep)
-    if type(steps) is StepRows and len(steps.index) == len(steps):
-        return steps.table.rows(np.frombuffer(steps.index, dtype=np.int64)[picked].tolist())
+    if type(steps) is StepRows:
+        return steps.table.rows(positions(np.frombuffer(steps.positions, dtype=np.int64)[picked]))
     return [steps[j] for j in picked.tolist()]
+
+
+def positions(rows: np.ndarray) -> array.array:
+    """Row numbers (an int array) as the ``array("q")`` a :class:`StepRows` holds, without a
+    Python int per row."""
+    out = array.array("q")
+    out.frombytes(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+    return out

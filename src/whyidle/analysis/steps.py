@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from whyidle.analysis.facts import StepMetrics
-from whyidle.analysis.stepcols import StepCols, take
+from whyidle.analysis.stepcols import StepCols, positions, take
 from whyidle.record.steptable import BY_CODES, NULL_INT, expand_lite, phase_spans
 
 #: Steps skipped at the start of a run: the first steps include worker start-up, lazy
@@ -66,7 +66,7 @@ def steps_of(records) -> list:
         for by in PREFERRED_BY:
             rows = np.flatnonzero(codes == BY_CODES.index(by))
             if len(rows):
-                return records.rows(rows.tolist())
+                return records.rows(positions(rows))
         return records.rows()
     else:
         steps = []
