@@ -214,8 +214,8 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         raise ValueError("no steps to analyze")
     c = StepCols(steps)
     dur = c.ints("t1") - c.ints("t0")  # ns
-    times = (dur / 1e9).tolist()
-    total = sum(times) or 1e-12
+    times = dur / 1e9  # float64 array: no Python float per step
+    total = float(times.sum()) or 1e-12
     # phase shares over the steps whose phases were timed (lite steps without hooks have none)
     data = c.ints("data")
     phased_mask = ~(c.flags("lite") & (data == NULL_INT))
@@ -278,8 +278,8 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         "micro_batches_per_step": percentile(micro, 50) if micro else None,  # loop.py refines it
         "backward_per_step": percentile(micro, 50) if micro else None,
         "step_time_s": {
-            "p50": percentile(times, 50), "p90": percentile(times, 90), "mean": total / len(times),
-            "min": min(times), "max": max(times),
+            "p50": float(np.percentile(times, 50)), "p90": float(np.percentile(times, 90)),
+            "mean": total / len(times), "min": float(times.min()), "max": float(times.max()),
         },
         "shares": shares,
         "data_wait_s_per_step": data_s / len(steps),
