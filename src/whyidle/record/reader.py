@@ -16,7 +16,7 @@ import os
 import re
 
 from whyidle.cmdline import program_and_script
-from whyidle.record import cells, schema, stepdecode
+from whyidle.record import cells, compact, schema, stepdecode
 from whyidle.record.steptable import StepTable
 from whyidle.redact import redact_argv
 
@@ -59,9 +59,11 @@ class RunData:
 #: ticks. A day at 4 Hz is 345,600 ticks, ~2.5 KB each once parsed: 860 MB, against 50 MB here.
 HOST_TICKS_MAX = 20_000
 _HOST_PREFIX = b'{"k":"host",'
+_STACKS_PREFIX = b'{"k":"stacks",'
 
 
-def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1) -> tuple[list[dict], list[str]]:
+def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1,
+               stacks_group: int = 1) -> tuple[list[dict], list[str]]:
     """Reads a JSON Lines file, streaming.
 
     Args:
@@ -70,6 +72,8 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
             returned list (keeps memory small for long runs).
         tick_stride: read one ``host`` tick in this many (the first, every k-th and the last;
             the others are skipped unparsed: :data:`HOST_TICKS_MAX`).
+        stacks_group: ``stacks`` records summed by this many outside the run's first and last
+            10 minutes (:class:`whyidle.record.compact.StacksMerger`); returned after the others.
     Returns:
         (records, problems): the parsed objects in file order; problems lists skipped damage: a
         truncated last line, and records left out because a field the analysis reads has a value
@@ -94,6 +98,7 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
         entry[0] += count
 
     adders = {} if steps is None else {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}
+    merger = compact.StacksMerger(stacks_group) if stacks_group > 1 else None
     ticks = 0
     skipped_tick: tuple[int, bytes] | None = None  # (line number, line) of the last tick not read
     try:
@@ -138,6 +143,9 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                 if why:
                     leave_out(kind, why)
                     continue
+                if merger is not None and kind == "stacks":
+                    merger.add(obj)
+                    continue
                 records.append(obj)
         if skipped_tick is not None:  # the last tick is always read: it closes the run's deltas
             number, raw = skipped_tick
@@ -150,6 +158,8 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                 records.append(obj)
     except OSError as exc:
         raise RunDirError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if merger is not None:
+        records.extend(merger.finish())
     name = os.path.basename(path)
     if damaged and 2 * len(damaged) > lines and lines > 1:
         raise RunDirError(f"{path}: line {damaged[0]} and {len(damaged) - 1} more of {lines} lines are not JSON "
@@ -169,9 +179,20 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
 
 
 def host_tick_stride(path: str, head_bytes: int = 1 << 20) -> int:
-    """The ``tick_stride`` that keeps a ``host.jsonl`` near :data:`HOST_TICKS_MAX` ticks, from its
-    size and its first ``head_bytes`` (the share of its bytes in ``host`` lines and their mean
-    length); 1 for a file that small or unreadable."""
+    """The ``tick_stride`` that keeps a ``host.jsonl`` near :data:`HOST_TICKS_MAX` ticks."""
+    return _per_budget(path, _HOST_PREFIX, HOST_TICKS_MAX, head_bytes)
+
+
+def stacks_group(path: str, head_bytes: int = 1 << 20) -> int:
+    """The ``stacks_group`` that keeps a ``proc-<pid>.jsonl``'s stack records near
+    :data:`whyidle.record.compact.STACKS_MAX`."""
+    return _per_budget(path, _STACKS_PREFIX, compact.STACKS_MAX, head_bytes)
+
+
+def _per_budget(path: str, prefix: bytes, budget: int, head_bytes: int) -> int:
+    """How many of the file's lines starting with ``prefix`` make one, to keep near ``budget``
+    of them: estimated from the file's size and its first ``head_bytes`` (the share of its bytes
+    in such lines and their mean length); 1 for a file that small or unreadable."""
     try:
         size = os.path.getsize(path)
         if size <= head_bytes:
@@ -180,11 +201,11 @@ def host_tick_stride(path: str, head_bytes: int = 1 << 20) -> int:
             head = f.read(head_bytes).split(b"\n")[:-1]
     except OSError:
         return 1
-    tick_bytes = [len(line) + 1 for line in head if line.startswith(_HOST_PREFIX)]
-    if not tick_bytes:
+    mine = [len(line) + 1 for line in head if line.startswith(prefix)]
+    if not mine:
         return 1
-    ticks = size * sum(tick_bytes) / sum(len(line) + 1 for line in head) / (sum(tick_bytes) / len(tick_bytes))
-    return max(1, math.ceil(ticks / HOST_TICKS_MAX))
+    lines = size * sum(mine) / sum(len(line) + 1 for line in head) / (sum(mine) / len(mine))
+    return max(1, math.ceil(lines / budget))
 
 
 def _parsed(raw: bytes) -> dict | None:
@@ -247,9 +268,9 @@ def load_run(path: str) -> RunData:
             meta_error = exc
     corrupt: list[RunDirError] = []
 
-    def read(file: str, table: StepTable | None = None, stride: int = 1) -> list[dict]:
+    def read(file: str, table: StepTable | None = None, stride: int = 1, group: int = 1) -> list[dict]:
         try:
-            records, p = read_jsonl(file, steps=table, tick_stride=stride)
+            records, p = read_jsonl(file, steps=table, tick_stride=stride, stacks_group=group)
         except RunDirError as exc:  # this file is left out; the others may hold the run
             corrupt.append(exc)
             problems.append(f"{os.path.basename(file)}: left out: {str(exc).split(': ', 1)[-1]}")
@@ -272,7 +293,11 @@ def load_run(path: str) -> RunData:
         if not m:
             continue
         table = StepTable()
-        procs[int(m.group(1))] = read(file, table)
+        group = stacks_group(file)
+        procs[int(m.group(1))] = read(file, table, group=group)
+        if group > 1:
+            problems.append(f"{os.path.basename(file)}: a long run: its stack samples summed by {group} flushes "
+                            f"({group * 0.5:g} s) outside its first and last 10 minutes")
         steps[int(m.group(1))] = table
         table.mark_profiled(traced_spans(procs[int(m.group(1))]))
     recorded = host or any(procs.values()) or any(len(t) for t in steps.values())

@@ -75,8 +75,11 @@ class StepTable:
     """Append-only table of step records (``k == "step"``) plus per-step GPU times."""
 
     def __init__(self) -> None:
-        self.cols = {f: array.array("q") for f in _INT_FIELDS}
-        self._int_cols = [self.cols[f] for f in _INT_FIELDS]
+        self._cols = {f: array.array("q") for f in _INT_FIELDS}
+        self._int_cols = [self._cols[f] for f in _INT_FIELDS]
+        # rows added by add_values, their int fields row after row (one C call per step instead
+        # of 20 appends), moved into the columns before anything reads them (_settle)
+        self._staged = array.array("q")
         self.by = array.array("b")
         self.boundary = array.array("b")
         self.profiled = array.array("b")
@@ -91,6 +94,21 @@ class StepTable:
 
     def __len__(self) -> int:
         return len(self.by)
+
+    @property
+    def cols(self) -> dict[str, array.array]:
+        """Field name → its int64 column (:data:`NULL_INT` for null), one value per row."""
+        self._settle()
+        return self._cols
+
+    def _settle(self) -> None:
+        """Moves the staged rows' int fields into the columns (a strided copy per column)."""
+        staged = self._staged
+        if staged:
+            width = len(_INT_FIELDS)
+            for j, col in enumerate(self._int_cols):
+                col.extend(staged[j::width])
+            self._staged = array.array("q")
 
     def add(self, rec: dict) -> bool:
         """Appends one ``step`` record (missing or null fields are stored as null). A record whose
@@ -116,8 +134,7 @@ class StepTable:
         starts or a value is outside int64."""
         if t1 < t0 or min(values) < _NONE or max(values) > _INT_MAX or (ph and (min(ph) < _NONE or max(ph) > _INT_MAX)):
             return False
-        for col, v in zip(self._int_cols, values):
-            col.append(v)
+        self._staged.extend(values)
         self.by.append(_BY.index(by) if isinstance(by, str) and by in _BY else 2)
         self.boundary.append(1 if boundary else 0)
         self.profiled.append(1 if profiled else 0)
@@ -256,6 +273,7 @@ class StepTable:
     def rows(self, which=None) -> "StepRows":
         """The rows ``which`` (row numbers: an iterable or an ``array("q")``; default all, in file
         order) as :class:`StepView` objects (:class:`StepRows`)."""
+        self._settle()
         if not isinstance(which, array.array):
             which = array.array("q", range(len(self)) if which is None else which)
         return StepRows(self, which)
@@ -308,7 +326,7 @@ class StepView(collections.abc.Mapping):
         self._row = row
 
     def __getitem__(self, key: str):
-        col = self._table.cols.get(key)
+        col = self._table._cols.get(key)
         if col is not None:
             v = col[self._row]
             return None if v == _NONE else v
@@ -317,7 +335,7 @@ class StepView(collections.abc.Mapping):
     def get(self, key: str, default=None):
         """As ``Mapping.get`` (a null field reads None, an unknown key ``default``), without its
         exception round trip: analysis reads millions of fields this way."""
-        col = self._table.cols.get(key)
+        col = self._table._cols.get(key)
         if col is not None:
             v = col[self._row]
             return None if v == _NONE else v
