@@ -93,3 +93,11 @@ def test_well_typed_lines_take_the_fast_path(tmp_path, monkeypatch):
     assert taken == [True, True] and records == [] and problems == []
     assert len(table) == 3 and table.row_of(2) == 2 and [r["boundary"] for r in table.rows()] == [False, True, False]
     assert table.rows()[2]["ph"] == [1, 0, 2, 1] and table.rows()[1]["ld"] == 77 and table.rows()[0]["data"] is None
+
+
+def test_phase_values_beyond_int32_widen_the_column():
+    table = StepTable()
+    assert table.add({"k": "step", "i": 0, "t0": 0, "t1": 5, "ph": [1, 3, 2, 4]})
+    assert table.add({"k": "step", "i": 1, "t0": 5, "t1": 2**41, "ph": [1, 7, 2, 2**40]})
+    assert table.add({"k": "step", "i": 2, "t0": 2**41, "t1": 2**41 + 9, "ph": [3, 1]})
+    assert [r["ph"] for r in table.rows()] == [[1, 3, 2, 4], [1, 7, 2, 2**40], [3, 1]]

@@ -29,6 +29,8 @@ BY_CODES = _BY
 _LITE_INT = tuple(f for f in LITE_COLUMNS if f in _INT_FIELDS)
 _LITE_POS = tuple(LITE_COLUMNS.index(f) for f in _LITE_INT)
 _LITE_EMPTY = tuple(f for f in _INT_FIELDS if f not in _LITE_INT)
+#: Staged int values (rows × fields) moved into the columns at once: ~10 MB.
+_STAGED_MAX = 65_536 * len(_INT_FIELDS)
 
 
 def expand_lite(rec: dict) -> list[dict]:
@@ -85,7 +87,9 @@ class StepTable:
         self.profiled = array.array("b")
         self.lite = array.array("b")
         self.gpu_ms = array.array("d")
-        self.ph = array.array("q")  # all steps' ph values, concatenated
+        # all steps' ph values, concatenated: phase codes and µs offsets fit in int32 (4 bytes: a
+        # day of full step records holds 16 million of them); a longer offset widens the column
+        self.ph = array.array("i")
         self.ph_end = array.array("q")  # row → end of its values in ``ph`` (start = previous end)
         # row of a step ``i`` (for ``gpu_step``): ``i - _first`` as steps come in order, else in
         # ``_moved`` (no dict entry per step: 1,000,000 of them took ~100 MB)
@@ -135,12 +139,21 @@ class StepTable:
         if t1 < t0 or min(values) < _NONE or max(values) > _INT_MAX or (ph and (min(ph) < _NONE or max(ph) > _INT_MAX)):
             return False
         self._staged.extend(values)
+        if len(self._staged) >= _STAGED_MAX:
+            self._settle()
         self.by.append(_BY.index(by) if isinstance(by, str) and by in _BY else 2)
         self.boundary.append(1 if boundary else 0)
         self.profiled.append(1 if profiled else 0)
         self.lite.append(1 if lite else 0)
         self.gpu_ms.append(math.nan)
-        self.ph.extend(ph)
+        if ph:
+            n = len(self.ph)
+            try:
+                self.ph.extend(ph)
+            except OverflowError:  # beyond int32: the column widens (what the failed extend added goes)
+                del self.ph[n:]
+                self.ph = array.array("q", self.ph)
+                self.ph.extend(ph)
         self.ph_end.append(len(self.ph))
         self._index(step)
         return True
