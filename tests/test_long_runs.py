@@ -26,7 +26,7 @@ def test_a_long_runs_host_figures_are_those_of_every_tick(long_run, monkeypatch)
     thin = pipeline.analyze_run(long_run)
     ticks = [r for r in thin.run.host if r["k"] == "host"]
     assert 900 <= len(ticks) <= 1_100 and ticks[-1]["t"] == [r for r in full.run.host if r["k"] == "host"][-1]["t"]
-    assert any(re.search(r"one host tick in 1[01] read", p) for p in thin.run.problems)
+    assert any(re.search(r"one host tick and process scan in 1[01] read", p) for p in thin.run.problems)
     assert not any("host tick" in p for p in full.run.problems)
     assert (thin.verdict, [f["id"] for f in thin.findings]) == (full.verdict, [f["id"] for f in full.findings])
     for key, want in full.facts.host.items():  # counters: exact between the ticks read; gauges sampled

@@ -32,6 +32,7 @@ class StacksMerger:
         self.recent: collections.deque = collections.deque()  # the last RAW_EDGE_NS, unmerged
         self.first_t: int | None = None
         self.batch: list[dict] = []
+        self.names: dict[str, str] = {}  # one copy of each site name across the merged records
 
     def add(self, rec: dict) -> None:
         t = rec["t"]
@@ -44,25 +45,29 @@ class StacksMerger:
         while self.recent and self.recent[0]["t"] < t - RAW_EDGE_NS:
             self.batch.append(self.recent.popleft())
             if len(self.batch) == self.group:
-                self.out.append(merged(self.batch))
+                self.out.append(merged(self.batch, self.names))
                 self.batch = []
 
     def finish(self) -> list[dict]:
         """The records, in time order (the last stretch unmerged)."""
         if self.batch:
-            self.out.append(merged(self.batch))
+            self.out.append(merged(self.batch, self.names))
             self.batch = []
         self.out.extend(self.recent)
         self.recent.clear()
         return self.out
 
 
-def merged(records: list[dict]) -> dict:
+def merged(records: list[dict], names: dict[str, str] | None = None) -> dict:
     """One ``stacks`` record holding the samples of ``records`` (consecutive, in time order): ``t``
     the last one's, ``n``/``lost``/``lost_s`` summed, each distinct site (phase, user site, leaf,
     callers) once with its count and milliseconds summed (a row without ``ms`` counts
-    ``count / hz``)."""
+    ``count / hz``). ``names``: a pool the merged rows take their strings from (one copy each)."""
     sites: dict[tuple, list] = {}
+    pool = {} if names is None else names
+
+    def one(s):
+        return s if s is None else pool.setdefault(s, s)
     n = lost = 0
     lost_s = 0.0
     for rec in records:
@@ -76,7 +81,7 @@ def merged(records: list[dict]) -> dict:
             ms = site[4] if len(site) > 4 else site[3] / hz * 1000.0
             acc = sites.get(key)
             if acc is None:
-                sites[key] = [site[0], site[1], site[2], site[3], ms, list(callers)]
+                sites[key] = [one(site[0]), one(site[1]), one(site[2]), site[3], ms, [one(c) for c in callers]]
             else:
                 acc[3] += site[3]
                 acc[4] += ms

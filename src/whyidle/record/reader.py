@@ -59,6 +59,7 @@ class RunData:
 #: ticks. A day at 4 Hz is 345,600 ticks, ~2.5 KB each once parsed: 860 MB, against 50 MB here.
 HOST_TICKS_MAX = 20_000
 _HOST_PREFIX = b'{"k":"host",'
+_TOP_PREFIX = b'{"k":"host_top",'
 _STACKS_PREFIX = b'{"k":"stacks",'
 
 
@@ -71,7 +72,8 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
         steps: when given, ``step`` and ``gpu_step`` records go into this table instead of the
             returned list (keeps memory small for long runs).
         tick_stride: read one ``host`` tick in this many (the first, every k-th and the last;
-            the others are skipped unparsed: :data:`HOST_TICKS_MAX`).
+            the others are skipped unparsed: :data:`HOST_TICKS_MAX`), and one ``host_top`` scan
+            in this many (the other processes' CPU: a ratio over the scans read).
         stacks_group: ``stacks`` records summed by this many outside the run's first and last
             10 minutes (:class:`whyidle.record.compact.StacksMerger`); returned after the others.
     Returns:
@@ -99,7 +101,7 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
 
     adders = {} if steps is None else {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}
     merger = compact.StacksMerger(stacks_group) if stacks_group > 1 else None
-    ticks = 0
+    ticks = tops = 0
     skipped_tick: tuple[int, bytes] | None = None  # (line number, line) of the last tick not read
     try:
         with open(path, "rb") as f:
@@ -121,6 +123,10 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                         skipped_tick = (number, raw)
                         continue
                     skipped_tick = None
+                elif tick_stride > 1 and raw.startswith(_TOP_PREFIX):
+                    tops += 1
+                    if (tops - 1) % tick_stride:
+                        continue
                 try:
                     obj = json.loads(raw)
                 except (ValueError, RecursionError):
@@ -283,8 +289,9 @@ def load_run(path: str) -> RunData:
     host = read(host_path, stride=stride)
     if stride > 1:
         n = sum(1 for r in host if r.get("k") == "host")
-        problems.append(f"host.jsonl: a long run: one host tick in {stride} read ({n:,} ticks); CPU, disk and "
-                        "context-switch figures are exact between them, memory is sampled at them")
+        problems.append(f"host.jsonl: a long run: one host tick and process scan in {stride} read ({n:,} ticks); "
+                        "CPU, disk and context-switch figures are exact between them, memory and other processes "
+                        "are sampled at them")
     gpu = read(os.path.join(path, "gpu.jsonl"))
     procs: dict[int, list[dict]] = {}
     steps: dict[int, StepTable] = {}
