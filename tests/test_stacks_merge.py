@@ -90,3 +90,36 @@ def test_one_group_and_a_short_run_pass_through():
     assert m.finish() == raw  # 100 s: all inside the first 10 minutes
     one = merged(raw[:3])
     assert one["t"] == raw[2]["t"] and one["merged"] == 3
+
+
+def _value():
+    from hypothesis import strategies as st
+    return st.one_of(st.integers(-10, 10**6), st.floats(allow_nan=False, allow_infinity=False), st.none(),
+                     st.booleans(), st.text(max_size=3), st.just(2**63), st.just(2.0**63), st.just(-(2**63) + 1))
+
+
+def test_the_typed_stacks_decode_keeps_what_the_schema_keeps():
+    import json
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from whyidle.record import schema
+    from whyidle.record.compact import decode_stacks
+
+    row = st.lists(_value(), min_size=3, max_size=7).map(lambda r: r + [[]] if len(r) == 5 else r) | st.tuples(
+        st.sampled_from(["data", "other"]), st.one_of(st.none(), st.text(max_size=3)), st.none(),
+        st.integers(0, 50), st.floats(0, 1e3), st.lists(st.text(max_size=3), max_size=2)).map(list)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.integers(0, 10**12), _value()), st.lists(row, max_size=3), st.one_of(st.none(), _value()))
+    def check(t, sites, hz):
+        rec = {"k": "stacks", "t": t, "hz": hz, "n": 3, "mode": "signal", "lost": 0, "lost_s": 0.0, "sites": sites}
+        raw = json.dumps(rec, separators=(",", ":")).encode()
+        got = decode_stacks(raw)
+        if got is not None:  # taken: the schema would keep it, with the same values
+            assert schema.problem(json.loads(raw)) is None
+            assert [list(s) for s in got["sites"]] == sites and got["t"] == t and got["hz"] == hz
+        elif all(isinstance(s, list) and len(s) == 6 for s in sites):
+            assert schema.problem(json.loads(raw)) is not None, rec
+    check()

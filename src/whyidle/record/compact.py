@@ -13,11 +13,51 @@ moves by at most one group (``group`` × 0.5 s): 4.5 s of a day's samples at 20,
 from __future__ import annotations
 
 import collections
+from typing import Annotated, Optional, Union
+
+import msgspec
 
 #: Most ``stacks`` records a report keeps of one process (~2.8 hours of 0.5 s flushes unmerged).
 STACKS_MAX = 20_000
 #: The first and last stretch of the run whose records stay as written (ns).
 RAW_EDGE_NS = 600 * 1_000_000_000
+
+
+#: How the agent's writer starts a ``stacks`` line (compact JSON, ``k`` first).
+STACKS_PREFIX = b'{"k":"stacks",'
+_L = 2**63
+#: :data:`whyidle.record.schema.NUM` as a type: an int or a float (not a bool) within ±2**63.
+_NUM = Union[Annotated[int, msgspec.Meta(ge=-_L + 1, le=_L - 1)], Annotated[float, msgspec.Meta(gt=-_L, lt=_L)]]
+
+
+class _Stacks(msgspec.Struct):
+    """A ``stacks`` record as the agent writes it (docs/run-format.md): the schema's checks as
+    types, each site row the six items ``[phase, user, leaf, count, ms, callers]``."""
+
+    t: _NUM
+    sites: list[tuple[str, Optional[str], Optional[str], _NUM, _NUM, list[str]]]
+    hz: Optional[_NUM] = None
+    n: Optional[_NUM] = None
+    mode: Optional[str] = None
+    lost: Optional[_NUM] = None
+    lost_s: Optional[_NUM] = None
+
+
+_STACKS = msgspec.json.Decoder(_Stacks)
+
+
+def decode_stacks(raw: bytes) -> dict | None:
+    """A ``stacks`` line as its record (site rows as tuples), decoded and checked in one typed
+    pass (3× ``json.loads`` plus :func:`whyidle.record.schema.problem`); None when the line is
+    not such a record or a value does not fit (the caller reads it the general way, which says
+    what it leaves out). Fields the agent does not write are not kept: for the merged records of
+    a long run, which read only these."""
+    try:
+        s = _STACKS.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return {"k": "stacks", "t": s.t, "hz": s.hz, "n": s.n, "mode": s.mode, "lost": s.lost, "lost_s": s.lost_s,
+            "sites": s.sites}
 
 
 class StacksMerger:

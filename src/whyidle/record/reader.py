@@ -123,6 +123,11 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                         skipped_tick = (number, raw)
                         continue
                     skipped_tick = None
+                elif merger is not None and raw.startswith(compact.STACKS_PREFIX):
+                    rec = compact.decode_stacks(raw)
+                    if rec is not None:
+                        merger.add(rec)
+                        continue
                 elif tick_stride > 1 and raw.startswith(_TOP_PREFIX):
                     tops += 1
                     if (tops - 1) % tick_stride:
