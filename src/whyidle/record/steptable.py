@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import collections.abc
 import math
+import operator
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
                "fn", "comp", "grad", "mb", "ld", "wi", "hk", "fc")
@@ -31,6 +32,17 @@ _LITE_POS = tuple(LITE_COLUMNS.index(f) for f in _LITE_INT)
 _LITE_EMPTY = tuple(f for f in _INT_FIELDS if f not in _LITE_INT)
 #: Staged int values (rows × fields) moved into the columns at once: ~10 MB.
 _STAGED_MAX = 65_536 * len(_INT_FIELDS)
+
+
+def _int_column(values: tuple) -> array.array:
+    """A column of ints and nulls as int64 values (:data:`NULL_INT` for null); raises
+    ``TypeError``/``OverflowError`` for a value that is not an int64 integer."""
+    nulls = values.count(None)
+    if not nulls:
+        return array.array("q", values)
+    if nulls == len(values):
+        return array.array("q", [NULL_INT]) * nulls
+    return array.array("q", [NULL_INT if v is None else v for v in values])
 
 
 def expand_lite(rec: dict) -> list[dict]:
@@ -108,7 +120,11 @@ class StepTable:
     def _settle(self) -> None:
         """Moves the staged rows' int fields into the columns (a strided copy per column)."""
         staged = self._staged
-        if staged:
+        if len(staged) == len(_INT_FIELDS):  # one row (a full step between lite ones): 20 appends
+            for col, v in zip(self._int_cols, staged):
+                col.append(v)
+            self._staged = array.array("q")
+        elif staged:
             width = len(_INT_FIELDS)
             for j, col in enumerate(self._int_cols):
                 col.extend(staged[j::width])
@@ -225,17 +241,19 @@ class StepTable:
         starts, a value outside int64), so the caller can take the record the slow way and count."""
         n = len(columns[0])
         try:
-            ints = [array.array("q", [_NONE if v is None else v for v in columns[p]]) for p in _LITE_POS]
+            ints = [_int_column(columns[p]) for p in _LITE_POS]
         except (TypeError, OverflowError):
             return False
         i, t0, t1 = ints[0], ints[1], ints[2]
-        if _NONE in i or _NONE in t0 or any(b < a for a, b in zip(t0, t1)):
+        if _NONE in i or _NONE in t0 or any(map(operator.lt, t1, t0)):
             return False
+        self._settle()
+        cols = self._cols
         for f, col in zip(_LITE_INT, ints):
-            self.cols[f].extend(col)
+            cols[f].extend(col)
         nulls = array.array("q", [_NONE]) * n
         for f in _LITE_EMPTY:
-            self.cols[f].extend(nulls)
+            cols[f].extend(nulls)
         top = len(_BY)
         self.by.extend(array.array("b", [b if isinstance(b, int) and 0 <= b < top else 2 for b in columns[3]]))
         self.boundary.extend(array.array("b", [1 if b else 0 for b in columns[12]]))
@@ -247,8 +265,7 @@ class StepTable:
         first = len(self.by) - n  # the row of this record's first step
         if self._first is None:
             self._first = i[0] - first
-        if not self._moved and i[0] - self._first == first and i[-1] - i[0] == n - 1 \
-                and all(b - a == 1 for a, b in zip(i, i[1:])):
+        if not self._moved and i[0] - self._first == first and i == array.array("q", range(i[0], i[0] + n)):
             return True  # rows in step order where expected: no index entry (the usual case)
         for row, step in enumerate(i, start=first):
             self._index_at(row, step)
