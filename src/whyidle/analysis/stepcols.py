@@ -33,7 +33,16 @@ class StepCols:
 
     def ints(self, key: str) -> np.ndarray:
         if self.table is not None:
-            return np.frombuffer(self.table.cols[key], dtype=np.int64)[self.rows] if self.n else np.zeros(0, np.int64)
+            if not self.n:
+                return np.zeros(0, np.int64)
+            col = self.table.dense(key)
+            if col is not None:
+                return np.frombuffer(col, dtype=np.int64)[self.rows]
+            rows, values = self.table.full_values(key)  # a field of fully recorded steps only
+            out = np.full(len(self.table), NULL_INT, dtype=np.int64)
+            if len(rows):
+                out[np.frombuffer(rows, dtype=np.int64)] = np.frombuffer(values, dtype=np.int64)
+            return out[self.rows]
         return np.array([_int(s.get(key)) for s in self.steps], dtype=np.int64)
 
     def values(self, key: str) -> np.ndarray:

@@ -8,6 +8,7 @@ per step). :class:`StepView` gives read access to one row with the same keys as 
 from __future__ import annotations
 
 import array
+import bisect
 import collections.abc
 import math
 import operator
@@ -89,11 +90,18 @@ class StepTable:
     """Append-only table of step records (``k == "step"``) plus per-step GPU times."""
 
     def __init__(self) -> None:
-        self._cols = {f: array.array("q") for f in _INT_FIELDS}
-        self._int_cols = [self._cols[f] for f in _INT_FIELDS]
+        # the fields every row has (those of a ``steps`` row): one value per row
+        self._cols = {f: array.array("q") for f in _LITE_INT}
+        # the fields only fully recorded steps have (_LITE_EMPTY: samples, CPU times, ...): one
+        # value per row of ``_full_rows`` (a short-step run records 1 step in 20 in full: its
+        # million steps keep 50,000 of them, not 9 columns of a million nulls)
+        self._full = {f: array.array("q") for f in _LITE_EMPTY}
+        self._full_rows = array.array("q")
+        self._int_cols = [self._cols.get(f, self._full.get(f)) for f in _INT_FIELDS]
         # rows added by add_values, their int fields row after row (one C call per step instead
         # of 20 appends), moved into the columns before anything reads them (_settle)
         self._staged = array.array("q")
+        self._staged_rows = array.array("q")
         self.by = array.array("b")
         self.boundary = array.array("b")
         self.profiled = array.array("b")
@@ -113,9 +121,28 @@ class StepTable:
 
     @property
     def cols(self) -> dict[str, array.array]:
-        """Field name → its int64 column (:data:`NULL_INT` for null), one value per row."""
+        """Field name → its int64 column (:data:`NULL_INT` for null), one value per row (the
+        fields of full steps only are spread out here: prefer :meth:`full_values` for them)."""
         self._settle()
-        return self._cols
+        out = dict(self._cols)
+        for f, values in self._full.items():
+            col = array.array("q", [_NONE]) * len(self)
+            for row, v in zip(self._full_rows, values):
+                col[row] = v
+            out[f] = col
+        return out
+
+    def dense(self, key: str) -> array.array | None:
+        """The column of a field every row has (:data:`NULL_INT` for null), or None for a field of
+        full steps only (:meth:`full_values`)."""
+        self._settle()
+        return self._cols.get(key)
+
+    def full_values(self, key: str) -> tuple[array.array, array.array]:
+        """``(rows, values)`` of a field only fully recorded steps have: their row numbers
+        (increasing) and the field's values (:data:`NULL_INT` for null); KeyError for another."""
+        self._settle()
+        return self._full_rows, self._full[key]
 
     def _settle(self) -> None:
         """Moves the staged rows' int fields into the columns (a strided copy per column)."""
@@ -123,12 +150,14 @@ class StepTable:
         if len(staged) == len(_INT_FIELDS):  # one row (a full step between lite ones): 20 appends
             for col, v in zip(self._int_cols, staged):
                 col.append(v)
-            self._staged = array.array("q")
         elif staged:
             width = len(_INT_FIELDS)
             for j, col in enumerate(self._int_cols):
                 col.extend(staged[j::width])
+        if staged:
+            self._full_rows.extend(self._staged_rows)
             self._staged = array.array("q")
+            self._staged_rows = array.array("q")
 
     def add(self, rec: dict) -> bool:
         """Appends one ``step`` record (missing or null fields are stored as null). A record whose
@@ -155,6 +184,7 @@ class StepTable:
         if t1 < t0 or min(values) < _NONE or max(values) > _INT_MAX or (ph and (min(ph) < _NONE or max(ph) > _INT_MAX)):
             return False
         self._staged.extend(values)
+        self._staged_rows.append(len(self.by))
         if len(self._staged) >= _STAGED_MAX:
             self._settle()
         self.by.append(_BY.index(by) if isinstance(by, str) and by in _BY else 2)
@@ -192,7 +222,7 @@ class StepTable:
         row = self._moved.get(step)
         if row is None and self._first is not None:
             row = step - self._first
-            if not (0 <= row < len(self.by) and self.cols["i"][row] == step):
+            if not (0 <= row < len(self.by) and self.dense("i")[row] == step):
                 row = None
         return row
 
@@ -204,8 +234,8 @@ class StepTable:
         if not isinstance(rows, list):
             return 1
         bad = 0
-        lite = [self.cols[f] for f in _LITE_INT]
-        empty = [self.cols[f] for f in _LITE_EMPTY]
+        self._settle()
+        lite = [self._cols[f] for f in _LITE_INT]
         n = len(LITE_COLUMNS)
         for row in rows:
             if type(row) is not list or len(row) != n:
@@ -221,8 +251,6 @@ class StepTable:
                 continue
             for col, v in zip(lite, values):
                 col.append(v)
-            for col in empty:
-                col.append(_NONE)
             by = row[3]
             self.by.append(int(by) if isinstance(by, int) and 0 <= by < len(_BY) else 2)
             self.boundary.append(1 if row[12] else 0)
@@ -251,9 +279,6 @@ class StepTable:
         cols = self._cols
         for f, col in zip(_LITE_INT, ints):
             cols[f].extend(col)
-        nulls = array.array("q", [_NONE]) * n
-        for f in _LITE_EMPTY:
-            cols[f].extend(nulls)
         top = len(_BY)
         self.by.extend(array.array("b", [b if isinstance(b, int) and 0 <= b < top else 2 for b in columns[3]]))
         self.boundary.extend(array.array("b", [1 if b else 0 for b in columns[12]]))
@@ -292,7 +317,7 @@ class StepTable:
         marked = 0
         if not spans:
             return 0
-        t0s, t1s = self.cols["t0"], self.cols["t1"]
+        t0s, t1s = self.dense("t0"), self.dense("t1")
         for row in range(len(self.by)):
             a, b = t0s[row], t1s[row]
             if any(s <= a and b <= e for s, e in spans):
@@ -375,8 +400,14 @@ class StepView(collections.abc.Mapping):
             return default
 
     def _other(self, key: str):
-        """The fields that are not int columns."""
+        """The fields that are not int columns of every row."""
         t, r = self._table, self._row
+        values = t._full.get(key)
+        if values is not None:
+            rows = t._full_rows
+            j = bisect.bisect_left(rows, r)
+            v = values[j] if j < len(rows) and rows[j] == r else _NONE
+            return None if v == _NONE else v
         if key == "by":
             return _BY[t.by[r]]
         if key == "boundary":

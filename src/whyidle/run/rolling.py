@@ -30,6 +30,7 @@ import statistics
 import time
 
 from whyidle.record.follow import RunFollower
+from whyidle.record.steptable import LITE_COLUMNS
 from whyidle.record.writer import JsonlWriter, write_json_atomic
 
 #: Default seconds of one window.
@@ -165,8 +166,6 @@ class Rolling:
 
     # -- records ----------------------------------------------------------------------------------
     def _take_new(self) -> None:
-        from whyidle.record.steptable import expand_lite
-
         fed: dict[int, list] = {}
         for pid, rec in self.follower.take_new():
             k = rec.get("k")
@@ -175,15 +174,23 @@ class Rolling:
                 continue
             if pid not in self.ranks:
                 self.ranks[pid] = self._rank_of(pid)
-            steps = expand_lite(rec) if k == "steps" else [rec]
-            for s in steps:
-                t0, t1 = s.get("t0"), s.get("t1")
+            if k == "steps":  # lite rows read in place (a short-step job writes ~1,000 a second)
+                got = _lite_times(rec)
+            else:
+                t0, t1 = rec.get("t0"), rec.get("t1")
                 if not isinstance(t0, int) or not isinstance(t1, int):
                     continue
-                if isinstance(s.get("samples"), int) and s["samples"] > 0:
-                    self.samples_per_step[pid] = s["samples"]
-                self.recent.setdefault(pid, collections.deque(maxlen=100_000)).append((t0, t1, s.get("data")))
-                fed.setdefault(pid, []).append((t0, t1, s.get("data")))
+                if isinstance(rec.get("samples"), int) and rec["samples"] > 0:
+                    self.samples_per_step[pid] = rec["samples"]
+                got = [(t0, t1, rec.get("data"))]
+            if not got:
+                continue
+            recent = self.recent.get(pid)
+            if recent is None:
+                recent = self.recent[pid] = collections.deque(maxlen=100_000)
+            recent.extend(got)
+            if self.metrics is not None:
+                fed.setdefault(pid, []).extend(got)
         keep = self.now - int(RECENT_S * 1e9)
         for rows in self.recent.values():
             while rows and rows[0][1] < keep:
@@ -445,6 +452,23 @@ class Rolling:
                 "ratio": round(med_t / med_b, 3) if med_b > 0 else None}
 
 
+_LITE_T0, _LITE_T1, _LITE_DATA = (LITE_COLUMNS.index(c) for c in ("t0", "t1", "data"))
+
+
+def _lite_times(rec: dict) -> list[tuple]:
+    """``(t0, t1, data ns or None)`` of each row of a ``steps`` record (the rows
+    :func:`whyidle.record.steptable.expand_lite` would give, without building their dicts)."""
+    rows = rec.get("rows")
+    out = []
+    n = len(LITE_COLUMNS)
+    for row in rows if isinstance(rows, list) else ():
+        if isinstance(row, list) and len(row) == n:
+            t0, t1 = row[_LITE_T0], row[_LITE_T1]
+            if isinstance(t0, int) and isinstance(t1, int):
+                out.append((t0, t1, row[_LITE_DATA]))
+    return out
+
+
 def _tf_window_verdict(rec: dict) -> dict:
     """What a Keras (TensorFlow) deep trace says, from its train-function calls: the share of their
     time spent waiting for the input (``IteratorGetNext`` inside them, as ``tf_window`` records are
@@ -491,7 +515,7 @@ def _durations(run) -> list[float]:
     if not tables:
         return []
     table = max(tables, key=len)
-    return [(b - a) / 1e9 for a, b, p in zip(table.cols["t0"], table.cols["t1"], table.profiled) if not p]
+    return [(b - a) / 1e9 for a, b, p in zip(table.dense("t0"), table.dense("t1"), table.profiled) if not p]
 
 
 def request_trace(run_dir: str, steps: int | None, rank: int | None) -> str:
