@@ -21,12 +21,13 @@ import pytest
 
 from whyidle import pipeline
 from whyidle.export import perfetto as pf
+from whyidle.export import timeline_law
 from whyidle.record import tail as tail_mod
 from whyidle.record.reader import load_run as read_run
 from whyidle.report import plots
 
 SMALL, BIG = 15_000, 60_000
-CAPS = {"MAX_STEP_SLICES": 2_000, "MAX_PHASE_STEPS": 1_000}
+CAPS = {"DETAIL_STEPS": 1_000, "HEAD_STEPS": 100, "TAIL_STEPS": 250, "SUMMARY_SLICES": 500, "COUNTER_POINTS": 2_000}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def reports(tmp_path_factory):
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         for name, value in CAPS.items():
-            mp.setattr(pf, name, value)
+            mp.setattr(timeline_law, name, value)
         for n in (SMALL, BIG):
             run_dir = load_run.write_run(str(root / f"run-{n}"), n)
             t = time.perf_counter()
@@ -52,18 +53,20 @@ def reports(tmp_path_factory):
 
 def test_views_stay_bounded(reports):
     """timeline.json and report.html hardly grow from SMALL to BIG steps once past their caps:
-    step slices are grouped, phase slices strided, plot traces reduced to ``plots.MAX_POINTS``."""
+    the timeline's size law (:mod:`whyidle.export.timeline_law`: detail for ``DETAIL_STEPS`` steps,
+    summary windows for the rest, counters bucketed), plot traces reduced to ``plots.MAX_POINTS``."""
     (small, _, c_small), (big, _, c_big) = reports[SMALL], reports[BIG]
     for c, n in ((c_small, SMALL), (c_big, BIG)):
-        assert c["steps"] == n and c["step_group"] == -(-n // CAPS["MAX_STEP_SLICES"])
-        assert c["step_slices"] <= CAPS["MAX_STEP_SLICES"] + 200  # + the warm-up and epoch-boundary groups' steps
-        assert c["steps_with_phases"] <= CAPS["MAX_PHASE_STEPS"]
+        assert c["steps"] == n and c["step_group"] == -(-n // CAPS["SUMMARY_SLICES"])
+        assert c["summary"]["detailed_steps"] <= CAPS["DETAIL_STEPS"]
+        assert c["step_slices"] <= CAPS["DETAIL_STEPS"] + CAPS["SUMMARY_SLICES"] + len(c["summary"]["detailed_ranges"])
+        assert c["steps_with_phases"] <= CAPS["DETAIL_STEPS"]
 
     def size(run_dir, name):
         return os.path.getsize(os.path.join(run_dir, name))
 
-    # the counters (a value per host tick) still grow with the run's seconds: 4× steps, < 2× the file
-    assert size(big, "timeline.json") < 2 * size(small, "timeline.json")
+    # 4× the steps (and host ticks, past COUNTER_POINTS): < 1.25× the file
+    assert size(big, "timeline.json") < 1.25 * size(small, "timeline.json")
     with open(os.path.join(big, "report.html"), encoding="utf-8") as f:
         figures = re.findall(r'<script type="application/json" id="[^"]+-json">(.*?)</script>', f.read(), re.DOTALL)
     points = [len(trace.get("x") or []) for text in figures for trace in json.loads(text)["data"]]
@@ -131,23 +134,27 @@ def test_live_tail_reads_only_what_was_appended(reports, tmp_path, monkeypatch):
     assert len(tail.recent[str(dst)]) <= 2000
 
 
-def test_gpu_starved_slices_follow_the_phase_stride(tmp_path, monkeypatch):
-    """Past ``MAX_PHASE_STEPS`` steps the GPU-starved slices (several per step on a GPU run) are
-    written inside every k-th step only, like the phase slices."""
+def test_gpu_starved_slices_follow_the_size_law(tmp_path, monkeypatch):
+    """Past ``DETAIL_STEPS`` steps the GPU-starved slices (several per step on a GPU run) are
+    written inside the steps kept in full only (or outside any step), like the phase slices."""
     run_dir = load_run.write_run(str(tmp_path / "run"), 3_000, step_ms=30.0, cuda=True)  # every step in full
     a = pipeline.analyze_run(run_dir)
     counts = pf.build_timeline(a.facts, a.run)["otherData"]["counts"]["trainers"][str(load_run.TRAINER)]
-    assert counts["phase_stride"] == 1 and counts["starved_slices"] > 3 * 3_000
-    monkeypatch.setattr(pf, "MAX_PHASE_STEPS", 1_000)
+    assert "summary" not in counts and counts["starved_slices"] > 3 * 3_000
+    for name, value in (("DETAIL_STEPS", 1_000), ("HEAD_STEPS", 100), ("TAIL_STEPS", 250)):
+        monkeypatch.setattr(timeline_law, name, value)
     obj = pf.build_timeline(a.facts, a.run)
-    strided = obj["otherData"]["counts"]["trainers"][str(load_run.TRAINER)]
-    assert strided["phase_stride"] == 3
-    # a third of the steps' ranges (a kept step's last range no longer merges with the next step's first)
-    assert 0.3 * counts["starved_slices"] < strided["starved_slices"] < 0.4 * counts["starved_slices"]
-    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split()[1])) for e in obj["traceEvents"]
-                   if e.get("cat") == "step")
-    starts = [s[0] for s in steps]
+    summed = obj["otherData"]["counts"]["trainers"][str(load_run.TRAINER)]
+    detailed = summed["summary"]["detailed_steps"]
+    assert detailed <= 1_000
+    # the detailed steps' share of the ranges (a kept step's last range no longer merges with the next's first)
+    share = detailed / 3_000
+    assert 0.8 * share * counts["starved_slices"] < summed["starved_slices"] < 1.2 * share * counts["starved_slices"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in obj["traceEvents"] if e.get("cat") == "step")
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in obj["traceEvents"] if e.get("cat") == "step_summary")
+    starts = [s[0] for s in windows]
     for e in obj["traceEvents"]:
         if e.get("cat") == "gpu_starved":
-            n = bisect.bisect_left(starts, e["ts"] + e["dur"]) - 1  # the step it ends in
-            assert n < 0 or e["ts"] + e["dur"] > steps[n][1] or steps[n][2] % 3 == 0, e
+            end = e["ts"] + e["dur"]
+            w = bisect.bisect_left(starts, end) - 1  # the window it ends in, if any
+            assert w < 0 or end > windows[w][1], e

@@ -17,6 +17,9 @@ The layout (tracks, names, units, the clock) is documented in ``docs/run-format.
   follow one another or nest, never partly overlap (a record that would is cut at the enclosing
   slice's end), so viewers never have to guess. Counters sit on two kinds of pseudo-processes (pids above any real pid): one
   per GPU and one for the machine.
+- **Size.** Bounded for any length of job by :mod:`whyidle.export.timeline_law`: past its budget
+  a trainer's per-step detail is kept for a bounded set of steps (start, end, anomalies) and the
+  rest is drawn as summary windows; long counter series are bucketed; shorter runs are unchanged.
 
 Pure: :func:`build_timeline` takes the facts of :func:`whyidle.analysis.run.analyze` and the
 :class:`~whyidle.record.reader.RunData` they came from and returns a dict; :func:`write_timeline`
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -43,6 +47,7 @@ from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import series
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis.facts import RunFacts
+from whyidle.export import timeline_law
 from whyidle.record.reader import RunData
 from whyidle.record.steptable import MAX_PH_VALUES, phase_spans
 from whyidle.record.writer import atomic_file
@@ -75,6 +80,10 @@ STEPS, PHASES, STARVED, LOADER, KERAS, TF, REGIONS = range(len(TRACKS))
 PHASE_NAMES = {"setup": "setup", "data": "data wait", "forward": "forward", "backward": "backward",
                "optimizer": "optimizer", "eval": "eval", "other": "other host", "compute": "compute"}
 
+#: Step columns (``analysis.series.STEP_PHASES`` names, ``other_host``) → phase codes of
+#: :data:`PHASE_NAMES`, where they differ: the summary windows' phase-share slices.
+COLUMN_PHASES = {"data_wait": "data", "other_host": "other"}
+
 #: Slice names of GPU starvation by cause (:data:`whyidle.analysis.gpu_idle.CAUSES`).
 STARVED_NAMES = {"data": "GPU starved: data wait", "sync": "GPU starved: sync", "host": "GPU starved: host",
                  "launch": "GPU starved: launch-bound", "other": "GPU starved: before first step"}
@@ -82,21 +91,6 @@ STARVED_NAMES = {"data": "GPU starved: data wait", "sync": "GPU starved: sync", 
 #: CPU counter series (keys of :func:`whyidle.analysis.series.cpu_series`) → counter arg names.
 CPU_ROLES = (("trainer", "trainer"), ("workers", "workers"), ("tree_other", "rest of command"),
              ("other", "other processes"), ("whyidle", "whyidle"))
-
-#: Steps of one trainer whose phase slices are written in full; a longer run gets them for every
-#: k-th step only (``phase_stride``), so a million-step run stays near the size of a 100,000-step
-#: one (~100 bytes per phase slice, 6–9 slices per step).
-MAX_PHASE_STEPS = 100_000
-
-#: Step slices of one trainer at most (about): a longer run gets one slice per group of g
-#: consecutive steps, g = ⌈steps ÷ this⌉ (``step_group``; ``steps <first>–<last>``, args the
-#: group's mean times), except groups holding a step worth seeing alone (warm-up, epoch boundary,
-#: profiled, not analyzed, or slower than :data:`SLOW_STEP_FACTOR` × the median step), whose steps
-#: keep their own slices. ~250 bytes per step slice: a million 1 ms steps wrote 250 MB in a quarter
-#: of the end-of-run time before this cap (44 MB after it, benchmarks/load.py).
-MAX_STEP_SLICES = 200_000
-#: A step slower than this many times the trainer's median step keeps its own slice (see above).
-SLOW_STEP_FACTOR = 2.0
 
 #: Steps converted from numpy columns to Python values at a time, and events encoded per write.
 STEP_CHUNK = 4096
@@ -201,6 +195,33 @@ def _sequential(t0, t1) -> bool:
     return bool(np.all(t0 <= t1) and np.all(t1[:-1] <= t0[1:]))
 
 
+def _bucketed(times: list, values: list, reduce, digits: int, buckets: dict, key: str) -> tuple[list, list]:
+    """A counter series as written: unchanged up to :data:`timeline_law.COUNTER_POINTS` values,
+    else one value per bucket of k (``reduce``: :func:`timeline_law.reduce_mean` or ``reduce_max``,
+    rounded to ``digits``) at its first value's time; ``buckets[key]`` = k then."""
+    k = timeline_law.bucket(len(values))
+    if k == 1:
+        return times, values
+    buckets[key] = k
+    return times[::k], [round(v, digits) for v in reduce(values, k).tolist()]
+
+
+def _every_kth_tick(records: list[dict]) -> tuple[list[dict], int]:
+    """``(records, k)``: the ``host.jsonl`` records with only every k-th ``host`` tick and the last
+    kept, k = :func:`timeline_law.bucket` of the intervals between ticks; the other records
+    (process starts, limits) all kept, in order. k = 1: ``records`` itself."""
+    is_tick = [r.get("k") == "host" for r in records]
+    ticks = list(itertools.compress(range(len(records)), is_tick))
+    k = timeline_law.bucket(max(0, len(ticks) - 1))
+    if k == 1:
+        return records, 1
+    keep = [not t for t in is_tick]
+    for i in ticks[::k]:
+        keep[i] = True
+    keep[ticks[-1]] = True
+    return list(itertools.compress(records, keep)), k
+
+
 class _Timeline:
     """One run's timeline: :meth:`events` yields every trace event once, in an order that lets the
     long tracks stream (steps and phase slices of each trainer as they are made; the small tracks,
@@ -218,6 +239,7 @@ class _Timeline:
         self.tracks: dict[tuple[int, int], _Track] = {}
         self.counts: dict = {"trainers": {}}
         self.machine = False  # an event was written on the machine pseudo-process
+        self.machine_bucket = 1  # host ticks per machine counter value (timeline_law.bucket)
         self.done = False
 
     def track(self, pid: int, tid: int) -> _Track:
@@ -239,8 +261,9 @@ class _Timeline:
                 steps, _ = keras_analysis.input_wait(steps, recs)
                 analyzed, info = step_analysis.select_steps(steps)
                 warmup = info.get("warmup", 0)
-            c = yield from self._steps(pid, steps, analyzed, warmup)
-            c["starved_slices"] = yield from self._starved(pid, recs, c.pop("_bounds"))
+            ranges = gpu_idle_analysis.starved_ranges(recs)
+            c = yield from self._steps(pid, steps, analyzed, warmup, ranges)
+            c["starved_slices"] = yield from self._starved(pid, ranges, c.pop("_bounds"))
             self._host_regions(pid, recs)
             if pid == self.primary:
                 self._startup(pid, recs, steps)
@@ -258,154 +281,224 @@ class _Timeline:
 
     # -- slices ------------------------------------------------------------------------------------
 
-    def _steps(self, pid: int, steps: list, analyzed: list, warmup: int):
+    def _steps(self, pid: int, steps: list, analyzed: list, warmup: int, ranges: dict | None):
         """Step and phase slices of one trainer (streamed when the steps follow one another, as
-        they do by construction); returns counts."""
+        they do by construction); returns counts. Past :data:`timeline_law.DETAIL_STEPS` steps only
+        the steps of :func:`timeline_law.plan_steps` get their own slices; the others are shown
+        as summary windows (:meth:`_summaries`). ``ranges``: the trainer's GPU-starved ranges
+        (:func:`whyidle.analysis.gpu_idle.starved_ranges`), summed into the windows' args."""
         clock = self.clock
         n_steps = len(steps)
-        cols = series.step_columns(steps, self.origin, ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms",
-                                                        "boundary", "profiled")
-                                   + tuple(name for name, _ in series.STEP_PHASES))
+        keys = ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms", "boundary", "profiled")
+        cols = series.step_columns(steps, self.origin, keys + tuple(name for name, _ in series.STEP_PHASES))
         is_analyzed = np.isin(cols["i"], series.step_ids(analyzed))
         has = cols["has"]
-        stride = -(-n_steps // MAX_PHASE_STEPS) if n_steps > MAX_PHASE_STEPS else 1
-        group = -(-n_steps // MAX_STEP_SLICES) if n_steps > MAX_STEP_SLICES else 1
+        plan = timeline_law.plan_steps(cols["step_s"], warmup, cols["boundary"], ~is_analyzed | cols["profiled"])
         tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
         step_track, phase_track = self.track(pid, tid_s), self.track(pid, tid_p)
         stream = _sequential(cols["t0"], cols["t1"])
         phase_names = [(name + "_ms", name) for name in has]
-        grouped = self._group_slices(pid, tid_s, cols, is_analyzed, warmup, group, phase_names) if group > 1 else None
-        n_phase = with_ph = n_step_slices = 0
-        for a in range(0, n_steps, STEP_CHUNK):
-            b = min(n_steps, a + STEP_CHUNK)
-            ch = {k: cols[k][a:b].tolist() for k in ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms",
-                                                     "boundary", "profiled")}
-            ch_phases = [(key, cols[name][a:b].tolist()) for key, name in phase_names]
-            ch_analyzed = is_analyzed[a:b].tolist()
-            for m in range(b - a):
-                n = a + m
-                args = None
-                if grouped is not None and grouped[n // group] is not None:  # a step of a group slice
-                    if n % group == 0:
-                        ev = grouped[n // group](n // group)
-                        n_step_slices += 1
-                        if stream:
-                            yield step_track.put(ev)
-                        else:
-                            step_track.add(ev)
-                    if n % stride:
-                        continue
-                else:
-                    args = {"step_ms": round(ch["step_s"][m] * 1e3, 3)}
-                    if ch["samples"][m] >= 0:
-                        args["samples"] = ch["samples"][m]
-                    for key, values in ch_phases:
-                        v = values[m]
-                        if v and not math.isnan(v):  # measured (NaN: a lite step's phases were not tracked)
-                            args[key] = round(v * 1e3, 3)
-                    v = ch["other_host"][m]
-                    if v and not math.isnan(v):
-                        args["other_host_ms"] = round(v * 1e3, 3)
-                    if ch["gpu_ms"][m] == ch["gpu_ms"][m]:  # not NaN
-                        args["gpu_ms"] = round(ch["gpu_ms"][m], 3)
-                    args["analyzed"] = ch_analyzed[m]
-                    if n < warmup:
-                        args["warmup"] = True
-                    if ch["boundary"][m]:
-                        args["boundary"] = True
-                    if ch["profiled"][m]:
-                        args["profiled"] = True
+        w_starts, make_window = (self._summaries(pid, cols, is_analyzed, plan, phase_names, ranges)
+                                 if plan.summarized else ([], None))
+        n_phase = with_ph = n_step_slices = n_summary_phase = 0
+        w = 0
+
+        def emit(track: _Track, ev: dict):
+            if stream:
+                yield track.put(ev)
+            else:
+                track.add(ev)
+
+        def windows_before(n: int):  # the summary windows that start before step n
+            nonlocal w, n_step_slices, n_summary_phase
+            while w < len(w_starts) and (n is None or w_starts[w] < n):
+                step_ev, phase_evs = make_window(w)
+                yield from emit(step_track, step_ev)
+                n_step_slices += 1
+                for ev in phase_evs:
+                    yield from emit(phase_track, ev)
+                n_summary_phase += len(phase_evs)
+                w += 1
+
+        detail_idx = np.flatnonzero(plan.detail)
+        for a in range(0, len(detail_idx), STEP_CHUNK):
+            sel = detail_idx[a:a + STEP_CHUNK]
+            ch = {k: cols[k][sel].tolist() for k in keys}
+            ch_phases = [(key, cols[name][sel].tolist()) for key, name in phase_names]
+            ch_analyzed = is_analyzed[sel].tolist()
+            for m, n in enumerate(sel.tolist()):
+                if w < len(w_starts) and w_starts[w] < n:
+                    yield from windows_before(n)
+                args = {"step_ms": round(ch["step_s"][m] * 1e3, 3)}
+                if ch["samples"][m] >= 0:
+                    args["samples"] = ch["samples"][m]
+                for key, values in ch_phases:
+                    v = values[m]
+                    if v and not math.isnan(v):  # measured (NaN: a lite step's phases were not tracked)
+                        args[key] = round(v * 1e3, 3)
+                v = ch["other_host"][m]
+                if v and not math.isnan(v):
+                    args["other_host_ms"] = round(v * 1e3, 3)
+                if ch["gpu_ms"][m] == ch["gpu_ms"][m]:  # not NaN
+                    args["gpu_ms"] = round(ch["gpu_ms"][m], 3)
+                args["analyzed"] = ch_analyzed[m]
+                if n < warmup:
+                    args["warmup"] = True
+                if ch["boundary"][m]:
+                    args["boundary"] = True
+                if ch["profiled"][m]:
+                    args["profiled"] = True
                 t0, t1 = clock.us(ch["t0"][m]), clock.us(ch["t1"][m])
                 ph = steps[n].get("ph")
-                if ph and n % stride:
-                    args["phases"] = False  # left out to keep the file small (``phase_stride``)
-                elif ph:
+                if ph:
                     with_ph += 1
-                    if len(ph) >= MAX_PH_VALUES and args is not None:
+                    if len(ph) >= MAX_PH_VALUES:
                         args["phases_cut"] = True  # later phase changes of this step were not recorded
                     for ts, end, phase in phase_spans(t0, t1, ph, 1):
-                        ev = {"name": PHASE_NAMES[phase], "ph": "X", "ts": ts, "dur": end - ts, "pid": pid,
-                              "tid": tid_p}
                         n_phase += 1
-                        if stream:
-                            yield phase_track.put(ev)
-                        else:
-                            phase_track.add(ev)
-                if args is None:
-                    continue
-                ev = _slice(pid, tid_s, t0, t1, f"step {ch['i'][m]}", "step", args)
+                        yield from emit(phase_track, {"name": PHASE_NAMES[phase], "ph": "X", "ts": ts,
+                                                      "dur": end - ts, "pid": pid, "tid": tid_p})
                 n_step_slices += 1
-                if stream:
-                    yield step_track.put(ev)
-                else:
-                    step_track.add(ev)
-        return {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": stride,
-                "step_slices": n_step_slices, "step_group": group,
-                "_bounds": (cols["t0"], cols["t1"], stride) if stride > 1 and stream else None}
+                yield from emit(step_track, _slice(pid, tid_s, t0, t1, f"step {ch['i'][m]}", "step", args))
+        if w_starts:
+            yield from windows_before(None)
+        out = {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": 1,
+               "step_slices": n_step_slices, "step_group": plan.window if plan.summarized else 1}
+        if plan.summarized:
+            out["summary"] = self._summary_note(cols["i"], plan, len(w_starts), n_summary_phase)
+        out["_bounds"] = (cols["t0"], cols["t1"], plan.detail) if plan.summarized and stream else None
+        return out
 
-    def _group_slices(self, pid: int, tid: int, cols: dict, is_analyzed, warmup: int, group: int,
-                      phase_names: list) -> list:
-        """Per group of ``group`` consecutive steps (``MAX_STEP_SLICES``): a callable making its
-        slice, or None when its steps keep their own (one of them is warm-up, an epoch boundary,
-        profiled, not analyzed or slower than ``SLOW_STEP_FACTOR`` × the median step). A group slice
-        is ``steps <first>–<last>`` with args ``steps`` (how many), ``step_ms`` (their mean),
-        ``step_ms_max``, the mean of each phase (ms) and of ``gpu_ms`` over the steps that measured
-        it, and ``analyzed``. The groups' values stay in numpy arrays (a few MB) until a slice is made."""
-        n = len(cols["i"])
-        starts = np.arange(0, n, group)
-        lasts = np.minimum(starts + group, n) - 1
-        step_s = cols["step_s"]
-        special = (~is_analyzed | cols["boundary"] | cols["profiled"]
-                   | (step_s > SLOW_STEP_FACTOR * float(np.median(step_s))))
-        special[:warmup] = True
-        alone = np.logical_or.reduceat(special, starts).tolist()
-        del special
-        count = lasts - starts + 1
+    @staticmethod
+    def _summary_note(ids: np.ndarray, plan, windows: int, phase_slices: int) -> dict:
+        """What ``otherData.counts.trainers[pid].summary`` says of a summarized trainer: the steps
+        kept in full (how many, why, as ranges of step numbers) and the windows of the rest."""
+        d = plan.detail
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], d.view(np.int8), [0]))))
+        first, last = edges[0::2], edges[1::2] - 1
+        return {"detailed_steps": int(d.sum()), "summarized_steps": int(len(d) - d.sum()),
+                "windows": windows, "window_steps": plan.window, "phase_share_slices": phase_slices,
+                "detailed_by_reason": plan.reasons, "slow_step_ms": plan.slow_ms,
+                "budget": {"detail_steps": timeline_law.DETAIL_STEPS, "head_steps": timeline_law.HEAD_STEPS,
+                           "tail_steps": timeline_law.TAIL_STEPS, "context_steps": timeline_law.CONTEXT_STEPS,
+                           "summary_slices": timeline_law.SUMMARY_SLICES},
+                "detailed_ranges": [[a, b] for a, b in zip(ids[first].tolist(), ids[last].tolist())]}
 
-        def mean(x: np.ndarray) -> np.ndarray:  # per group, over the steps that measured it (not NaN); NaN if none
+    def _summaries(self, pid: int, cols: dict, is_analyzed, plan, phase_names: list,
+                   ranges: dict | None) -> tuple:
+        """The summary windows of ``plan`` (:func:`timeline_law.plan_steps`): ``(starts, make)``,
+        ``starts`` the windows' first step indexes (a list, ascending), ``make(w)`` the window's
+        ``(step slice, phase-share slices)``.
+
+        The step slice is ``steps <first>–<last>`` (cat ``step_summary``), args: ``steps`` (how
+        many), ``step_ms`` (their mean), ``step_ms_min``/``step_ms_max``, the mean of each phase, of
+        ``other_host_ms`` and of ``gpu_ms`` over the steps that measured it (ms), ``analyzed_steps``,
+        ``slow_steps`` (past the plan's ``slow_step_ms``), ``boundary_steps``/``profiled_steps``
+        when any, ``gpu_starved_ms`` (per step, when the CUDA timeline ran) and ``summary: true``.
+        The phase-share slices (cat ``phase_summary``) tile the window's span on the ``phases``
+        track in proportion to each phase's share of the window's step time (args ``share``,
+        ``mean_ms``), so a phase's total time on the track stays what it was. The windows' values
+        stay in numpy arrays (a few MB) until a slice is made."""
+        detail = plan.detail
+        idx = np.flatnonzero(~detail)
+        pos = np.searchsorted(idx, plan.starts)
+        count = plan.ends - plan.starts
+        step_s = cols["step_s"][idx]
+
+        def per_window(x: np.ndarray, how=np.add) -> np.ndarray:
+            return how.reduceat(x, pos)
+
+        def mean(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # mean over measured steps; their step time
             measured = ~np.isnan(x)
             with np.errstate(invalid="ignore", divide="ignore"):
-                return np.add.reduceat(np.where(measured, x, 0.0), starts) / np.add.reduceat(measured, starts)
+                k = per_window(measured.astype(np.int64))
+                return (per_window(np.where(measured, x, 0.0)) / k,
+                        per_window(np.where(measured, step_s, 0.0)) / k)
 
-        means = [(key, mean(cols[name])) for key, name in phase_names] + [("other_host_ms", mean(cols["other_host"]))]
-        columns = [count, np.add.reduceat(step_s, starts) / count, np.maximum.reduceat(step_s, starts),
-                   mean(cols["gpu_ms"]), cols["i"][starts], cols["i"][lasts], cols["t0"][starts], cols["t1"][lasts]]
-        columns += [values for _, values in means]
+        phases = [(key, name) for key, name in phase_names] + [("other_host_ms", "other_host")]
+        means = []
+        for key, name in phases:
+            m, base = mean(cols[name][idx])
+            means.append((key, name, m, base))
+        slow_limit = (plan.slow_ms or math.inf) / 1e3
+        columns = [count, per_window(step_s) / count, per_window(step_s, np.minimum), per_window(step_s, np.maximum),
+                   mean(cols["gpu_ms"][idx])[0], per_window(is_analyzed[idx].astype(np.int64)),
+                   per_window((step_s > slow_limit).astype(np.int64)),
+                   per_window(cols["boundary"][idx].astype(np.int64)), per_window(cols["profiled"][idx].astype(np.int64)),
+                   cols["i"][plan.starts], cols["i"][plan.ends - 1], cols["t0"][plan.starts], cols["t1"][plan.ends - 1],
+                   self._starved_per_window(cols, plan, ranges)]
+        columns += [c for _, _, m, base in means for c in (m, base)]
         us = self.clock.us
-        block: list = [-1, []]  # the groups' values as Python lists, STEP_CHUNK groups at a time
+        tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
+        block: list = [-1, []]  # the windows' values as Python lists, STEP_CHUNK windows at a time
 
-        def make(g: int) -> dict:
+        def make(g: int):
             b, r = divmod(g, STEP_CHUNK)
             if b != block[0]:
                 block[:] = [b, [c[b * STEP_CHUNK:(b + 1) * STEP_CHUNK].tolist() for c in columns]]
-            k, step_mean, step_max, gpu, first, last, t0, t1, *phase_means = (c[r] for c in block[1])
-            args = {"steps": k, "step_ms": round(step_mean * 1e3, 3), "step_ms_max": round(step_max * 1e3, 3)}
-            for (key, _), v in zip(means, phase_means):
-                if v and not math.isnan(v):
-                    args[key] = round(v * 1e3, 3)
+            (k, step_mean, step_min, step_max, gpu, n_analyzed, n_slow, n_boundary, n_profiled, first, last,
+             t0, t1, starved, *phase_values) = (c[r] for c in block[1])
+            args = {"steps": k, "step_ms": round(step_mean * 1e3, 3), "step_ms_min": round(step_min * 1e3, 3),
+                    "step_ms_max": round(step_max * 1e3, 3)}
+            ts, end = us(t0), us(t1)
+            phase_evs = []
+            at = ts
+            for j, (key, name, _, _) in enumerate(means):
+                v, base = phase_values[2 * j], phase_values[2 * j + 1]
+                if not v or math.isnan(v):
+                    continue
+                args[key] = round(v * 1e3, 3)
+                share = v / base if base else 0.0
+                dur = min(end - at, round(share * (end - ts)))
+                if dur > 0:
+                    phase_evs.append(_slice(pid, tid_p, at, at + dur, PHASE_NAMES[COLUMN_PHASES.get(name, name)],
+                                            "phase_summary", {"share": round(share, 4), "mean_ms": round(v * 1e3, 3)}))
+                    at += dur
             if not math.isnan(gpu):
                 args["gpu_ms"] = round(gpu, 3)
-            args["analyzed"] = True
-            return _slice(pid, tid, us(t0), us(t1), f"steps {first}–{last}", "step", args)
+            if starved is not None and not math.isnan(starved):
+                args["gpu_starved_ms"] = round(starved / k * 1e3, 3)
+            args["analyzed_steps"] = n_analyzed
+            args["slow_steps"] = n_slow
+            if n_boundary:
+                args["boundary_steps"] = n_boundary
+            if n_profiled:
+                args["profiled_steps"] = n_profiled
+            args["summary"] = True
+            return _slice(pid, tid_s, ts, end, f"steps {first}–{last}", "step_summary", args), phase_evs
 
-        return [None if a else make for a in alone]
+        return plan.starts.tolist(), make
 
-    def _starved(self, pid: int, records: list, bounds: tuple | None = None):
+    @staticmethod
+    def _starved_per_window(cols: dict, plan, ranges: dict | None) -> np.ndarray:
+        """Seconds of GPU starvation per summary window: the ranges ending inside one of its steps
+        (NaN for every window when the CUDA timeline did not run)."""
+        n_windows = len(plan.starts)
+        if ranges is None or not len(cols["t0"]):
+            return np.full(n_windows, np.nan)
+        t1s = ranges["t1"]
+        step = np.searchsorted(cols["t0"], t1s, side="left") - 1
+        inside = (step >= 0) & (t1s <= cols["t1"][np.maximum(step, 0)])
+        win = np.searchsorted(plan.starts, step, side="right") - 1
+        ok = inside & (win >= 0) & (step < plan.ends[np.maximum(win, 0)]) & ~plan.detail[np.maximum(step, 0)]
+        return np.bincount(win[ok], weights=(t1s - ranges["t0"])[ok] / 1e9, minlength=n_windows)
+
+    def _starved(self, pid: int, ranges: dict | None, bounds: tuple | None = None):
         """GPU-starved slices from the CUDA timeline (adjacent ranges of one cause merged); returns
-        their number. ``bounds``: ``(t0, t1, k)`` of the trainer's steps (sequential) when its phase
-        slices are on every k-th step only (``MAX_PHASE_STEPS``): then so are these (the ranges
-        ending inside the other steps are left out; those outside any step are kept)."""
-        ranges = gpu_idle_analysis.starved_ranges(records)
+        their number. ``bounds``: ``(t0, t1, detail)`` of the trainer's steps (sequential) when
+        only some are written in full (:func:`timeline_law.plan_steps`): then so are these (the
+        ranges ending inside a summarized step are left out, their time is in the window's
+        ``gpu_starved_ms``; those outside any step are kept)."""
         if ranges is None:
             return 0
         tid = _vtid(pid, STARVED)
         track = self.track(pid, tid)
         t0s, t1s, causes = ranges["t0"], ranges["t1"], ranges["cause"]
         if bounds is not None and len(bounds[0]):
-            step_t0, step_t1, stride = bounds
+            step_t0, step_t1, detail = bounds
             step = np.searchsorted(step_t0, t1s, side="left") - 1  # the step a range ends in, if any
             inside = (step >= 0) & (t1s <= step_t1[np.maximum(step, 0)])
-            keep = ~inside | (step % stride == 0)
+            keep = ~inside | detail[np.maximum(step, 0)]
             t0s, t1s = t0s[keep], t1s[keep]
             causes = [c for c, k in zip(causes, keep.tolist()) if k]
         stream = _sequential(t0s, t1s)
@@ -501,12 +594,16 @@ class _Timeline:
         return {"name": name, "ph": "C", "ts": ts, "pid": pid, "tid": pid, "args": args}
 
     def _cpu_counters(self):
-        """CPU by role (cores, per interval, at the interval's start) and memory (GiB, per tick)."""
+        """CPU by role (cores, per interval, at the interval's start) and memory (GiB, per tick).
+        Past :data:`timeline_law.COUNTER_POINTS` intervals, the intervals between every k-th host
+        tick (:func:`timeline_law.bucket`): the processes' CPU times are cumulative, so each value
+        is the exact mean over its k intervals, and the scan costs 1/k; memory at those ticks."""
         run, clock, origin_ns = self.run, self.clock, self.origin
-        cpu = series.cpu_series(run.host, self.trainers, run.meta.get("whyidle_pid"), origin_ns)
+        host, self.machine_bucket = _every_kth_tick(run.host)
+        cpu = series.cpu_series(host, self.trainers, run.meta.get("whyidle_pid"), origin_ns)
         if not cpu["t_s"]:
             return 0
-        first = next((r["t"] for r in run.host if r.get("k") == "host"), None)
+        first = next((r["t"] for r in host if r.get("k") == "host"), None)
         starts = [first] + [origin_ns + round(t * 1e9) for t in cpu["t_s"][:-1]]
         for n, start in enumerate(starts):
             yield self._counter("CPU cores", MACHINE_PID, clock.us(start),
@@ -533,7 +630,7 @@ class _Timeline:
             pid = GPU_PID_BASE + int(d["index"] or 0)
             from_buffer = any(r.get("k") == "gpu_util" and r.get("dev") == d["index"] and r.get("samples")
                               for r in run.gpu)
-            counts = {}
+            counts, buckets = {}, {}
             for key, name in (("util", "GPU util"), ("mem_util", "memory read/write")):
                 pts = d[key]
                 if from_buffer and len(pts) >= 2:
@@ -543,20 +640,35 @@ class _Timeline:
                     starts = [pts[0][0] - period] + [max(a[0], b[0] - period) for a, b in zip(pts, pts[1:])]
                 else:
                     starts = [p[0] for p in pts]
-                for start, (_, v) in zip(starts, pts):
+                values = [p[1] for p in pts]
+                starts, values = _bucketed(starts, values, timeline_law.reduce_mean, 2, buckets, key)
+                for start, v in zip(starts, values):
                     yield self._counter(name, pid, us(start), {"%": v})
                 counts[key] = len(pts)
             for key, name in (("sm_active", "SM active (GPM)"), ("tensor_active", "tensor active (GPM)")):
-                for t0, _t1, v in d[key]:
-                    yield self._counter(name, pid, us(t0), {"%": round(v * 100, 2)})
-                counts[key] = len(d[key])
-            for t, v in d["mem_used_bytes"]:
-                yield self._counter("memory used", pid, us(t), {"GiB": round(v / GIB, 3)})
-            counts["mem_used_bytes"] = len(d["mem_used_bytes"])
-            for t, v in d["power_w"]:
-                yield self._counter("power", pid, us(t), {"W": v})
-            counts["power_w"] = len(d["power_w"])
-            out.append({"index": d["index"], "name": d["name"], "pid": pid, "samples": counts})
+                pts = d[key]
+                k = timeline_law.bucket(len(pts))
+                t0s, values = [p[0] for p in pts], [round(p[2] * 100, 2) for p in pts]
+                if k > 1:  # windows of different lengths: weighted by their seconds
+                    buckets[key] = k
+                    values = [round(v, 2) for v in timeline_law.reduce_mean(
+                        values, k, [p[1] - p[0] for p in pts]).tolist()]
+                    t0s = t0s[::k]
+                for t0, v in zip(t0s, values):
+                    yield self._counter(name, pid, us(t0), {"%": v})
+                counts[key] = len(pts)
+            for key, name, unit, scale, reduce in (("mem_used_bytes", "memory used", "GiB", GIB, timeline_law.reduce_max),
+                                                   ("power_w", "power", "W", None, timeline_law.reduce_mean)):
+                pts = d[key]
+                times, values = _bucketed([p[0] for p in pts], [p[1] for p in pts], reduce, 3 if scale else 2,
+                                          buckets, key)
+                for t, v in zip(times, values):
+                    yield self._counter(name, pid, us(t), {unit: round(v / scale, 3) if scale else v})
+                counts[key] = len(pts)
+            gpu = {"index": d["index"], "name": d["name"], "pid": pid, "samples": counts}
+            if buckets:
+                gpu["samples_per_value"] = buckets
+            out.append(gpu)
         return out
 
     def _notices(self):
@@ -607,6 +719,25 @@ class _Timeline:
             yield _meta_event("process_sort_index", g["pid"], g["pid"],
                               {"sort_index": len(pids) + 1 + int(g["index"] or 0)})
 
+    def size_note(self) -> str | None:
+        """One sentence saying what the size law (:mod:`whyidle.export.timeline_law`) left out of
+        this timeline, or None when it left out nothing (after :meth:`events` has run)."""
+        parts = []
+        for pid, c in self.counts["trainers"].items():
+            summary = c.get("summary")
+            if summary:
+                parts.append(f"trainer {pid}: {summary['detailed_steps']:,} of {c['steps']:,} steps in full (warm-up, "
+                             f"the first {timeline_law.HEAD_STEPS:,} after it, the last {timeline_law.TAIL_STEPS:,}, "
+                             "around left-out, epoch-boundary and slow steps, and evenly spaced stretches), the other "
+                             f"{summary['summarized_steps']:,} as {summary['windows']:,} summary slices of up to "
+                             f"{summary['window_steps']:,} steps")
+        if self.machine_bucket > 1 or any(g.get("samples_per_value") for g in self.counts.get("gpus") or []):
+            parts.append(f"counter series longer than {timeline_law.COUNTER_POINTS:,} values reduced to buckets")
+        if not parts:
+            return None
+        return ("timeline.json is bounded (size law, docs/run-format.md): " + "; ".join(parts)
+                + "; otherData.counts.trainers[pid].summary lists the steps in full.")
+
     def header(self) -> dict:
         """The object's keys other than ``traceEvents`` (after :meth:`events` has run)."""
         assert self.done, "events() first"
@@ -625,6 +756,11 @@ class _Timeline:
             "vtid": f"{VTID_BASE} + pid * {VTID_STRIDE} + track ({', '.join(TRACKS)})",
             "counts": self.counts,
         }
+        note = self.size_note()
+        if note:  # only past the size law's budgets: a shorter run's file is as it was before the law
+            other["size_law"] = note
+            if self.machine_bucket > 1:
+                other["machine_ticks_per_counter_value"] = self.machine_bucket
         if len(clock.anchors) > 1:
             offs = [a["time_ns"] - a["monotonic_ns"] for a in clock.anchors]
             other["anchor_spread_ns"] = max(offs) - min(offs)  # wall-clock steps during the run show here
