@@ -35,6 +35,7 @@ from collections import Counter
 from whyidle import mounts, vocab
 from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis.startup import startup_split
+from whyidle.analysis.stepcols import StepCols
 from whyidle.analysis.facts import TimeAccounting
 
 #: Overlapping parts: the first listed takes the time. ``startup`` here is a loader's first
@@ -296,7 +297,7 @@ def time_accounting(window: tuple[int, int], steps: list, regions: list[dict], i
         stop = next((e for e in ends if e.get("loader") == loader and prev is not None
                      and int(prev["t1"]) <= int(e["t0"]) <= int(it["t0"])), None)
         if starts is None:
-            starts = [int(r["t0"]) for r in steps]
+            starts = StepCols(steps).ints("t0").tolist()
         spans = [(a, b)] + _ramp(steps, starts, b, steady_fetch_s, w1)
         if stop is not None and min(w1, int(stop["t1"])) > max(w0, int(stop["t0"])):
             spans.append((max(w0, int(stop["t0"])), min(w1, int(stop["t1"]))))

@@ -42,6 +42,7 @@ import re
 import numpy as np
 
 from whyidle.analysis.stacks import source_line
+from whyidle.analysis.stepcols import StepCols
 
 #: A queue holding less than this much work counts as empty: the jitter of recording an event
 #: and having the GPU process it (a few µs on current GPUs) must not read as queued work.
@@ -358,11 +359,12 @@ def gpu_idle(records: list[dict], window: tuple[int, int] | None = None, steps: 
 
     per_step = None
     if steps:
-        t0 = np.array([s["t0"] for s in steps], dtype=np.float64)
-        t1 = np.array([s["t1"] for s in steps], dtype=np.float64)
+        c = StepCols(steps)
+        t0 = c.ints("t0").astype(np.float64)
+        t1 = c.ints("t1").astype(np.float64)
         starved_steps = (cum(t1) - cum(t0)) / 1e9
-        spans = [s["gpu_ms"] / 1e3 for s in steps
-                 if s.get("gpu_ms") is not None and s["gpu_ms"] == s["gpu_ms"]]
+        gpu_ms = c.gpu_ms()
+        spans = (gpu_ms[~np.isnan(gpu_ms)] / 1e3).tolist()
         per_step = {"starved_s": _stats(starved_steps.tolist()), "gpu_span_s": _stats(spans),
                     "idle_s_by_cause": {c: v / 1e9 / len(steps) for c, v in by_cause.items()}}
 
