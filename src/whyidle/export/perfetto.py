@@ -32,8 +32,6 @@ memory until the end, to be sorted and nested.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import math
 from collections.abc import Iterator
@@ -42,6 +40,7 @@ import msgspec
 import numpy as np
 
 from whyidle import __version__
+from whyidle.gcpause import gc_paused
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import keras as keras_analysis
 from whyidle.analysis import series
@@ -767,17 +766,6 @@ class _Timeline:
         return {"displayTimeUnit": "ms", "baseTimeNanoseconds": clock.base, "otherData": other}
 
 
-@contextlib.contextmanager
-def _no_gc():
-    enabled = gc.isenabled()
-    gc.disable()  # ~10^6 short-lived acyclic dicts for a long run: collections would only cost time
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def build_timeline(facts: RunFacts, run: RunData, base_ns: int | None = None) -> dict:
     """The run as a Chrome Trace Event Format object (pure), all in memory: for small runs and
     tests; :func:`write_timeline` streams the same events to a file instead.
@@ -796,7 +784,7 @@ def build_timeline(facts: RunFacts, run: RunData, base_ns: int | None = None) ->
         ``wall_minus_monotonic_ns``, ``anchors``), the pids and the counts of what was written.
     """
     tl = _Timeline(facts, run, base_ns)
-    with _no_gc():
+    with gc_paused():  # ~10^6 short-lived acyclic dicts for a long run: collections only cost time
         events = list(tl.events())
     return {**tl.header(), "traceEvents": events}
 
@@ -810,7 +798,7 @@ def write_timeline(path: str, facts: RunFacts, run: RunData, base_ns: int | None
     tl = _Timeline(facts, run, base_ns)
     enc = msgspec.json.Encoder()
     n = 0
-    with atomic_file(path) as f, _no_gc():
+    with atomic_file(path) as f, gc_paused():
         f.write(b'{"displayTimeUnit":"ms","baseTimeNanoseconds":%d,"traceEvents":[' % tl.clock.base)
         chunk: list[dict] = []
         for ev in tl.events():
