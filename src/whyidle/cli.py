@@ -280,7 +280,8 @@ def trace_now(run_dir, steps, rank) -> None:
 @click.option("--json", "json_path", metavar="FILE", help="Write the report (whyidle.report/1) to FILE ('-' = stdout).")
 @click.option("--rank", type=int, default=None, help="Only this rank's trace (from distributedInfo).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes reading a folder's rank files (default: one per core, fewer when memory is short).")
+              help="Processes reading a folder's rank files, or the byte ranges of one large uncompressed trace "
+                   "(default: one per core, fewer when memory is short; 1: this process alone).")
 def trace(path, json_path, rank, workers) -> None:
     """Diagnose an existing PyTorch profiler (Kineto) trace: a .json/.json.gz file or a folder of ranks."""
     import contextlib

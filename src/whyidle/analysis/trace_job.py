@@ -120,10 +120,11 @@ def plan_workers(paths: list[str], workers: int | None = None, available: int | 
 
 def read_ranks(paths: list[str], workers: int | None = None) -> list[RankSummary]:
     """Every file of ``paths`` summarized, in order: one file in this process (a large
-    uncompressed one split across processes by the reader), several in :func:`plan_workers`
-    worker processes, each file read whole by one of them."""
+    uncompressed one split into byte ranges read by ``workers`` processes, default one per usable
+    core: :func:`whyidle.record.kineto.read_trace`), several in :func:`plan_workers` worker
+    processes, each file read whole by one of them."""
     if len(paths) == 1:
-        return [summarize_file(paths[0], workers=None)]
+        return [summarize_file(paths[0], workers=workers)]
     n = plan_workers(paths, workers)
     if n <= 1:
         return [summarize_file(p) for p in paths]

@@ -2,14 +2,19 @@
 
 A trace is one JSON object whose ``traceEvents`` array holds every event. Reading it whole would
 build one Python dict per event (gigabytes for a 500 MB trace). Instead the file (``.json`` or
-``.json.gz``) is read in blocks of :data:`BLOCK_BYTES`; each block is cut after the last complete
-event (a ``}`` followed by ``,`` and the ``{`` of the next event, checked by parsing), the events of
-the block are decoded at once with msgspec into small typed structs holding only the fields
-whyidle reads (every other key is skipped by the decoder), reduced to columns, and dropped. The
-garbage collector is paused while reading: the structs are not cyclic, and collections triggered
-by millions of allocations cost more than the decoding itself. Peak memory is a few blocks plus
-the columns. The keys around ``traceEvents`` (``deviceProperties``, ``distributedInfo``, ...) are
-parsed from the text before and after the array.
+``.json.gz``) is read in blocks of :data:`BLOCK_BYTES` into one reused buffer; each block is cut
+after the last complete event (a ``}`` followed by ``,`` and the ``{`` of the next event, checked
+by parsing), the events of the block are decoded at once with msgspec into small typed structs
+holding only the fields whyidle reads (every other key is skipped by the decoder; the checks on
+those fields are decoder constraints: :mod:`whyidle.record.kineto_events`), reduced to columns,
+and dropped. The garbage collector is paused while reading: the structs are not cyclic, and
+collections triggered by millions of allocations cost more than the decoding itself. Peak memory
+is a few blocks plus the columns. The keys around ``traceEvents`` (``deviceProperties``,
+``distributedInfo``, ...) are parsed from the text before and after the array.
+
+A large uncompressed file is split into byte ranges at verified event boundaries, each read the
+same way by its own process (this one and forked ones); the ranges' columns are merged (strings
+and thread ids made global, sorted by time) into what one process reading the whole file gives.
 
 Errors: :class:`TraceError` with a one-line message for unreadable input (truncated gzip, invalid
 JSON, a JSON document that is not a trace).
@@ -19,15 +24,16 @@ from __future__ import annotations
 
 import gc
 import gzip
+import io
 import os
 import re
 import zlib
-from typing import Any
 
 import msgspec
 import numpy as np
 
-from whyidle.record.trace_data import COPY_KINDS, KERNEL, MEMCPY, MEMSET, TraceData
+from whyidle.record.kineto_events import _BAD, _DECODER, _FAST_DECODER, _I64, _Columns, _Event
+from whyidle.record.trace_data import TraceData
 
 _JSONError: tuple = (msgspec.DecodeError,)
 _loads = msgspec.json.decode
@@ -35,47 +41,6 @@ _loads = msgspec.json.decode
 #: Bytes read per block: large enough that decoding dominates, small enough that one block's
 #: structs stay far below the file size.
 BLOCK_BYTES = 4 * 1024 * 1024
-
-
-class _Args(msgspec.Struct, gc=False):
-    """The ``args`` fields whyidle reads (any JSON type: producers differ)."""
-
-    device: Any = None
-    stream: Any = None
-    correlation: Any = -1
-    bytes: Any = -1
-    cuda_sync_kind: Any = None
-    group_size: Any = msgspec.field(default=None, name="Group size")
-
-
-class _Event(msgspec.Struct, gc=False):
-    """The event fields whyidle reads; unknown keys are skipped by the decoder. ``cat``, ``name``,
-    ``ts`` and ``dur`` are typed, so the decoder checks them (in C); a block with an event of
-    another shape is read leniently (:func:`_lenient`), that event left out."""
-
-    ph: Any = None
-    cat: str | None = None
-    name: str | None = None
-    ts: float | None = None
-    dur: float | None = 0
-    pid: Any = None
-    tid: Any = None
-    args: _Args | None = None
-
-
-_DECODER = msgspec.json.Decoder(list[_Event])
-#: Stands for an event that could not be read (not an object, a field of the wrong JSON type):
-#: :class:`_Columns` counts it as skipped.
-_BAD = _Event(ph="unreadable")
-#: Bounds of a usable ``ts`` (µs; epoch µs are ~1.8e15 in 2027) and ``dur`` (µs: 115 days).
-_TS_LIMIT = 1e17
-_DUR_LIMIT = 1e13
-_I64 = 2 ** 63
-
-GPU_CATS = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
-            "gpu_memset": MEMSET, "Memset": MEMSET}
-RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver", "hip_runtime", "hip_driver"}
-CPU_CATS = {"cpu_op", "Operator", "user_annotation", "python_function", "Trace"}
 
 _CUT = re.compile(rb"\}\s*,\s*(?=\{)")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -157,138 +122,24 @@ class _Gunzip:
         self.close()
 
 
-class _Columns:
-    """Accumulates the columns of one trace while blocks are parsed."""
+def _parse_events(chunk: bytes, fast: bool = True) -> list:
+    """The events of ``chunk`` (the text between ``[`` and ``]``): :func:`_decode_array`."""
+    return _decode_array(b"[" + chunk + b"]", fast)
 
-    def __init__(self) -> None:
-        self.strings: list[str] = []
-        self.index: dict[str, int] = {}
-        self.gpu = {k: [] for k in ("ts", "dur", "kind", "device", "stream", "name", "correlation", "bytes", "copy", "group")}
-        self.pageable: list[bool] = []
-        self.runtime = {k: [] for k in ("ts", "dur", "name", "tid", "correlation")}
-        self.cpu = {k: [] for k in ("ts", "dur", "name", "tid", "cat")}
-        self.syncs = {k: [] for k in ("ts", "dur", "name", "stream")}
-        self.steps: list[tuple[int, float, float]] = []
-        self.events = 0
-        self.skipped = 0  # events with unusable fields: not an object, ts/dur not a number in range
-        self.cut: str | None = None  # where the readable events end early (a file cut short), or None
-        self.tids: dict = {}
 
-    def intern(self, s) -> int:
-        s = str(s)
-        i = self.index.get(s)
-        if i is None:
-            i = self.index[s] = len(self.strings)
-            self.strings.append(s)
-        return i
-
-    def tid(self, t) -> int:
+def _decode_array(text, fast: bool = True) -> list:
+    """The events of ``text`` (a JSON array, bytes or a memoryview). Fast path (``fast``): msgspec
+    into :class:`_FastEvent`, every field checked by the decoder; text with a field outside those
+    checks is decoded into :class:`_Event` and checked per event by :meth:`_Columns.add`. Text
+    that is valid JSON but has an event of an unexpected shape, or that holds what Python's JSON
+    reader accepts beyond the standard (NaN, Infinity) or invalid UTF-8, is read leniently
+    (:func:`_lenient`). Errors: ``msgspec.DecodeError`` when it is not JSON at all (the block
+    cutter then tries another cut)."""
+    if fast:
         try:
-            i = self.tids.get(t)
-        except TypeError:  # a list or object for a thread id
-            t = repr(t)[:100]
-            i = self.tids.get(t)
-        if i is None:
-            try:
-                i = int(t)
-                if not -_I64 < i < _I64:
-                    raise ValueError(t)
-            except (TypeError, ValueError, OverflowError):
-                i = -(len(self.tids) + 1)  # "stream 7" style thread names: a stable negative id
-            self.tids[t] = i
-        return i
-
-    def add(self, events: list) -> None:
-        self.events += len(events)
-        gpu, rt, cpu, syn = self.gpu, self.runtime, self.cpu, self.syncs
-        intern = self.intern
-        no_args = _Args()
-        lim, dlim = _TS_LIMIT, _DUR_LIMIT
-        for e in events:
-            if e.ph != "X":
-                if e is _BAD:
-                    self.skipped += 1
-                continue
-            cat = e.cat
-            ts = e.ts
-            if ts is None:
-                continue
-            dur = e.dur or 0
-            if not (-lim < ts < lim and 0 <= dur < dlim):  # NaN fails too
-                self.skipped += 1
-                continue
-            name = e.name or ""
-            kind = GPU_CATS.get(cat)
-            if kind is not None:
-                args = e.args or no_args
-                gpu["ts"].append(ts)
-                gpu["dur"].append(dur)
-                gpu["kind"].append(kind)
-                dev = args.device
-                gpu["device"].append(dev if isinstance(dev, int) and 0 <= dev < 1 << 20 else
-                                     (e.pid if isinstance(e.pid, int) and 0 <= e.pid < 1 << 20 else 0))
-                stream = args.stream
-                gpu["stream"].append(stream if isinstance(stream, int) and -_I64 < stream < _I64 else -1)
-                gpu["name"].append(intern(name))
-                corr = args.correlation
-                gpu["correlation"].append(corr if isinstance(corr, int) and -_I64 < corr < _I64 else -1)
-                nbytes = args.bytes
-                gpu["bytes"].append(nbytes if kind != KERNEL and isinstance(nbytes, int) and 0 <= nbytes < _I64 else -1)
-                copy = -1
-                if kind == MEMCPY:
-                    for i, k in enumerate(COPY_KINDS):
-                        if k in name:
-                            copy = i
-                            break
-                gpu["copy"].append(copy)
-                group = args.group_size
-                gpu["group"].append(group if kind == KERNEL and isinstance(group, int) and 0 < group < 1 << 31 else -1)
-                self.pageable.append(kind == MEMCPY and "Pageable" in name)
-            elif cat in RUNTIME_CATS:
-                corr = (e.args or no_args).correlation
-                rt["ts"].append(ts)
-                rt["dur"].append(dur)
-                rt["name"].append(intern(name))
-                rt["tid"].append(self.tid(e.tid))
-                rt["correlation"].append(corr if isinstance(corr, int) and -_I64 < corr < _I64 else -1)
-            elif cat in CPU_CATS:
-                cpu["ts"].append(ts)
-                cpu["dur"].append(dur)
-                cpu["name"].append(intern(name))
-                cpu["tid"].append(self.tid(e.tid))
-                cpu["cat"].append(intern(cat))
-                if name.startswith("ProfilerStep#"):
-                    try:
-                        self.steps.append((int(name[13:]), float(ts), float(dur)))
-                    except ValueError:
-                        pass
-            elif cat == "cuda_sync":
-                args = e.args or no_args
-                syn["ts"].append(ts)
-                syn["dur"].append(dur)
-                syn["name"].append(intern(args.cuda_sync_kind or name))
-                stream = args.stream
-                syn["stream"].append(stream if isinstance(stream, int) and -_I64 < stream < _I64 else -1)
-
-    def raw(self) -> dict:
-        """The columns as numpy arrays in reading order, with this reader's string and thread
-        tables (merged across parallel parts by :func:`_assemble`)."""
-        def arrays(group: dict) -> dict[str, np.ndarray]:
-            return {k: np.asarray(v, dtype=np.float64 if k in ("ts", "dur") else np.int64) for k, v in group.items()}
-
-        return {"strings": self.strings, "tids": self.tids, "gpu": arrays(self.gpu), "runtime": arrays(self.runtime),
-                "cpu": arrays(self.cpu), "syncs": arrays(self.syncs),
-                "pageable": np.asarray(self.pageable, dtype=bool), "steps": self.steps, "events": self.events,
-                "skipped": self.skipped, "cut": self.cut}
-
-
-def _parse_events(chunk: bytes) -> list:
-    """The events of ``chunk`` (the text between ``[`` and ``]``). Fast path: msgspec into
-    :class:`_Event`. Text that is valid JSON but has an event of an unexpected shape, or that holds
-    what Python's JSON reader accepts beyond the standard (NaN, Infinity) or invalid UTF-8, is read
-    leniently (:func:`_lenient`). Errors: ``msgspec.DecodeError`` when it is not JSON at all (the
-    block cutter then tries another cut)."""
-    text = b"[" + chunk + b"]"
+            return _FAST_DECODER.decode(text)
+        except msgspec.ValidationError:  # a field out of its checked type or range: the checks below
+            pass
     try:
         return _DECODER.decode(text)
     except msgspec.ValidationError:  # an event of another shape (the typed decoder stops there)
@@ -301,7 +152,7 @@ def _parse_events(chunk: bytes) -> list:
     import json
 
     try:
-        items = json.loads(text.decode("utf-8", "replace"))
+        items = json.loads(bytes(text).decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         raise error from None  # not JSON
     return _lenient(items if isinstance(items, list) else [])
@@ -329,9 +180,11 @@ def _lenient(items: list) -> list:
 def read_trace(path: str, block_bytes: int = BLOCK_BYTES, workers: int | None = None) -> TraceData:
     """Reads one trace file into columns (see :mod:`whyidle.record.trace_data`).
 
-    An uncompressed file of at least :data:`PARALLEL_MIN_BYTES` is split at event boundaries and
-    read by ``workers`` processes (default: the CPU count, at most :data:`MAX_WORKERS`); a gzip
-    file is read sequentially (it cannot be split).
+    An uncompressed file of at least :data:`PARALLEL_MIN_BYTES` is split into byte ranges at
+    verified event boundaries, read by ``workers`` processes at once (this one and forked ones;
+    default: one per usable core, at most one per :data:`MIN_PART_BYTES` and :data:`MAX_WORKERS`);
+    ``workers=1`` reads it in this process alone. A gzip file is read sequentially (it cannot be
+    split).
 
     Errors: :class:`TraceError` (one line) for a missing, truncated or invalid file, or a JSON
     document without ``traceEvents``.
@@ -363,10 +216,13 @@ def read_trace(path: str, block_bytes: int = BLOCK_BYTES, workers: int | None = 
             gc.enable()
 
 
-#: Uncompressed traces from this size on are read by several processes (below it, starting them
-#: costs more than it saves).
-PARALLEL_MIN_BYTES = 64 * 1024 * 1024
-MAX_WORKERS = 4
+#: Uncompressed traces from this size on are read by several processes, each byte range at least
+#: :data:`MIN_PART_BYTES` (below it, starting a process costs more than it saves: a fork and the
+#: columns sent back are ~10-30 ms, a 16 MB range decodes in ~50 ms on one core).
+PARALLEL_MIN_BYTES = 32 * 1024 * 1024
+MIN_PART_BYTES = 16 * 1024 * 1024
+#: Byte ranges at most (one process each).
+MAX_WORKERS = 64
 
 
 def _is_gzip(path: str) -> bool:
@@ -394,20 +250,23 @@ def _find_array(f, block_bytes: int, path: str) -> tuple[bytes, bytes, int]:
 def _scan(f, buf: bytes, cols: _Columns, block_bytes: int, path: str, stop: int | None) -> bytes:
     """Reads events from ``f`` (``buf`` already read) into ``cols``. With ``stop`` (bytes left to
     read in this part), the part ends right after an event and its ``,``; without, at the end of
-    the array, whose following text is returned."""
+    the array, whose following text is returned.
+
+    The text waiting to be parsed lives in one :class:`_Pending` buffer, read into in place and
+    decoded through a memoryview: no block is copied or allocated anew on the way."""
     left = stop
+    work = _Pending(buf, block_bytes)
     while True:
         size = block_bytes if left is None else min(block_bytes, left)
         try:
-            block = f.read(size) if size > 0 else b""
+            got = work.read_from(f, size) if size > 0 else 0
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:  # the data before the damage is usable
             cols.cut = f"a damaged gzip stream ({str(exc)[:80]})"
-            block = b""
+            got = 0
         if left is not None:
-            left -= len(block)
-        if block:
-            buf += block
-        else:
+            left -= got
+        if not got:
+            buf = work.text()
             if stop is not None:
                 body = buf.rstrip().rstrip(b",")
                 if body.strip():
@@ -417,10 +276,64 @@ def _scan(f, buf: bytes, cols: _Columns, block_bytes: int, path: str, stop: int 
                         cols.add(_salvage(body + b",{", cols)[0])
                 return b""
             return _finish(buf, cols, path)
-        events, rest = _take(buf, block_bytes, cols)
+        events = _take(work, block_bytes, cols)
         if events is not None:
             cols.add(events)
-            buf = rest
+            del events
+
+
+class _Pending:
+    """``[`` followed by the text not parsed yet, in a bytearray whose memory is kept from block
+    to block (``n``: bytes in use, the ``[`` included)."""
+
+    def __init__(self, text: bytes, block_bytes: int) -> None:
+        self.buf = bytearray(max(2 * block_bytes, len(text) + 1) + 2)
+        self.buf[0] = 0x5B  # [
+        self.buf[1:1 + len(text)] = text
+        self.n = 1 + len(text)
+
+    def read_from(self, f, size: int) -> int:
+        """Appends up to ``size`` bytes read from ``f``; the count read (0 at the end)."""
+        if self.n + size + 2 > len(self.buf):
+            self.buf.extend(bytes(self.n + size + 2 - len(self.buf)))
+        if type(f) is io.BufferedReader:
+            with memoryview(self.buf) as mv:
+                got = f.readinto(mv[self.n:self.n + size])
+        else:
+            block = f.read(size)
+            got = len(block)
+            self.buf[self.n:self.n + got] = block
+        self.n += got or 0
+        return got or 0
+
+    def text(self) -> bytes:
+        """The text waiting (without the ``[``)."""
+        return bytes(self.buf[1:self.n])
+
+    def keep_from(self, start: int) -> None:
+        """Drops the text before ``start`` (an index in the buffer)."""
+        rest = self.n - start
+        self.buf[1:1 + rest] = self.buf[start:self.n]
+        self.n = 1 + rest
+
+    def replace(self, text: bytes) -> None:
+        """The text waiting becomes ``text``."""
+        if len(text) + 2 > len(self.buf):
+            self.buf.extend(bytes(len(text) + 2 - len(self.buf)))
+        self.buf[1:1 + len(text)] = text
+        self.n = 1 + len(text)
+
+    def decode_to(self, end: int) -> list:
+        """The events of the text up to ``end`` (the index after an event's ``}``, whose next byte
+        is a ``,`` or a space and is set to ``]`` while decoding): :func:`_decode_array`."""
+        buf = self.buf
+        saved = buf[end]
+        buf[end] = 0x5D  # ]
+        try:
+            with memoryview(buf) as mv:
+                return _decode_array(mv[:end + 1])
+        finally:
+            buf[end] = saved
 
 
 def _split_points(path: str, a0: int, workers: int | None) -> list[int]:
@@ -429,7 +342,7 @@ def _split_points(path: str, a0: int, workers: int | None) -> list[int]:
     size = os.path.getsize(path)
     from whyidle.sampling.limits import own_usable_cores
 
-    n = min(workers or int(own_usable_cores() + 1e-9) or 1, MAX_WORKERS)
+    n = min(workers or int(own_usable_cores() + 1e-9) or 1, MAX_WORKERS, max(1, (size - a0) // max(1, MIN_PART_BYTES)))
     if n < 2 or size < PARALLEL_MIN_BYTES:
         return []
     import json
@@ -465,14 +378,18 @@ def _read_part(path: str, start: int, stop: int | None, block_bytes: int) -> tup
 
 
 def _read_parallel(path: str, head: bytes, a0: int, points: list[int], block_bytes: int) -> TraceData:
+    """Reads the byte ranges between ``a0`` and the ``points`` (event starts) and the end: the
+    first in this process, each other in a forked process, all at once; one :class:`TraceData`."""
     import concurrent.futures
     import multiprocessing
 
     bounds = [a0, *points]
     stops: list[int | None] = [*points, None]
     ctx = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(len(bounds), mp_context=ctx) as pool:
-        results = list(pool.map(_read_part, [path] * len(bounds), bounds, stops, [block_bytes] * len(bounds)))
+    with concurrent.futures.ProcessPoolExecutor(len(bounds) - 1, mp_context=ctx) as pool:
+        futures = [pool.submit(_read_part, path, b, e, block_bytes) for b, e in zip(bounds[1:], stops[1:])]
+        first = _read_part(path, bounds[0], stops[0], block_bytes)
+        results = [first] + [f.result() for f in futures]
     return _assemble(path, head, results[-1][1], [r[0] for r in results])
 
 
@@ -496,8 +413,11 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
             for k, v in part[g].items():
                 if k in ("name", "cat") and len(v):
                     v = ids[v]
-                elif k == "tid" and len(v) and tid_map:
-                    v = np.asarray([tid_map.get(int(x), int(x)) for x in v], dtype=np.int64) if (v < 0).any() else v
+                elif k == "tid" and len(v) and tid_map and (v < 0).any():
+                    lut = np.zeros(max(-x for x in tid_map) + 1, dtype=np.int64)
+                    for local, glob in tid_map.items():
+                        lut[-local] = glob
+                    v = np.where(v < 0, lut[np.clip(-v, 0, len(lut) - 1)], v)
                 merged[g].setdefault(k, []).append(v)
         pageable.append(part["pageable"])
         steps.extend(part["steps"])
@@ -538,39 +458,46 @@ def _count(v) -> int | None:
 MAX_CUT_TRIES = 8
 
 
-def _take(buf: bytes, block_bytes: int, cols: _Columns) -> tuple[list | None, bytes]:
-    """Parses the complete events at the start of ``buf``: ``(events, the rest)``, or
-    ``(None, buf)`` when no cut parses yet (more data needed).
+def _take(work: _Pending, block_bytes: int, cols: _Columns) -> list | None:
+    """Parses the complete events at the start of the text waiting in ``work`` and drops them from
+    it: the events, or None when no cut parses yet (more data needed).
 
     A cut is a ``}`` followed by ``,`` and the next ``{``. A candidate inside a string or a nested
     object leaves unbalanced text, which never parses, so the first candidate from the end that
     parses is the right one. When none of :data:`MAX_CUT_TRIES` candidates parses in a buffer of a
     block or more, the buffer holds damage: its events are salvaged one by one (:func:`_salvage`)."""
     tries = 0
-    window = min(len(buf), 1 << 20)
-    pos = len(buf)
+    buf, n = work.buf, work.n
+    window = min(n - 1, 1 << 16)  # grown while it holds no cut
+    pos = n
     while tries < MAX_CUT_TRIES:
-        matches = list(_CUT.finditer(buf, max(0, pos - window), pos))
+        matches = list(_CUT.finditer(buf, max(1, pos - window), pos))
         if not matches:
-            if pos - window <= 0:
+            if pos - window <= 1:
                 break
             window *= 4
             continue
         for m in reversed(matches):
             tries += 1
             try:
-                return _parse_events(buf[:m.start() + 1]), buf[m.end():]
+                events = work.decode_to(m.start() + 1)
             except _JSONError:
                 if tries >= MAX_CUT_TRIES:
                     break
+                continue
+            work.keep_from(m.end())
+            return events
         pos = matches[0].start()
-    if len(buf) >= block_bytes and tries >= MAX_CUT_TRIES:
-        return _salvage(buf, cols)
-    if len(buf) > 8 * block_bytes + (1 << 20):  # no cut at all in 33 MB: one giant event, or not events
+    if n - 1 >= block_bytes and tries >= MAX_CUT_TRIES:
+        events, rest = _salvage(work.text(), cols)
+        work.replace(rest)
+        return events
+    if n - 1 > 8 * block_bytes + (1 << 20):  # no cut at all in 33 MB: one giant event, or not events
         cols.skipped += 1
         cols.cut = "an event or text over 33 MB without an event boundary"
-        return [], b""
-    return None, buf
+        work.replace(b"")
+        return []
+    return None
 
 
 #: Cuts merged into one event candidate at most while salvaging (a cut inside a string or a nested
@@ -589,7 +516,7 @@ def _salvage(buf: bytes, cols: _Columns) -> tuple[list, bytes]:
     while i < len(cuts):
         for j in range(i, min(i + MAX_MERGED_CUTS, len(cuts))):
             try:
-                events.extend(_parse_events(buf[start:cuts[j][0] + 1]))
+                events.extend(_parse_events(buf[start:cuts[j][0] + 1], fast=False))
                 break
             except _JSONError:
                 continue
