@@ -24,6 +24,7 @@ import numpy as np
 
 from whyidle.record.trace_data import COPY_KINDS, KERNEL, MEMCPY, MEMSET
 
+
 class _Args(msgspec.Struct, gc=False):
     """The ``args`` fields whyidle reads (any JSON type: producers differ)."""
 
