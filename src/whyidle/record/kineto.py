@@ -32,6 +32,7 @@ import zlib
 import msgspec
 import numpy as np
 
+from whyidle.gcpause import gc_paused
 from whyidle.record.kineto_events import _BAD, _DECODER, _FAST_DECODER, _I64, _Columns, _Event
 from whyidle.record.trace_data import TraceData
 
@@ -189,31 +190,27 @@ def read_trace(path: str, block_bytes: int = BLOCK_BYTES, workers: int | None = 
     Errors: :class:`TraceError` (one line) for a missing, truncated or invalid file, or a JSON
     document without ``traceEvents``.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with _open(path) as f:
-            head, buf, a0 = _find_array(f, block_bytes, path)
-            parts = _split_points(path, a0, workers) if not _is_gzip(path) else []
-            if parts:
-                f.close()
-                return _read_parallel(path, head, a0, parts, block_bytes)
-            cols = _Columns()
-            tail = _scan(f, buf, cols, block_bytes, path, None)
-        return _assemble(path, head, tail, [cols.raw()])
-    except TraceError:
-        raise
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceError(f"{path}: truncated or corrupt gzip file ({exc})") from None
-    except _JSONError as exc:
-        raise TraceError(f"{path}: invalid JSON ({str(exc).splitlines()[0][:120]})") from None
-    except RecursionError:
-        raise TraceError(f"{path}: invalid JSON (nested too deeply: not a profiler trace)") from None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    finally:
-        if was_enabled:
-            gc.enable()
+    with gc_paused():
+        try:
+            with _open(path) as f:
+                head, buf, a0 = _find_array(f, block_bytes, path)
+                parts = _split_points(path, a0, workers) if not _is_gzip(path) else []
+                if parts:
+                    f.close()
+                    return _read_parallel(path, head, a0, parts, block_bytes)
+                cols = _Columns()
+                tail = _scan(f, buf, cols, block_bytes, path, None)
+            return _assemble(path, head, tail, [cols.raw()])
+        except TraceError:
+            raise
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceError(f"{path}: truncated or corrupt gzip file ({exc})") from None
+        except _JSONError as exc:
+            raise TraceError(f"{path}: invalid JSON ({str(exc).splitlines()[0][:120]})") from None
+        except RecursionError:
+            raise TraceError(f"{path}: invalid JSON (nested too deeply: not a profiler trace)") from None
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 #: Uncompressed traces from this size on are read by several processes, each byte range at least
