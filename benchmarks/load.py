@@ -115,6 +115,12 @@ print(json.dumps({"polls": len(times), "first_ms": 1000 * sum(times[:k]) / k, "l
 """
 
 
+#: The end-of-run report's targets (issue 35): (steps, hours of samples, seconds, peak MB, what).
+GOALS = ((1_000_000, 1_000 / 3600, 5, 300, "1,000,000 steps of 1 ms"),
+         (1_000_000, 24, 20, 500, "a 24-hour job of 86.4 ms steps"),
+         (3_000_000, 72, 30, 600, "a 72-hour job of 86.4 ms steps"))
+
+
 def _child(code: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=False)
@@ -195,6 +201,12 @@ def main() -> None:
               + (f"{tail['last_ms']:>7.2f} {tail['rss_last_mb'] - tail['rss_first_mb']:>8.1f}" if tail else ""))
     hour_ticks = 3600 / HOST_S
     print(f"\nhost.jsonl growth: {hour_ticks:,.0f} ticks per hour; 24 h = {24 * hour_ticks:,.0f} ticks")
+    for n, span_s, _sz, rep, _html, _timeline, _tail in rows:
+        goal = next((g for g in GOALS if n == g[0] and abs(span_s / 3600 - g[1]) < 0.1 * max(g[1], 0.01)), None)
+        if goal:
+            ok = rep["total_s"] <= goal[2] and rep["peak_rss_mb"] <= goal[3]
+            print(f"goal ({goal[4]}): ≤ {goal[2]:g} s and ≤ {goal[3]} MB: {rep['total_s']:.1f} s, "
+                  f"{rep['peak_rss_mb']:.0f} MB: {'met' if ok else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -286,7 +286,7 @@ class RunSeries:
     Fields: ``origin_ns`` (the run's origin, monotonic ns, :func:`run_origin`); ``window_s``
     (the analyzed steps' ``(start, end)`` in s since the origin, or None); ``steps``
     (:func:`step_columns` of every step of the primary trainer: ``i``, ``step_s``,
-    ``other_host`` and each phase, seconds); ``left_out`` (:func:`left_out_steps`, one entry per
+    ``other_host`` and each phase, seconds as float32); ``left_out`` (:func:`left_out_steps`, one entry per
     step); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
     (:func:`cpu_series`); ``gpu_notices`` (texts of the sampler's ``gpu_notice`` records, why
     no GPU was sampled); ``interval_s`` (the host sampling period, s, or None).
@@ -302,6 +302,13 @@ class RunSeries:
     interval_s: float | None
 
 
+def _plotted(cols: dict) -> dict:
+    """``cols`` with its seconds as float32 (7 significant digits, what a plot draws; half the
+    memory of a million steps' series)."""
+    return {k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype == np.float64 else v
+            for k, v in cols.items()}
+
+
 def run_series(run, facts: RunFacts) -> RunSeries:
     """The :class:`RunSeries` of a loaded run (:class:`whyidle.record.reader.RunData`) and its
     facts (:func:`whyidle.analysis.run.analyze`)."""
@@ -312,7 +319,7 @@ def run_series(run, facts: RunFacts) -> RunSeries:
     return RunSeries(
         origin_ns=origin,
         window_s=((window[0] - origin) / 1e9, (window[1] - origin) / 1e9) if window else None,
-        steps=step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(n for n, _ in STEP_PHASES)),
+        steps=_plotted(step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(n for n, _ in STEP_PHASES))),
         left_out=left_out_steps(rows, facts.analyzed_steps or [], (facts.steps_info or {}).get("warmup") or 0),
         gpus=gpu_series(run.gpu, origin),
         cpu=cpu_series(run.host, facts.trainers or [], meta.get("whyidle_pid"), origin),
