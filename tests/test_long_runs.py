@@ -53,5 +53,10 @@ def test_a_damaged_last_tick_is_still_said(tmp_path):
     assert problems == ["host.jsonl: skipped a truncated last line"]
     path.write_text("".join(tick % t for t in range(10)))
     assert [r["t"] for r in read_jsonl(str(path), tick_stride=4)[0]] == [0, 4, 8, 9]
+    path.write_text("".join(tick % t for t in range(9)) + tick[:30] % 9 + "\n" + '{"k":"host_static"\n')
+    records, problems = read_jsonl(str(path), tick_stride=4)  # the last tick damaged, then a cut record
+    assert [r["t"] for r in records] == [0, 4, 8]
+    assert problems == ["host.jsonl: skipped a truncated last line", "host.jsonl: skipped 1 damaged line "
+                        "(line 10: not a JSON record)"]
     run_dir = tmp_path
     assert read_run(str(run_dir)).host  # a directory of host ticks alone reads

@@ -8,6 +8,7 @@ holds nothing usable is a :class:`RunDirError` with a one-line message naming th
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import glob
 import json
@@ -60,7 +61,6 @@ class RunData:
 HOST_TICKS_MAX = 20_000
 _HOST_PREFIX = b'{"k":"host",'
 _TOP_PREFIX = b'{"k":"host_top",'
-_STACKS_PREFIX = b'{"k":"stacks",'
 
 
 def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1,
@@ -162,7 +162,7 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
             number, raw = skipped_tick
             obj = _parsed(raw)
             if obj is None or obj.get("k") != "host":
-                damaged.append(number)
+                bisect.insort(damaged, number)
             elif why := schema.problem(obj):
                 leave_out("host", why)
             else:
@@ -197,7 +197,7 @@ def host_tick_stride(path: str, head_bytes: int = 1 << 20) -> int:
 def stacks_group(path: str, head_bytes: int = 1 << 20) -> int:
     """The ``stacks_group`` that keeps a ``proc-<pid>.jsonl``'s stack records near
     :data:`whyidle.record.compact.STACKS_MAX`."""
-    return _per_budget(path, _STACKS_PREFIX, compact.STACKS_MAX, head_bytes)
+    return _per_budget(path, compact.STACKS_PREFIX, compact.STACKS_MAX, head_bytes)
 
 
 def _per_budget(path: str, prefix: bytes, budget: int, head_bytes: int) -> int:
