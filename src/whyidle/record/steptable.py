@@ -1,8 +1,11 @@
 """Columnar storage of ``step`` records, so a 100,000-step run loads in a few MB.
 
-A step record as a dict costs ~1 KB in CPython; here each field is one ``array`` column (8 bytes
-per step). :class:`StepView` gives read access to one row with the same keys as the record
-(a ``Mapping``), so analysis code treats rows and plain dicts alike.
+A step record as a dict costs ~1 KB in CPython; here each field is one ``array`` column: 8 bytes
+per step for the fields every step has, 8 bytes per fully recorded step for those only they have
+(``samples``, CPU times, ...), phase values as int32. :class:`StepView` gives read access to one row
+with the same keys as the record (a ``Mapping``), so analysis code treats rows and plain dicts
+alike; :class:`StepRows` is a list of rows made on access, and
+:class:`whyidle.analysis.stepcols.StepCols` reads their columns without visiting each row.
 """
 
 from __future__ import annotations
