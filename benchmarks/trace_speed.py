@@ -21,8 +21,9 @@ every 20 ms with psutil (in ``--json``):
       issue timed (``floor``: ph, cat, name, ts, dur) and of every field whyidle's reader takes
       (``floor_all``: those, pid, tid and six ``args``);
   (b) ``python -m whyidle trace FILE --workers N --json OUT`` from this repo for each ``--workers``
-      value (default 1 and 2: one process alone, and the file split into two byte ranges read at
-      once; skipped with a message when the command does not exist);
+      value (default 1 and 2: one process alone, and the file's byte ranges read by two processes
+      at once, each taking the next range left; skipped with a message when the command does not
+      exist);
   (c) HTA: ``TraceAnalysis(trace_dir=folder)`` then ``get_idle_time_breakdown(visualize=False)``,
       run by the Python of a side venv with ``HolisticTraceAnalysis`` installed (``--hta-python``;
       default ``/tmp/hta-venv/bin/python`` when it exists). Make one with::
@@ -38,15 +39,22 @@ faster than HTA, whyidle's peak RSS below the uncompressed file size. HTA on 500
 heavy at the same time. The built file needs its size in free disk in the temporary folder's file
 system. This is a benchmark to run by hand, not a test.
 
-Measured (2026-12-05, ``--mb 129 --rounds 5``: 150.6 MB, 378,510 events; the 2-core VM shared with
-other work, every figure a median of 5 interleaved runs under a lock that kept other benchmarks
-out, not the other load): floor 0.409 s (CPU 0.35 s), all-fields floor 0.442 s, ``whyidle trace
---workers 1`` 0.636 s (1.56× the floor; fastest runs 0.559 vs 0.371 s, 1.51×; CPU 0.63 s, 1.78×),
-``--workers 2`` 0.697 s (1.71×; fastest 0.488 s, 1.31×), HTA 10.259 s (16.1× ``--workers 1``);
-peak RSS 87 / 91 MB against 277 MB for the floor and 698 MB for HTA. A second run just before,
-under more load from others: 1.66× (CPU 1.76×), 2.00×, HTA 14.0×. On 2 busy cores a second reader
-waits for a core more often than it finds one. The reader before this change (per-event checks
-in Python after the decode) took 2.3-2.7× the floor (issue 35).
+Measured (2026-12-05, ``--mb 129``: 150.6 MB, 378,510 events; the 2-core VM shared with other
+work, every run under a lock that kept other benchmarks out, not the other load, which kept about
+one core busy most of the time). Reader of this turn (byte ranges taken in turn by forked helpers
+that import nothing, columns sent back as raw array bytes, the helpers started before the
+analysis imports; 1 MiB blocks; numpy's OpenBLAS held to one thread; medians of 5 interleaved
+rounds): floor 0.370 s (CPU 0.35 s), ``--workers 1`` 0.525 s (1.42×; CPU 0.51 s), ``--workers 2``
+0.392 s (1.06×; CPU 0.56 s); the reader before it in the run just before: 1.81× and 1.91× (CPU
+0.63 / 0.72 s). A pair of runs right after, with the other load heavier: this reader 1.49× /
+1.60×, the one before 1.54× / 1.51×. With HTA (3 rounds) in a quieter moment: floor 0.348 s,
+``--workers 1`` 0.510 s (1.46×), ``--workers 2`` 0.354 s (1.01×), HTA 9.247 s = 26.1× the
+two-process read and 18.1× the one-process one; in a run where another process held a core
+throughout, 1.48× / 1.54× and HTA 17.2× ``--workers 1`` (9.61 s). Peak RSS 80 / 72 MB against
+277 MB for the floor and 697 MB for HTA. With both cores free, two processes read the file in
+about the floor's time (0.35-0.39 s); when another process holds one core, the second reader has
+no core to run on and takes as long as one. The reader before the field checks became decoder constraints took
+2.3-2.7× the floor (issue 35).
 
     python benchmarks/trace_speed.py [--mb 500] [--source TRACE] [--rounds 3] [--workers 1,2]
                                      [--hta-python PY] [--no-hta] [--tmpdir DIR] [--keep]

@@ -159,12 +159,25 @@ def write_run(path, steps: int = 60, gpu: bool = False, command: list[str] | Non
 
 
 def write_job(root, nodes: int, ranks_per_node: int, steps: int = 60, late: int | None = None,
-              late_ms: float = 20.0) -> list[str]:
+              late_ms: float = 20.0, summaries: bool = False, full=None) -> list[str]:
     """The node run directories of one synthetic multi-node ``torchrun`` job (one per node under
     ``root``; :func:`write_run`'s trainer as every rank, with the same pids on every node as on
     separate machines), each rank's ``proc`` record with its ``dist`` identity and a ``colls``
     record: ``late`` (a rank) arrives ``late_ms`` late at every step's gradient all-reduce, so
-    every other rank waits that long in it. Returns the directories, node 0 first."""
+    every other rank waits that long in it. Returns the directories, node 0 first.
+
+    ``summaries``: each node also gets the rank summaries whyidle writes at the end of a node's
+    run (``ranks.json``, ``ranks.npy``: :func:`whyidle.pipeline.summarize_ranks` of the node's
+    records, written by :func:`whyidle.record.rank_summary.write`). ``full``: the ranks written
+    with all their records (default every rank); the others (with ``summaries`` only) keep their
+    records but the steps, stack samples and collectives on disk (a few hundred bytes instead of
+    ~480 bytes per step: 1,024 ranks of 36,000 steps would be 18 GB), and their summaries stand for
+    the rest: the summary whyidle makes of the node's trainer (:func:`whyidle.analysis.ranks.summary`
+    of its step records, which every rank of a node shares here) with the rank's own records
+    and its time in collectives per step (``late_ms`` less for the late rank, as its ``colls`` rows say).
+    """
+    if full is not None and not summaries:
+        raise ValueError("ranks without their step records need summaries=True")
     world = nodes * ranks_per_node
     dirs = []
     for node in range(nodes):
@@ -172,7 +185,9 @@ def write_job(root, nodes: int, ranks_per_node: int, steps: int = 60, late: int 
         src = os.path.join(path, "proc-%d.jsonl" % TRAINER)
         with open(src) as f:
             lines = [json.loads(line) for line in f]
+        template = _node_summary(src, lines) if full is not None else None
         os.remove(src)
+        made, kept = [], []
         for local in range(ranks_per_node):
             rank = node * ranks_per_node + local
             pid = TRAINER + 10 * local
@@ -180,12 +195,61 @@ def write_job(root, nodes: int, ranks_per_node: int, steps: int = 60, late: int 
                     "local_world_size": ranks_per_node, "run_id": "job-1", "master_addr": "10.0.0.1",
                     "master_port": 29500}
             lag = int((0.5 + (0 if rank == late or late is None else late_ms)) * MS)
+            whole = full is None or rank in full
             with open(os.path.join(path, "proc-%d.jsonl" % pid), "w") as f:
                 for rec in lines:
                     if rec["k"] == "proc":
                         rec = dict(rec, pid=pid, dist=dist)
-                    if rec["k"] == "exit":
+                    if rec["k"] == "exit" and whole:
                         _dump(f, {"k": "colls", "t": rec["t"], "rows": [[i, 0, 0, -1, 0, 1, lag] for i in range(steps)]})
-                    _dump(f, rec)
+                    if whole or rec["k"] not in ("step", "stacks"):
+                        _dump(f, rec)
+            if whole:
+                kept.append(pid)
+            else:
+                made.append(_rank_summary(path, pid, dist, lines, template, steps, lag))
+        if summaries:
+            _write_summaries(path, kept, made)
         dirs.append(path)
     return dirs
+
+
+def _node_summary(src: str, lines: list[dict]) -> dict:
+    """whyidle's summary of the node's trainer (:func:`whyidle.analysis.ranks.summary`), from its
+    step records as the reader takes them."""
+    from whyidle.analysis import ranks, steps
+    from whyidle.record.reader import read_jsonl
+    from whyidle.record.steptable import StepTable
+
+    table = StepTable()
+    records, _ = read_jsonl(src, steps=table)
+    return ranks.summary(records, steps.steps_of(table))
+
+
+def _rank_summary(path: str, pid: int, dist: dict, lines: list[dict], template: dict, steps: int, lag: int):
+    """The summary of a rank written without its step records: ``template``'s figures, the rank's
+    own records (:func:`whyidle.analysis.ranks.summary` of them), ``lag`` ns in collectives per step."""
+    import numpy as np
+
+    from whyidle.analysis import ranks
+    from whyidle.record import rank_summary
+
+    own = ranks.summary([dict(r, pid=pid, dist=dist) if r["k"] == "proc" else r for r in lines if r["k"] != "step"], [])
+    size, mtime_ns = rank_summary.source_stamp(rank_summary.proc_file(path, pid))
+    return rank_summary.RankSummary(
+        pid=pid, size=size, mtime_ns=mtime_ns, records=own["records"], problems=[], figures=template["figures"],
+        other=template["other"], steps=template["steps"], trains=template["trains"],
+        wait_steps=np.arange(steps, dtype=np.int64), wait_ns=np.full(steps, lag, dtype=np.int64))
+
+
+def _write_summaries(path: str, kept: list[int], made: list) -> None:
+    """The node's rank summaries as whyidle writes them (those of the ranks in ``kept`` from their
+    records, :func:`whyidle.pipeline.summarize_ranks`) beside ``made``."""
+    from whyidle.analysis.ranks import SUMMARY_VERSION
+    from whyidle.pipeline import summarize_ranks
+    from whyidle.record import rank_summary
+    from whyidle.record.reader import load_run
+
+    if kept:
+        made = summarize_ranks(load_run(path, read_proc=lambda pid: pid in kept, samples=False)) + made
+    rank_summary.write(path, made, SUMMARY_VERSION)

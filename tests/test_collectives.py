@@ -232,7 +232,8 @@ def test_which_backends_block_the_host():
 
     assert host_synchronous("gloo") and host_synchronous("mpi")
     assert not host_synchronous("nccl") and not host_synchronous("cpu:gloo,cuda:nccl")
-    assert host_synchronous("undefined") is (not __import__("torch").cuda.is_available())
+    torch = __import__("torch")  # imported first: host_synchronous reads an imported torch only
+    assert host_synchronous("undefined") is (not torch.cuda.is_available())
 
 
 def test_the_stragglers_own_estimates_stop_at_the_other_ranks_pace():

@@ -89,6 +89,21 @@ def test_two_torchrun_nodes_merged_equal_the_one_node_job(tmp_path):
     assert {f["id"] for f in m["findings"]} == {f["id"] for f in single["findings"]}
     assert m["metrics"]["samples_per_s"] == pytest.approx(single["metrics"]["samples_per_s"], rel=0.25)
     assert any("node runs" in n for n in m["notes"])
+    # each node's run wrote its ranks' summaries at its end; the merge read them, and reads the
+    # same without them
+    dirs = [str(tmp_path / "node0"), str(tmp_path / "node1")]
+    from whyidle.analysis.ranks import SUMMARY_VERSION
+    from whyidle.record import rank_summary
+
+    assert all(len(rank_summary.read(d, SUMMARY_VERSION)) == 1 for d in dirs)
+    summed = analyze_run(dirs)
+    assert len(summed.run.summaries) == 1 and summed.facts.straggler["rank"] == 1
+    for d in dirs:
+        os.remove(os.path.join(d, rank_summary.JSON_NAME))
+    full = analyze_run(dirs)
+    assert not full.run.summaries
+    assert (full.facts.straggler, full.verdict, full.findings, full.facts.ranks) == \
+        (summed.facts.straggler, summed.verdict, summed.findings, summed.facts.ranks)
 
 
 def test_a_torchrun_runs_default_name_is_its_script_and_node():

@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import report_parity
 
+from whyidle.record import intcolumn
 
-def test_reports_equal_the_snapshot(tmp_path):
+
+@pytest.mark.parametrize("chunk_bits", [16, 7])  # 7: step columns sealed every 128 rows
+def test_reports_equal_the_snapshot(tmp_path, monkeypatch, chunk_bits):
+    monkeypatch.setattr(intcolumn, "CHUNK_BITS", chunk_bits)
+    monkeypatch.setattr(intcolumn, "CHUNK", 1 << chunk_bits)
+    monkeypatch.setattr(intcolumn, "_MASK", (1 << chunk_bits) - 1)
     with open(report_parity.SNAPSHOT) as f:
         want = json.load(f)
     got = {name: report_parity.digest(r) for name, r in report_parity.reports(str(tmp_path)).items()}

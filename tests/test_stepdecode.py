@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from whyidle.record import stepdecode
+from whyidle.record import reader, stepdecode
 from whyidle.record.reader import read_jsonl
 from whyidle.record.steptable import LITE_COLUMNS, StepTable
 
@@ -52,11 +52,14 @@ def steps_record(draw) -> dict:
     return {"k": "steps", "t": 1, "rows": rows if draw(st.integers(0, 19)) else draw(values)}
 
 
-def _read(path, fast: bool) -> tuple[StepTable, list, list]:
+def _read(path, fast: bool, batch: int = 4096) -> tuple[StepTable, list, list]:
     table = StepTable()
     with pytest.MonkeyPatch.context() as m:
+        m.setattr(reader, "_STEP_BATCH", batch)
+        m.setattr(reader, "_STEP_BATCH_MIN", 1)  # every batch, however short, decoded at once
         if not fast:
             m.setattr(stepdecode, "add_line", lambda table, raw: None)
+            m.setattr(stepdecode, "add_lines", lambda table, raws: False)
         records, problems = read_jsonl(str(path), table)
     return table, records, problems
 
@@ -73,9 +76,11 @@ def _state(t: StepTable) -> tuple:
 def test_the_fast_path_keeps_and_leaves_out_what_the_general_path_does(tmp_path_factory, recs):
     path = tmp_path_factory.mktemp("sd") / "proc-1.jsonl"
     path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
-    fast, slow = _read(path, True), _read(path, False)
-    assert _state(fast[0]) == _state(slow[0])
-    assert fast[1:] == slow[1:]
+    slow = _read(path, False)
+    for batch in (4096, 3):  # the typed decode of lines in batches, cut anywhere
+        fast = _read(path, True, batch)
+        assert _state(fast[0]) == _state(slow[0])
+        assert fast[1:] == slow[1:]
 
 
 def test_well_typed_lines_take_the_fast_path(tmp_path, monkeypatch):
@@ -87,15 +92,22 @@ def test_well_typed_lines_take_the_fast_path(tmp_path, monkeypatch):
     path = tmp_path / "proc-1.jsonl"
     path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in lines))
     taken = []
-    real = stepdecode.add_line
-    monkeypatch.setattr(stepdecode, "add_line", lambda t, raw: taken.append(real(t, raw)) or taken[-1])
+    one, many = stepdecode.add_line, stepdecode.add_lines
+    monkeypatch.setattr(stepdecode, "add_line", lambda t, raw: taken.append(("line", one(t, raw))) or taken[-1][1])
+    monkeypatch.setattr(stepdecode, "add_lines", lambda t, raws: taken.append(("lines", many(t, raws))) or taken[-1][1])
     table, records, problems = _read(path, True)
-    assert taken == [True, True] and records == [] and problems == []
+    assert taken == [("line", True), ("lines", True)] and records == [] and problems == []
     assert len(table) == 3 and table.row_of(2) == 2 and [r["boundary"] for r in table.rows()] == [False, True, False]
     assert table.rows()[2]["ph"] == [1, 0, 2, 1] and table.rows()[1]["ld"] == 77 and table.rows()[0]["data"] is None
 
 
 def test_phase_values_beyond_int32_widen_the_column():
+    table = StepTable()
+    lines = [json.dumps({"k": "step", "i": i, "t0": i, "t1": i + 1, "ph": [1, v]}).encode() for i, v in
+             enumerate((3, 2**40, 2**64))]
+    assert stepdecode.add_lines(table, lines[:1]) and stepdecode.add_lines(table, lines[1:2])
+    assert not stepdecode.add_lines(table, lines[2:])  # beyond int64: the lines go one by one
+    assert table.ph.typecode == "q" and [r["ph"] for r in table.rows()] == [[1, 3], [1, 2**40]]
     table = StepTable()
     assert table.add({"k": "step", "i": 0, "t0": 0, "t1": 5, "ph": [1, 3, 2, 4]})
     assert table.add({"k": "step", "i": 1, "t0": 5, "t1": 2**41, "ph": [1, 7, 2, 2**40]})

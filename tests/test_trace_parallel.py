@@ -148,7 +148,7 @@ def test_one_worker_never_forks(tmp_path, monkeypatch):
 
     path = write(tmp_path / "t.json", mixed_trace())
     force_split(monkeypatch)
-    monkeypatch.setattr(kineto, "_read_parallel", lambda *a: pytest.fail("split with workers=1"))
+    monkeypatch.setattr(kineto, "_start_parallel", lambda *a: pytest.fail("split with workers=1"))
     assert kineto.read_trace(path, workers=1).events == len(mixed_trace()["traceEvents"])
     (summary,) = read_ranks([path], workers=1)
     assert summary.error is None and summary.metrics["steps"]["count"] == 40
@@ -203,3 +203,102 @@ def test_gpu_columns_keep_the_per_event_rules():
     assert raw["pageable"].tolist() == [False, True, False, False]
     assert np.array_equal(raw["gpu"]["stream"], [7, 7, -1, -1])  # a string stream is unknown, as before
     assert raw["runtime"]["correlation"].tolist() == [117]
+
+
+def test_more_ranges_than_processes_give_the_single_process_columns(tmp_path, monkeypatch):
+    """Ranges far smaller than the file: two processes take them in turn (each the next one left),
+    and the merge in file order gives the columns of one process, strings in the same order."""
+    path = write(tmp_path / "t.json", mixed_trace())
+    force_split(monkeypatch)
+    monkeypatch.setattr(kineto, "RANGE_BYTES", 2048)
+    with open(path, "rb") as f:
+        _head, _buf, a0 = kineto._find_array(f, 1 << 16, path)
+    assert len(kineto._split_points(path, a0, 2, kineto.RANGE_BYTES)) > 8  # many ranges for 2 processes
+    one = kineto.read_trace(path, workers=1, block_bytes=4096)
+    many = kineto.read_trace(path, workers=2, block_bytes=4096)
+    assert columns(many) == columns(one)
+
+
+def test_a_helper_that_dies_has_its_ranges_read_by_the_parent(tmp_path, monkeypatch):
+    """A forked helper that ends without sending its ranges (killed, out of memory): the ranges it
+    took are read again by the parent; the columns are those of one process."""
+    path = write(tmp_path / "t.json", mixed_trace())
+    force_split(monkeypatch)
+    monkeypatch.setattr(kineto, "RANGE_BYTES", 4096)
+
+    def die(_fd, work):  # reads the ranges it takes, then dies before sending them
+        try:
+            work()
+        finally:
+            os._exit(1)
+
+    monkeypatch.setattr(kineto, "_child", die)
+    one = kineto.read_trace(path, workers=1, block_bytes=4096)
+    many = kineto.read_trace(path, workers=3, block_bytes=4096)
+    assert columns(many) == columns(one)
+
+
+def test_a_file_cut_short_reads_the_same_split(tmp_path, monkeypatch):
+    """A file cut short inside its last events, split: the range with the end keeps the events
+    before the cut and says so, as the sequential read does."""
+    text = json.dumps(mixed_trace()).encode()
+    path = tmp_path / "t.json"
+    path.write_bytes(text[: len(text) - 40])
+    force_split(monkeypatch)
+    one = kineto.read_trace(str(path), workers=1, block_bytes=4096)
+    many = kineto.read_trace(str(path), workers=2, block_bytes=4096)
+    assert one.cut and columns(many) == columns(one)
+
+
+def test_an_error_in_a_helper_is_raised_by_the_parent(tmp_path, monkeypatch):
+    """What a helper's reading raised reaches the caller as the reader's one-line error."""
+    path = write(tmp_path / "t.json", mixed_trace())
+    force_split(monkeypatch)
+    parent = os.getpid()
+    read_ranges = kineto._read_ranges
+
+    def failing(*args, **kwargs):
+        if os.getpid() != parent:
+            raise msgspec.DecodeError("boom in a helper")
+        return read_ranges(*args, **kwargs)
+
+    monkeypatch.setattr(kineto, "_read_ranges", failing)
+    with pytest.raises(kineto.TraceError, match="invalid JSON \\(boom in a helper\\)"):
+        kineto.read_trace(path, workers=2, block_bytes=4096)
+
+
+def test_columns_travel_between_processes_unchanged():
+    """The pipe format of the helpers: arrays of every dtype, strings and nested lists round-trip."""
+    payload = ("ok", [(3, {"gpu": {"ts": np.arange(5, dtype=np.float64), "kind": np.array([1, 2], np.int64)},
+                           "pageable": np.array([True, False]), "strings": ["a", "é"], "tids": {"x": -1}},
+                       b"tail")])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        kineto._child(w, lambda: payload[1])
+    os.close(w)
+    try:
+        status, got = kineto._receive(r)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert status == "ok"
+    (i, raw, tail), = got
+    assert i == 3 and tail == b"tail" and raw["strings"] == ["a", "é"] and raw["tids"] == {"x": -1}
+    assert raw["gpu"]["ts"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0] and raw["gpu"]["kind"].dtype == np.int64
+    assert raw["pageable"].tolist() == [True, False]
+
+
+def test_a_read_started_and_dropped_leaves_no_helper(tmp_path, monkeypatch):
+    """A parallel read whose result is never asked for (the caller failed first): dropping it
+    stops and reaps its helper processes."""
+    path = write(tmp_path / "t.json", mixed_trace())
+    force_split(monkeypatch)
+    reading = kineto.TraceReading(path, workers=3, block_bytes=4096)
+    pids = [pid for pid, _fd in reading._parallel.children]
+    assert len(pids) == 2
+    del reading
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

@@ -54,6 +54,7 @@ def analyze_run(run_dir: str | list[str], meta: dict | None = None) -> Analyzed:
 
 
 def _analyze_run(dirs: list[str], meta: dict | None) -> Analyzed:
+    from whyidle.analysis.ranks import SUMMARY_VERSION
     from whyidle.analysis.run import analyze, job_lead
     from whyidle.diagnose import diagnose
     from whyidle.record import merge
@@ -65,10 +66,15 @@ def _analyze_run(dirs: list[str], meta: dict | None) -> Analyzed:
             run.meta = dict(meta)
             run.problems.append("meta.json could not be rewritten at the end of the run (it lacks the exit "
                                 "status); this report used whyidle's own copy.")
-    else:
-        runs = [load_run(d) for d in dirs]
+    else:  # every rank's summary (or records, without one), then the described node and rank in full
+        runs = [merge.load_node(d, SUMMARY_VERSION) for d in dirs]
         merged, owner = merge.merge_runs(runs)
-        run = merge.with_node_of(merged, runs, owner, job_lead(merged))
+        lead = job_lead(merged)
+        i = owner.get(lead, 0) if lead is not None else 0
+        own = merge.node_pid(lead, owner) if lead is not None and lead in merged.summaries else None
+        runs[i] = merge.load_node(dirs[i], SUMMARY_VERSION, described=own, samples=True)
+        merged, owner = merge.merge_runs(runs)
+        run = merge.with_node_of(merged, runs, owner, lead)
     facts = analyze(run)
     verdict, findings = diagnose(facts)
     return Analyzed(run, facts, verdict, findings)
@@ -128,9 +134,54 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
             write_json_atomic(os.path.join(own, "report.json"), report)
         except OSError as exc:  # a read-only saved run can still be rendered; --json, stdout still get it
             _note(report, "report.json", exc)
+        if "end_t" in a.run.meta:  # an ended run: what a merge of node runs reads of its ranks
+            try:
+                write_rank_summaries(a.run)
+            except OSError:
+                pass  # a read-only or full directory: a merge reads these ranks in full
+            except Exception as exc:  # noqa: BLE001 - never costs the report
+                _note(report, "ranks.json", exc)
     if json_path:
         write_json_atomic(json_path, report)
     return report
+
+
+def write_rank_summaries(run: RunData) -> int:
+    """Writes the rank summaries of one ended node run (``ranks.json``, ``ranks.npy``:
+    :mod:`whyidle.record.rank_summary`) into its directory (:func:`summarize_ranks`); returns how
+    many (0: nothing written, not a distributed job).
+
+    Errors: ``OSError`` when the directory cannot be written or a rank's file is gone.
+    """
+    from whyidle.analysis.ranks import SUMMARY_VERSION
+    from whyidle.record import rank_summary
+
+    made = summarize_ranks(run)
+    if made:
+        rank_summary.write(run.path, made, SUMMARY_VERSION)
+    return len(made)
+
+
+def summarize_ranks(run: RunData) -> list:
+    """The :class:`~whyidle.record.rank_summary.RankSummary` of each ``torch.distributed`` rank of
+    ``run`` (:func:`whyidle.analysis.run.rank_summaries`), each stamped with its
+    ``proc-<pid>.jsonl``'s size and mtime now (the run has ended: the files no longer change) and
+    holding the reader's notes on that file.
+
+    Errors: ``OSError`` when a rank's file is gone.
+    """
+    from whyidle.analysis.run import rank_summaries
+    from whyidle.record import rank_summary
+
+    out = []
+    for pid, s in rank_summaries(run).items():
+        size, mtime_ns = rank_summary.source_stamp(rank_summary.proc_file(run.path, pid))
+        name = f"proc-{pid}.jsonl:"
+        out.append(rank_summary.RankSummary(
+            pid=pid, size=size, mtime_ns=mtime_ns, records=s["records"],
+            problems=[p for p in run.problems if p.startswith(name)], figures=s["figures"], other=s["other"],
+            steps=s["steps"], trains=s["trains"], wait_steps=s["waits"].steps, wait_ns=s["waits"].ns))
+    return out
 
 
 def window_record(run: RunData, i: int, start_t: int | None) -> dict:
@@ -192,11 +243,12 @@ def _write_view(report: dict, name: str, write) -> bool:
         return False
 
 
-def trace_report(path: str, rank: int | None = None, workers: int | None = None) -> dict:
+def trace_report(path: str, rank: int | None = None, workers: int | None = None, while_reading=None) -> dict:
     """The ``whyidle.report/1`` dict of a profiler trace (a Kineto ``.json``/``.json.gz`` file or
     a folder of rank traces, read in parallel processes with bounded memory:
     :mod:`whyidle.analysis.trace_job`); ``rank`` keeps only that rank's trace; ``workers``
-    overrides the number of reading processes. A folder of traces that are not one job's ranks
+    overrides the number of reading processes; ``while_reading``: a callable run while the helper
+    processes of one file's parallel read work (the caller's imports). A folder of traces that are not one job's ranks
     (:func:`whyidle.record.kineto.separate_runs`) is reported by its newest run's ranks
     (:func:`whyidle.analysis.trace_job.newest_run`), else by its newest file, with a note.
     Rank files that cannot be read are left out with a note naming each.
@@ -204,12 +256,18 @@ def trace_report(path: str, rank: int | None = None, workers: int | None = None)
     Errors: :class:`whyidle.record.kineto.TraceError` for an unreadable or non-Kineto trace (every
     file of a folder unreadable; the first one's reason), or no trace of ``rank``.
     """
+    from whyidle.record.kineto import TraceError, TraceReading, separate_runs, trace_files
+
+    files = trace_files(path)
+    # one file: its parallel read starts now, so that the imports below overlap the helpers' reading
+    reading = TraceReading(files[0], workers=workers) if len(files) == 1 else None
     from whyidle.analysis.trace_job import job_metrics, newest_run, read_ranks
     from whyidle.diagnose.trace_rules import diagnose_trace
-    from whyidle.record.kineto import TraceError, separate_runs, trace_files
     from whyidle.report.trace_report import build_trace_report
 
-    summaries = read_ranks(trace_files(path), workers)
+    if while_reading is not None:
+        while_reading()
+    summaries = read_ranks(files, workers, reading)
     failed = [s for s in summaries if s.error]
     summaries = [s for s in summaries if not s.error]
     if not summaries:

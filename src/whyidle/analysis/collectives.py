@@ -12,7 +12,10 @@ clocks. The job's culprit is the rank whose late arrivals cost the others the mo
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+
+import numpy as np
 
 from whyidle.analysis.stepcols import StepCols
 from whyidle.record.steptable import NULL_INT
@@ -59,14 +62,43 @@ def step_waits(records: list[dict]) -> dict[int, float]:
     """Step index → seconds the rank spent in collectives in that step: the program's blocking
     collectives, DDP's buffer broadcast and its first gradient bucket's arrival-to-completion time
     (``colls`` rows; a row that is not a list of numbers is skipped)."""
-    out: dict[int, float] = {}
+    return {i: ns / 1e9 for i, ns in _wait_ns(records).items()}
+
+
+def _wait_ns(records: list[dict]) -> dict[int, int]:
+    """Step index → nanoseconds in collectives (:func:`step_waits`; a later row of a step wins)."""
+    out: dict[int, int] = {}
     for row in _rows(records):
         try:
             _i, _n, ns, _numel, bcast, _buckets, lag = row[:7]
-            out[row[0]] = (int(ns) + int(bcast) + int(lag or 0)) / 1e9
+            out[row[0]] = int(ns) + int(bcast) + int(lag or 0)
         except (TypeError, ValueError):
             continue
     return out
+
+
+@dataclasses.dataclass
+class StepWaits:
+    """One rank's time in collectives per step as arrays (what :func:`culprit` compares; a merge
+    of node runs reads them from the ranks' summaries, record/rank_summary.py).
+
+    ``steps``: step indexes, increasing (int64); ``ns``: nanoseconds in collectives at each
+    (:func:`step_waits`' seconds × 1e9; any integer dtype)."""
+
+    steps: np.ndarray
+    ns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def wait_arrays(records: list[dict]) -> StepWaits:
+    """:func:`step_waits` of a rank's records as :class:`StepWaits` (steps in increasing order)."""
+    waits = _wait_ns(records)
+    steps = np.fromiter(waits, dtype=np.int64, count=len(waits))
+    ns = np.fromiter(waits.values(), dtype=np.int64, count=len(waits))
+    order = np.argsort(steps, kind="stable")
+    return StepWaits(steps[order], ns[order])
 
 
 def program_collectives(records: list[dict]) -> dict | None:
@@ -86,7 +118,9 @@ def culprit(waits: dict, step_s: dict, skip: int = SKIP_STEPS, min_steps: int = 
     """The rank the others wait for at the collectives, measured.
 
     Args:
-        waits: rank → (step index → seconds in collectives), :func:`step_waits` of each rank.
+        waits: rank → (step index → seconds in collectives), :func:`step_waits` of each rank, or
+            its :class:`StepWaits` (the same figures as arrays; a thousand ranks of an hour's
+            steps are compared in column blocks of :data:`BLOCK_CELLS` values).
         step_s: rank → its mean step time (seconds), for the shares.
         skip: steps with an index below it are left out (start-up).
         min_steps: fewest steps compared for a result.
@@ -107,43 +141,110 @@ def culprit(waits: dict, step_s: dict, skip: int = SKIP_STEPS, min_steps: int = 
     """
     if len(waits) < 2:
         return None
-    common = set.intersection(*(set(w) for w in waits.values()))
-    steps = sorted(i for i in common if i >= skip)
+    ranks = list(waits)
+    cols = [_as_arrays(w) for w in waits.values()]
+    steps = _common_steps([c[0] for c in cols])
+    steps = steps[steps >= skip]
     if len(steps) < min_steps:
         return None
-    ranks = list(waits)
-    wait_sum = dict.fromkeys(ranks, 0.0)
-    caused = dict.fromkeys(ranks, 0.0)
-    late_count = dict.fromkeys(ranks, 0)
-    late_at: dict = {r: {} for r in ranks}
-    late_steps = 0
+    n, width = len(steps), len(ranks)
     typical = statistics.median(v for v in step_s.values() if v) if any(step_s.values()) else 0.0
-    for i in steps:
-        step = {r: waits[r][i] for r in ranks}
-        last = min(step, key=step.get)
-        excess = {r: v - step[last] for r, v in step.items()}
-        for r, e in excess.items():
-            wait_sum[r] += e
-        if max(excess.values()) >= max(LATE_MIN_S, LATE_MIN_SHARE * typical):
-            late_steps += 1
-            late_count[last] += 1
-            late_at[last][i] = sum(excess.values())
-            caused[last] += sum(excess.values())
-    n = len(steps)
-    top = max(ranks, key=lambda r: caused[r]) if late_steps else None
-    if top is not None and caused[top] / sum(caused.values()) < MIN_CULPRIT_SHARE:
+    floor = max(LATE_MIN_S, LATE_MIN_SHARE * typical)
+    # the sums run in the order the per-step loop they replace ran them (rank after rank, step
+    # after step: a reduction over the rows of a block adds them one by one, a cumulative sum along
+    # a row too; never pairwise), so the figures equal it to the last bit (tests/test_rank_summary.py)
+    wait_sum = np.zeros(width)
+    coll_sum = np.zeros(width)
+    last = np.empty(n, dtype=np.int64)
+    total = np.empty(n)
+    late = np.empty(n, dtype=bool)
+    block = max(1, BLOCK_CELLS // width)
+    for a in range(0, n, block):
+        at = steps[a:a + block]
+        cut = slice(a, a + len(at))
+        m = np.empty((width, len(at)))  # ranks × steps
+        for r, (idx, values, scale) in enumerate(cols):
+            picked = values[_positions(idx, at)]
+            m[r] = picked / scale if scale else picked
+        least = m.min(axis=0)
+        last[cut] = (m == least).argmax(axis=0)  # the first rank with the least time arrived last
+        excess = m - least
+        total[cut] = np.add.reduce(excess, axis=0)
+        late[cut] = excess.max(axis=0) >= floor
+        coll_sum = _running(coll_sum, m)
+        wait_sum = _running(wait_sum, excess)
+    late_steps = int(late.sum())
+    caused = np.zeros(width)
+    np.add.at(caused, last[late], total[late])  # in step order, one addition at a time
+    late_count = np.bincount(last[late], minlength=width)
+    caused_list = caused.tolist()
+    top = max(range(width), key=lambda r: caused_list[r]) if late_steps else None
+    if top is not None and caused_list[top] / sum(caused_list) < MIN_CULPRIT_SHARE:
         top = None  # late now one rank, now another: jitter, or no single culprit
-    others = [r for r in ranks if r != top]
+    others = [r for r in range(width) if r != top]
     # the wait it causes beyond what the others cause too (a balanced job's jitter cancels out)
-    net = ((caused[top] - statistics.median(caused[r] for r in others)) / n / len(others)
+    net = ((caused_list[top] - statistics.median(caused_list[r] for r in others)) / n / len(others)
            if top is not None else 0.0)
-    mean_step = statistics.fmean(step_s[r] for r in others if step_s.get(r)) if any(step_s.get(r) for r in others) else 0.0
-    return {"rank": top, "steps": n, "late_steps": late_steps, "late_at": late_at.get(top, {}), "compared": steps,
-            "culprit_share": late_count[top] / late_steps if top is not None else None,
-            "caused_share": caused[top] / sum(caused.values()) if top is not None else None,
-            "wait_s_by_rank": {str(r): wait_sum[r] / n for r in ranks},
-            "collective_s_by_rank": {str(r): sum(waits[r][i] for i in steps) / n for r in ranks},
+    named = [ranks[r] for r in others]
+    mean_step = (statistics.fmean(step_s[r] for r in named if step_s.get(r))
+                 if any(step_s.get(r) for r in named) else 0.0)
+    mine = late & (last == top) if top is not None else np.zeros(n, dtype=bool)
+    return {"rank": ranks[top] if top is not None else None, "steps": n, "late_steps": late_steps,
+            "late_at": dict(zip(steps[mine].tolist(), total[mine].tolist())), "compared": steps.tolist(),
+            "culprit_share": int(late_count[top]) / late_steps if top is not None else None,
+            "caused_share": caused_list[top] / sum(caused_list) if top is not None else None,
+            "wait_s_by_rank": {str(r): v / n for r, v in zip(ranks, wait_sum.tolist())},
+            "collective_s_by_rank": {str(r): v / n for r, v in zip(ranks, coll_sum.tolist())},
             "caused_s": net, "wait_share": net / mean_step if mean_step > 0 else 0.0}
+
+
+#: Values (ranks × steps) :func:`culprit` holds per block of compared steps: 1M, 8 MB of float64
+#: (a 1,024-rank hour of 100 ms steps is 37M values, compared in 36 blocks).
+BLOCK_CELLS = 1 << 20
+
+
+def _as_arrays(w) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(steps, values, scale)`` of one rank's waits: seconds = values / scale (scale 0: values
+    are seconds already). A dict's steps are sorted."""
+    if isinstance(w, StepWaits):
+        return np.asarray(w.steps, dtype=np.int64), w.ns, 1e9
+    steps = sorted(w)
+    return np.array(steps, dtype=np.int64), np.array([w[i] for i in steps], dtype=np.float64), 0.0
+
+
+def _contiguous(idx: np.ndarray) -> bool:
+    return len(idx) > 0 and int(idx[-1]) - int(idx[0]) == len(idx) - 1
+
+
+def _common_steps(all_steps: list[np.ndarray]) -> np.ndarray:
+    """The step indexes every rank holds (each array increasing and unique), increasing."""
+    common = all_steps[0]
+    for idx in all_steps[1:]:
+        if not len(common):
+            break
+        if _contiguous(idx):
+            common = common[(common >= idx[0]) & (common <= idx[-1])]
+        else:
+            pos = np.minimum(np.searchsorted(idx, common), len(idx) - 1) if len(idx) else None
+            common = common[idx[pos] == common] if pos is not None else common[:0]
+    return common
+
+
+def _positions(idx: np.ndarray, at: np.ndarray):
+    """Where the steps ``at`` (all held by ``idx``) sit in ``idx``: a slice when they are one run."""
+    first = int(at[0]) - int(idx[0])
+    if _contiguous(idx) and int(at[-1]) - int(at[0]) == len(at) - 1:
+        return slice(first, first + len(at))
+    return np.searchsorted(idx, at)
+
+
+def _running(carry: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``carry`` plus each row of ``m`` added value after value, left to right (``m`` is
+    overwritten)."""
+    if not m.shape[1]:
+        return carry
+    m[:, 0] += carry
+    return np.cumsum(m, axis=1, out=m)[:, -1].copy()
 
 
 def accumulation(records: list[dict], steps: list) -> dict | None:
@@ -158,11 +259,16 @@ def accumulation(records: list[dict], steps: list) -> dict | None:
     it was timed; ``redundant_s`` = exposed_s × (rounds − 1) / rounds, what reducing once saves), or
     None when the medians are below 2 (no accumulation, or ``no_sync`` used) or nothing matched.
     """
+    rows = [r for r in _rows(records, 9) if r[0] >= SKIP_STEPS and isinstance(r[7], int) and r[7] > 0]
+    if not rows:
+        return None
     c = StepCols(steps)
     micro_batches = c.ints("mb")
     has = (micro_batches != NULL_INT) & (micro_batches != 0)
-    mb = dict(zip(c.ints("i")[has].tolist(), micro_batches[has].tolist()))
-    rows = [r for r in _rows(records, 9) if r[0] >= SKIP_STEPS and isinstance(r[7], int) and r[7] > 0 and r[0] in mb]
+    ids = c.ints("i")[has]
+    mine = np.isin(ids, np.array([r[0] for r in rows], dtype=np.int64))  # the steps of these rows only
+    mb = dict(zip(ids[mine].tolist(), micro_batches[has][mine].tolist()))
+    rows = [r for r in rows if r[0] in mb]
     if not rows:
         return None
     micro = statistics.median(mb[r[0]] for r in rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 
 from whyidle.analysis import collectives as coll_analysis
+from whyidle.analysis import loop as loop_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis.stepcols import StepCols
 from whyidle.record.steptable import NULL_INT
@@ -42,31 +43,80 @@ def samples_after_first(rows: list) -> float | None:
     return sum(known) + step_analysis.percentile(known, 50) * (len(rows) - 1 - len(known))
 
 
-def ranks(identities: dict[int, dict], step_lists: dict[int, list]) -> list[dict]:
+def ranks(identities: dict[int, dict], step_lists: dict[int, list],
+          figures: dict[int, dict] | None = None) -> list[dict]:
     """One row per rank with steps, sorted by (node, rank).
 
     ``identities``: pid → the ``dist`` identity of its ``proc`` record; ``step_lists``: pid → its
-    step rows. Row: ``rank``, ``local_rank``, ``node``, ``world_size``, ``pid``, ``steps``,
-    ``samples_per_s`` (over the rank's training span, :func:`training_rate`),
-    ``steady_samples_per_s`` and ``step_time_s`` (``p50``, ``mean``, seconds) over its analyzed
-    steps, ``shares`` (fractions of the step: ``SHARE_KEYS``). Empty outside a distributed job.
+    step rows; ``figures``: pid → its :func:`rank_figures` made before (a rank summary read
+    instead of its records in a merge of node runs, :mod:`whyidle.record.rank_summary`), used
+    instead of its step rows. Row: ``rank``, ``local_rank``, ``node``, ``world_size``, ``pid``, and
+    :func:`rank_figures`. Empty outside a distributed job.
     """
     out = []
+    figures = figures or {}
     for pid, ident in identities.items():
-        rows = step_lists.get(pid) or []
-        analyzed, info = step_analysis.select_steps(rows) if rows else ([], {"total": 0})
-        if not analyzed:
+        fig = figures[pid] if pid in figures else rank_figures(step_lists.get(pid) or [])
+        if not fig:
             continue
-        m = step_analysis.step_metrics(analyzed)
         out.append({
             "rank": ident.get("rank"), "local_rank": ident.get("local_rank"), "node": ident.get("node"),
-            "world_size": ident.get("world_size"), "pid": pid, "steps": info.get("total", len(rows)),
-            "samples_per_s": training_rate(rows), "steady_samples_per_s": m.get("samples_per_s"),
-            "step_time_s": {k: m["step_time_s"][k] for k in ("p50", "mean")},
-            "shares": {k: m["shares"].get(k, 0.0) for k in SHARE_KEYS},
+            "world_size": ident.get("world_size"), "pid": pid, **fig,
         })
     return sorted(out, key=lambda r: (r["node"] if isinstance(r["node"], int) else 0,
                                       r["rank"] if isinstance(r["rank"], int) else 0))
+
+
+def rank_figures(rows: list) -> dict | None:
+    """A rank's figures from its step rows: ``steps`` (all of them), ``samples_per_s`` (over its
+    training span, :func:`training_rate`), ``steady_samples_per_s`` and ``step_time_s`` (``p50``,
+    ``mean``, seconds) over its analyzed steps, ``shares`` (fractions of the step:
+    ``SHARE_KEYS``); None without analyzed steps."""
+    return _measured(rows)[0]
+
+
+def _measured(rows: list) -> tuple[dict | None, dict | None]:
+    """:func:`rank_figures` and the step metrics of the analyzed steps (None, None without)."""
+    analyzed, info = step_analysis.select_steps(rows) if rows else ([], {"total": 0})
+    if not analyzed:
+        return None, None
+    m = step_analysis.step_metrics(analyzed)
+    return {"steps": info.get("total", len(rows)), "samples_per_s": training_rate(rows),
+            "steady_samples_per_s": m.get("samples_per_s"),
+            "step_time_s": {k: m["step_time_s"][k] for k in ("p50", "mean")},
+            "shares": {k: m["shares"].get(k, 0.0) for k in SHARE_KEYS}}, m
+
+
+#: Kinds of a rank's records the analysis of a job reads from every process, not only from the
+#: one it describes (analysis/run.py: the ``dist`` identity, ``instrumented``, the notices, the
+#: logged metrics, a tune trial's overrides); a rank summary keeps them (and the last ``devices``
+#: record with a ``dist`` group, the rest of the identity).
+SUMMARY_KINDS = ("proc", "notice", "metric", "override")
+
+#: The version of what :func:`summary` holds and how its figures are computed: a summary of another
+#: version is not used (its rank is read in full). Raise it with any change to either.
+SUMMARY_VERSION = 1
+
+
+def summary(records: list[dict], rows: list) -> dict:
+    """What a merge of node runs needs of a rank it does not describe, instead of its records
+    (the summary file: record/rank_summary.py; the figures are those :func:`ranks` and the
+    analysis of the run would make of them):
+
+    ``records``: its records of :data:`SUMMARY_KINDS` (and its last ``devices`` record with a
+    ``dist`` group), in file order; ``figures``: :func:`rank_figures` (None without analyzed
+    steps); ``other``: its line of ``other_trainers`` without the pid (``steps`` analyzed,
+    ``samples_per_s``, ``step_time_p50_s``; None without analyzed steps); ``steps``: its step rows;
+    ``trains``: they are a training loop (:func:`whyidle.analysis.loop.trains`); ``waits``: its
+    time in collectives per step (:func:`whyidle.analysis.collectives.wait_arrays`).
+    """
+    figures, m = _measured(rows)
+    group = next((r for r in reversed(records) if r.get("k") == "devices" and r.get("dist")), None)
+    kept = [r for r in records if r.get("k") in SUMMARY_KINDS or r is group]
+    other = ({"steps": m["steps"], "samples_per_s": m["samples_per_s"], "step_time_p50_s": m["step_time_s"]["p50"]}
+             if m else None)
+    return {"records": kept, "figures": figures, "other": other, "steps": len(rows),
+            "trains": loop_analysis.trains(rows), "waits": coll_analysis.wait_arrays(records)}
 
 
 def measure_collectives(rows: list[dict], waits: dict, step_lists: dict, regions: dict) -> dict | None:

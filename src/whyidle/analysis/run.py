@@ -109,22 +109,50 @@ def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
     return loaders[0] if loaders else None
 
 
-def _job(procs: dict, step_lists: dict) -> tuple[list[dict], dict | None, int | None]:
+def _job(procs: dict, step_lists: dict, summaries: dict) -> tuple[list[dict], dict | None, int | None]:
     """A distributed job's ranks (:func:`whyidle.analysis.ranks.ranks`), straggler and the pid its
-    report describes (the straggler's, else the lowest rank's; None outside a job)."""
-    ranks = rank_analysis.ranks({pid: ident for pid, r in procs.items() if (ident := _dist_identity(r))}, step_lists)
+    report describes (the straggler's, else the lowest rank's; None outside a job). ``summaries``:
+    pid → rank summary read instead of its records (``RunData.summaries``)."""
+    ranks = rank_analysis.ranks({pid: ident for pid, r in procs.items() if (ident := _dist_identity(r))}, step_lists,
+                                {pid: s.figures for pid, s in summaries.items()})
+
+    def waits(pid: int) -> coll_analysis.StepWaits:
+        s = summaries.get(pid)
+        return coll_analysis.StepWaits(s.wait_steps, s.wait_ns) if s else coll_analysis.wait_arrays(procs[pid])
+
     measured = rank_analysis.measure_collectives(
-        ranks, {r["pid"]: coll_analysis.step_waits(procs[r["pid"]]) for r in ranks}, step_lists,
+        ranks, {r["pid"]: waits(r["pid"]) for r in ranks}, step_lists,
         {r["pid"]: [x for x in procs[r["pid"]] if x.get("k") == "region"] for r in ranks})
     late = rank_analysis.straggler(ranks, measured=measured)
     return ranks, late, rank_analysis.lead_pid(ranks, late)
 
 
+def _trainers(step_lists: dict, summaries: dict) -> list[int]:
+    """The processes that train first (an evaluation subprocess's inference steps are not the
+    job's), most steps first; a summarized rank by its summary's ``trains`` and ``steps``."""
+    def key(p: int) -> tuple[bool, int]:
+        s = summaries.get(p)
+        return (not s.trains, -s.steps) if s else (not loop_analysis.trains(step_lists[p]), -len(step_lists[p]))
+
+    return sorted((pid for pid, s in step_lists.items() if s or (pid in summaries and summaries[pid].steps)), key=key)
+
+
 def job_lead(run: RunData) -> int | None:
-    """The pid whose process a distributed job's report describes (see :func:`analyze`), or None
-    outside a distributed job. Used to pick the node of a merged multi-node run."""
+    """The pid whose records the report of ``run`` describes (see :func:`analyze`): a
+    distributed job's straggler or lowest rank, else the process with most training steps; None
+    without steps. Used to pick the node of a merged multi-node run and the one rank whose
+    records a merge reads in full (the others' summaries tell the rest)."""
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in run.procs.items()}
-    return _job(run.procs, step_lists)[2]
+    lead = _job(run.procs, step_lists, run.summaries)[2]
+    trainers = _trainers(step_lists, run.summaries)
+    return lead if lead in trainers or not trainers else trainers[0]
+
+
+def rank_summaries(run: RunData) -> dict[int, dict]:
+    """pid → :func:`whyidle.analysis.ranks.summary` of each process of ``run`` with a
+    ``torch.distributed`` identity (the ranks whose summaries a merge of node runs reads)."""
+    return {pid: rank_analysis.summary(recs, step_analysis.steps_of(run.steps.get(pid, recs)))
+            for pid, recs in run.procs.items() if pid not in run.summaries and _dist_identity(recs)}
 
 
 def _records_end_s(meta: dict, recs: list[dict], rows: list) -> float | None:
@@ -168,12 +196,10 @@ def analyze(run: RunData) -> RunFacts:
     and ``worker_start`` (:mod:`whyidle.analysis.notebook`: the trainer ran in a notebook kernel, the
     start method of its DataLoader's workers).
     """
-    procs = run.procs
+    procs, summaries = run.procs, run.summaries
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
-    # processes that train first (an evaluation subprocess's inference steps are not the job's), most steps first
-    trainers = sorted((pid for pid, s in step_lists.items() if s),
-                      key=lambda p: (not loop_analysis.trains(step_lists[p]), -len(step_lists[p])))
-    ranks, late, lead = _job(procs, step_lists)
+    trainers = _trainers(step_lists, summaries)
+    ranks, late, lead = _job(procs, step_lists, summaries)
     if lead in trainers:  # a distributed job: the straggler's report (the others wait for it), else rank 0's
         trainers = [lead] + [p for p in trainers if p != lead]
     primary = trainers[0] if trainers else None
@@ -244,6 +270,10 @@ def analyze(run: RunData) -> RunFacts:
     notices = [r["msg"] for records in procs.values() for r in records if r.get("k") == "notice"]
     other_trainers = []
     for pid in trainers[1:]:
+        if pid in summaries:
+            if summaries[pid].other:
+                other_trainers.append({"pid": pid, **summaries[pid].other})
+            continue
         a, _ = step_analysis.select_steps(step_lists[pid])
         if a:
             m = step_analysis.step_metrics(a)

@@ -187,13 +187,13 @@ def hotspots(records: list[dict], phases: set[str], window: tuple[int, int] | No
     """
     groups: dict[tuple, dict] = {}
     sampled: dict[str, float] = {}
-    entries = list(sampled_sites(records, phases, window, entry_sites))
-    for phase, *_rest, seconds, _callers in entries:
+    # two passes over the records, not a list of their sites (a day's merged records hold millions)
+    for phase, *_rest, seconds, _callers in sampled_sites(records, phases, window, entry_sites):
         sampled[phase] = sampled.get(phase, 0.0) + seconds
     scale = {p: (phase_seconds[p] / v if phase_seconds and phase_seconds.get(p) is not None and v > 0 else 1.0)
              for p, v in sampled.items()}
     n_phase = 0.0
-    for phase, user, leaf, count, seconds, _callers in entries:
+    for phase, user, leaf, count, seconds, _callers in sampled_sites(records, phases, window, entry_sites):
         seconds *= scale[phase]
         n_phase += seconds
         framework = user in entry_sites

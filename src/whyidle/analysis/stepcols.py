@@ -30,6 +30,16 @@ class StepCols:
             self.table, self.rows = steps.table, np.frombuffer(steps.positions, dtype=np.int64)
         else:
             self.table, self.rows = _table_rows(steps)
+        # consecutive rows (the usual analyzed steps: after the warm-up, before the end) are a slice
+        # of each column, not a gathered copy (a day of steps: 8 MB a column)
+        self._span = None
+        if self.table is not None and self.n and int(self.rows[-1]) - int(self.rows[0]) == self.n - 1 \
+                and (self.n < 3 or bool((np.diff(self.rows) == 1).all())):
+            self._span = slice(int(self.rows[0]), int(self.rows[-1]) + 1)
+
+    def _pick(self, column: np.ndarray) -> np.ndarray:
+        """The steps' values of one whole-table column."""
+        return column[self._span] if self._span is not None else column[self.rows]
 
     def ints(self, key: str) -> np.ndarray:
         if self.table is not None:
@@ -37,12 +47,12 @@ class StepCols:
                 return np.zeros(0, np.int64)
             col = self.table.dense(key)
             if col is not None:
-                return np.frombuffer(col, dtype=np.int64)[self.rows]
+                return self._pick(col)
             rows, values = self.table.full_values(key)  # a field of fully recorded steps only
             out = np.full(len(self.table), NULL_INT, dtype=np.int64)
-            if len(rows):
-                out[np.frombuffer(rows, dtype=np.int64)] = np.frombuffer(values, dtype=np.int64)
-            return out[self.rows]
+            out[rows] = values
+            del rows, values
+            return self._pick(out)
         return np.array([_int(s.get(key)) for s in self.steps], dtype=np.int64)
 
     def values(self, key: str) -> np.ndarray:
@@ -56,13 +66,13 @@ class StepCols:
 
     def flags(self, key: str) -> np.ndarray:
         if self.table is not None:
-            return np.frombuffer(getattr(self.table, key), dtype=np.int8)[self.rows].astype(bool) if self.n \
+            return self._pick(np.frombuffer(getattr(self.table, key), dtype=np.int8)).astype(bool) if self.n \
                 else np.zeros(0, bool)
         return np.array([bool(s.get(key)) for s in self.steps], dtype=bool)
 
     def gpu_ms(self) -> np.ndarray:
         if self.table is not None:
-            return np.frombuffer(self.table.gpu_ms, dtype=np.float64)[self.rows] if self.n else np.zeros(0)
+            return self._pick(np.frombuffer(self.table.gpu_ms, dtype=np.float64)).copy() if self.n else np.zeros(0)
         return np.array([np.nan if s.get("gpu_ms") is None else s["gpu_ms"] for s in self.steps], dtype=np.float64)
 
 

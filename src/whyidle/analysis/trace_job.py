@@ -75,14 +75,15 @@ def summarize(t: TraceData) -> RankSummary:
                        start_s=(t.base_ns or 0) / 1e9 + min(s[1] for s in t.steps) / 1e6 if t.steps else None)
 
 
-def summarize_file(path: str, workers: int | None = 1) -> RankSummary:
+def summarize_file(path: str, workers: int | None = 1, reading=None) -> RankSummary:
     """Reads and summarizes one trace file (``workers``: processes for one large uncompressed
-    file, :func:`whyidle.record.kineto.read_trace`). An unreadable file gives a summary with
-    ``error`` set, never an exception."""
-    from whyidle.record.kineto import TraceError, read_trace
+    file, :func:`whyidle.record.kineto.read_trace`; ``reading``: its
+    :class:`~whyidle.record.kineto.TraceReading` already started). An unreadable file gives a
+    summary with ``error`` set, never an exception."""
+    from whyidle.record.kineto import TraceError, TraceReading
 
     try:
-        return summarize(read_trace(path, workers=workers))
+        return summarize((reading or TraceReading(path, workers=workers)).result())
     except TraceError as exc:
         return RankSummary(path=path, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - one rank's odd trace must not cost the job's report
@@ -118,13 +119,14 @@ def plan_workers(paths: list[str], workers: int | None = None, available: int | 
     return max(1, min(cores, len(paths), int(available * MEMORY_SHARE // peak)))
 
 
-def read_ranks(paths: list[str], workers: int | None = None) -> list[RankSummary]:
+def read_ranks(paths: list[str], workers: int | None = None, reading=None) -> list[RankSummary]:
     """Every file of ``paths`` summarized, in order: one file in this process (a large
     uncompressed one split into byte ranges read by ``workers`` processes, default one per usable
-    core: :func:`whyidle.record.kineto.read_trace`), several in :func:`plan_workers` worker
-    processes, each file read whole by one of them."""
+    core: :func:`whyidle.record.kineto.read_trace`; ``reading``: that file's
+    :class:`~whyidle.record.kineto.TraceReading`, started by the caller), several in
+    :func:`plan_workers` worker processes, each file read whole by one of them."""
     if len(paths) == 1:
-        return [summarize_file(paths[0], workers=workers)]
+        return [summarize_file(paths[0], workers=workers, reading=reading)]
     n = plan_workers(paths, workers)
     if n <= 1:
         return [summarize_file(p) for p in paths]

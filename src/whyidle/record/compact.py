@@ -116,14 +116,19 @@ def merged(records: list[dict], names: dict[str, str] | None = None) -> dict:
         lost += rec.get("lost") or 0
         lost_s += rec.get("lost_s") or 0.0
         for site in rec["sites"]:
-            callers = tuple(site[5]) if len(site) > 5 else ()
-            key = (site[0], site[1], site[2], callers)
-            ms = site[4] if len(site) > 4 else site[3] / hz * 1000.0
+            if len(site) == 6:  # as the agent writes it
+                phase, user, leaf, count, ms, callers = site
+                callers = tuple(callers)
+            else:
+                phase, user, leaf, count = site[:4]
+                callers = tuple(site[5]) if len(site) > 5 else ()
+                ms = site[4] if len(site) > 4 else count / hz * 1000.0
+            key = (phase, user, leaf, callers)
             acc = sites.get(key)
             if acc is None:
-                sites[key] = [one(site[0]), one(site[1]), one(site[2]), site[3], ms, [one(c) for c in callers]]
+                sites[key] = [one(phase), one(user), one(leaf), count, ms, [one(c) for c in callers]]
             else:
-                acc[3] += site[3]
+                acc[3] += count
                 acc[4] += ms
     last = records[-1]
     out = {k: v for k, v in last.items() if k != "sites"}

@@ -40,6 +40,9 @@ class RunData:
         problems: readable notes about skipped damage (e.g. a truncated last line).
         windows: ``window`` records of ``windows.jsonl`` (the rolling diagnosis), in time order.
         deep_traces: ``deep_trace`` records of ``traces.jsonl`` (deep traces taken during the run).
+        summaries: pid → the :class:`~whyidle.record.rank_summary.RankSummary` read instead of
+            its ``proc-<pid>.jsonl`` (a merge of node runs, :mod:`whyidle.record.merge`); its
+            ``procs`` entry holds the records the summary kept, and ``steps`` has none.
     """
 
     path: str
@@ -51,6 +54,7 @@ class RunData:
     steps: dict = dataclasses.field(default_factory=dict)
     windows: list = dataclasses.field(default_factory=list)
     deep_traces: list = dataclasses.field(default_factory=list)
+    summaries: dict = dataclasses.field(default_factory=dict)
 
 
 #: Most ``host`` ticks a report reads of one run (~83 minutes of the sampler's 4 Hz). A longer run
@@ -59,6 +63,11 @@ class RunData:
 #: every figure between the ticks read is exact; gauges (memory, RSS, threads) are sampled every k
 #: ticks. A day at 4 Hz is 345,600 ticks, ~2.5 KB each once parsed: 860 MB, against 50 MB here.
 HOST_TICKS_MAX = 20_000
+#: Consecutive step lines decoded at once (:func:`whyidle.record.stepdecode.add_lines`): ~2 MB.
+_STEP_BATCH = 4096
+#: Fewer consecutive step lines are taken one by one (a 1 kHz run writes one full ``step`` line
+#: between ``steps`` records: a decode per column costs more than a typed decode per line there).
+_STEP_BATCH_MIN = 16
 _HOST_PREFIX = b'{"k":"host",'
 _TOP_PREFIX = b'{"k":"host_top",'
 
@@ -101,6 +110,50 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
 
     adders = {} if steps is None else {"step": steps.add, "steps": steps.add_lite, "gpu_step": steps.add_gpu}
     merger = compact.StacksMerger(stacks_group) if stacks_group > 1 else None
+    # the step lines not yet taken and their line numbers: decoded together, before the next line
+    # read the general way (stacks merged and host ticks skipped in between do not touch steps)
+    batch: list[bytes] = []
+    batch_numbers: list[int] = []
+
+    def take(number: int, raw: bytes) -> None:
+        """Reads one line the general way: parsed, checked, then kept, counted or left out."""
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict):
+            damaged.append(number)
+            return
+        kind = obj.get("k")
+        if not isinstance(kind, str):
+            leave_out(kind, "no record kind (k)")
+            return
+        add = adders.get(kind)
+        if add is not None:  # add/add_gpu: kept or not; add_lite: the rows left out
+            result = add(obj)
+            bad = int(not result) if isinstance(result, bool) else result
+            if bad:
+                leave_out(kind, "a field is not a number or the interval ends before it starts", bad)
+            return
+        why = schema.problem(obj)
+        if why:
+            leave_out(kind, why)
+            return
+        if merger is not None and kind == "stacks":
+            merger.add(obj)
+            return
+        records.append(obj)
+
+    def take_steps() -> None:
+        """Takes the batched step lines: in one typed decode when all are well typed, else each
+        on its own (the typed decode of one line, or the general way)."""
+        if len(batch) < _STEP_BATCH_MIN or not stepdecode.add_lines(steps, batch):
+            for number, raw in zip(batch_numbers, batch):
+                if not stepdecode.add_line(steps, raw):
+                    take(number, raw)
+        batch.clear()
+        batch_numbers.clear()
+
     ticks = tops = 0
     skipped_tick: tuple[int, bytes] | None = None  # (line number, line) of the last tick not read
     try:
@@ -115,8 +168,18 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                     continue
                 lines += 1
                 last = number
-                if steps is not None and stepdecode.add_line(steps, raw):
-                    continue  # a well-typed step line, appended without a dict
+                if steps is not None:
+                    if raw.startswith(stepdecode.STEP_PREFIX):
+                        batch.append(raw)
+                        batch_numbers.append(number)
+                        if len(batch) >= _STEP_BATCH:
+                            take_steps()
+                        continue
+                    if raw.startswith(stepdecode.STEPS_PREFIX):
+                        if batch:
+                            take_steps()
+                        if stepdecode.add_line(steps, raw):
+                            continue  # a well-typed ``steps`` line, appended without a dict
                 if tick_stride > 1 and raw.startswith(_HOST_PREFIX):
                     ticks += 1
                     if (ticks - 1) % tick_stride:
@@ -132,32 +195,11 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                     tops += 1
                     if (tops - 1) % tick_stride:
                         continue
-                try:
-                    obj = json.loads(raw)
-                except (ValueError, RecursionError):
-                    obj = None
-                if not isinstance(obj, dict):
-                    damaged.append(number)
-                    continue
-                kind = obj.get("k")
-                if not isinstance(kind, str):
-                    leave_out(kind, "no record kind (k)")
-                    continue
-                add = adders.get(kind)
-                if add is not None:  # add/add_gpu: kept or not; add_lite: the rows left out
-                    result = add(obj)
-                    bad = int(not result) if isinstance(result, bool) else result
-                    if bad:
-                        leave_out(kind, "a field is not a number or the interval ends before it starts", bad)
-                    continue
-                why = schema.problem(obj)
-                if why:
-                    leave_out(kind, why)
-                    continue
-                if merger is not None and kind == "stacks":
-                    merger.add(obj)
-                    continue
-                records.append(obj)
+                if batch:  # the steps before this line are in the table before it is read
+                    take_steps()
+                take(number, raw)
+            if batch:
+                take_steps()
         if skipped_tick is not None:  # the last tick is always read: it closes the run's deltas
             number, raw = skipped_tick
             obj = _parsed(raw)
@@ -256,9 +298,13 @@ def _read_meta(meta_path: str, problems: list[str]) -> dict:
     return meta
 
 
-def load_run(path: str) -> RunData:
+def load_run(path: str, read_proc=None, samples: bool = True) -> RunData:
     """Loads a run directory written by ``whyidle run``.
 
+    ``read_proc``: which ``proc-<pid>.jsonl`` files to read (a test of the pid; default all);
+    ``samples``: False leaves ``host.jsonl``, ``gpu.jsonl``, ``windows.jsonl`` and
+    ``traces.jsonl`` unread (a merge of node runs reads the rank summaries of the ranks it does not
+    describe, and the machine samples of its node only: :mod:`whyidle.record.merge`).
     A file of mostly damaged lines (:func:`read_jsonl`) is left out with a note when the others
     hold records. Errors:
         RunDirError: not a directory, no whyidle records in it (every record file damaged or
@@ -290,19 +336,23 @@ def load_run(path: str) -> RunData:
         return records
 
     host_path = os.path.join(path, "host.jsonl")
-    stride = host_tick_stride(host_path)
-    host = read(host_path, stride=stride)
+    stride = host_tick_stride(host_path) if samples else 1
+    host = read(host_path, stride=stride) if samples else []
     if stride > 1:
         n = sum(1 for r in host if r.get("k") == "host")
         problems.append(f"host.jsonl: a long run: one host tick and process scan in {stride} read ({n:,} ticks); "
                         "CPU, disk and context-switch figures are exact between them, memory and other processes "
                         "are sampled at them")
-    gpu = read(os.path.join(path, "gpu.jsonl"))
+    gpu = read(os.path.join(path, "gpu.jsonl")) if samples else []
     procs: dict[int, list[dict]] = {}
     steps: dict[int, StepTable] = {}
+    passed = False  # a proc file left unread (read_proc)
     for file in sorted(glob.glob(os.path.join(path, "proc-*.jsonl"))):
         m = re.search(r"proc-(\d+)\.jsonl$", file)
         if not m:
+            continue
+        if read_proc is not None and not read_proc(int(m.group(1))):
+            passed = True
             continue
         table = StepTable()
         group = stacks_group(file)
@@ -312,7 +362,7 @@ def load_run(path: str) -> RunData:
                             f"({group * 0.5:g} s) outside its first and last 10 minutes")
         steps[int(m.group(1))] = table
         table.mark_profiled(traced_spans(procs[int(m.group(1))]))
-    recorded = host or any(procs.values()) or any(len(t) for t in steps.values())
+    recorded = host or passed or any(procs.values()) or any(len(t) for t in steps.values())
     if not recorded and (corrupt or not (meta or procs)):
         raise (corrupt[0] if corrupt else None) or meta_error or RunDirError(
             f"{path}: not a whyidle run directory (no meta.json or records)")
@@ -322,8 +372,8 @@ def load_run(path: str) -> RunData:
     elif not meta:
         problems.append("meta.json: missing (the command, its exit code and the run's start and end are unknown)")
     windows = sorted((r for r in read(os.path.join(path, "windows.jsonl")) if r.get("k") == "window"),
-                     key=lambda r: r["t0"])
-    deep_traces = [r for r in read(os.path.join(path, "traces.jsonl")) if r.get("k") == "deep_trace"]
+                     key=lambda r: r["t0"]) if samples else []
+    deep_traces = [r for r in read(os.path.join(path, "traces.jsonl")) if r.get("k") == "deep_trace"] if samples else []
     redact_run(meta, host, procs)
     cells.name_cells(meta, procs)  # a notebook kernel's cell files named "cell N" (record/cells.py)
     return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps,

@@ -11,15 +11,18 @@ alike; :class:`StepRows` is a list of rows made on access, and
 from __future__ import annotations
 
 import array
-import bisect
 import collections.abc
+import itertools
 import math
 import operator
+
+from whyidle.record.intcolumn import IntColumn
 
 _INT_FIELDS = ("i", "t0", "t1", "data", "fwd", "bwd", "opt", "eval", "batches", "samples", "cpu", "data_cpu",
                "fn", "comp", "grad", "mb", "ld", "wi", "hk", "fc")
 #: Step markers (a ``steps`` row's ``by`` is an index here; new ones are appended).
 _BY = ("optimizer", "loader", None, "keras", "iterator", "backward", "forward")
+_BY_CODE = {name: code for code, name in enumerate(_BY) if name is not None}
 #: Stands for null in an int column (``cols[...]`` arrays hold int64 values).
 NULL_INT = -(2**63)
 _NONE = NULL_INT
@@ -64,6 +67,37 @@ def expand_lite(rec: dict) -> list[dict]:
     return out
 
 
+#: The fields of a full ``step`` record :meth:`StepTable.add_full_columns` takes, in its order.
+FULL_COLUMNS = _INT_FIELDS + ("by", "boundary", "profiled", "lite", "ph")
+
+#: A packed ``ph`` pair's offset bound (µs, either sign): past it an offset is past any step's end
+#: (2**59 µs = 18,000 years), so :func:`phase_spans` reads the same spans.
+_PH_OFFSET_MAX = 2**59
+
+
+def _packed(codes, offsets) -> list[int]:
+    """``ph`` pairs packed one value each: ``offset × 8 + code``. A code outside
+    :data:`PHASE_CODES` is stored as ``other`` (6), which :func:`phase_spans` reads it as, and an
+    offset is bounded by :data:`_PH_OFFSET_MAX`; a pair reads back as ``(v & 7, v >> 3)``."""
+    top = _PH_OFFSET_MAX
+    return [(top if o > top else -top if o < -top else o) * 8 + (c if 0 <= c < 8 else 6)
+            for c, o in zip(codes, offsets)]
+
+
+def _packed_array(flat: array.array) -> array.array:
+    """:func:`_packed` of ``ph`` values (code, offset, code, ...) as int32 values, or int64 when
+    one does not fit (numpy: a day of steps holds 8 million pairs)."""
+    import numpy as np
+
+    values = np.frombuffer(flat, dtype=np.int64)
+    codes, offsets = values[0::2], values[1::2]
+    codes = np.where((codes >= 0) & (codes < 8), codes, 6)
+    packed = np.clip(offsets, -_PH_OFFSET_MAX, _PH_OFFSET_MAX) * 8 + codes
+    if len(packed) and (packed.min() < -(2**31) or packed.max() >= 2**31):
+        return array.array("q", packed.tobytes())
+    return array.array("i", packed.astype(np.int32).tobytes())
+
+
 #: Phase codes of a step's ``ph`` spans (docs/run-format.md): index → phase name.
 PHASE_CODES = ("setup", "data", "forward", "backward", "optimizer", "eval", "other", "compute")
 #: Most ``ph`` values (two per phase change) a step record holds; later changes are not recorded
@@ -94,12 +128,12 @@ class StepTable:
 
     def __init__(self) -> None:
         # the fields every row has (those of a ``steps`` row): one value per row
-        self._cols = {f: array.array("q") for f in _LITE_INT}
+        self._cols = {f: IntColumn() for f in _LITE_INT}
         # the fields only fully recorded steps have (_LITE_EMPTY: samples, CPU times, ...): one
         # value per row of ``_full_rows`` (a short-step run records 1 step in 20 in full: its
         # million steps keep 50,000 of them, not 9 columns of a million nulls)
-        self._full = {f: array.array("q") for f in _LITE_EMPTY}
-        self._full_rows = array.array("q")
+        self._full = {f: IntColumn() for f in _LITE_EMPTY}
+        self._full_rows = IntColumn()
         self._int_cols = [self._cols.get(f, self._full.get(f)) for f in _INT_FIELDS]
         # rows added by add_values, their int fields row after row (one C call per step instead
         # of 20 appends), moved into the columns before anything reads them (_settle)
@@ -110,10 +144,11 @@ class StepTable:
         self.profiled = array.array("b")
         self.lite = array.array("b")
         self.gpu_ms = array.array("d")
-        # all steps' ph values, concatenated: phase codes and µs offsets fit in int32 (4 bytes: a
-        # day of full step records holds 16 million of them); a longer offset widens the column
+        # all steps' ph pairs (phase code, µs offset), concatenated, each packed into one value
+        # (:func:`_packed`): a day of full step records holds 8 million pairs, 4 bytes each; an
+        # offset past 2**28 µs widens the column to int64
         self.ph = array.array("i")
-        self.ph_end = array.array("q")  # row → end of its values in ``ph`` (start = previous end)
+        self.ph_end = array.array("q")  # row → end of its pairs in ``ph`` (start = previous end)
         # row of a step ``i`` (for ``gpu_step``): ``i - _first`` as steps come in order, else in
         # ``_moved`` (no dict entry per step: 1,000,000 of them took ~100 MB)
         self._first: int | None = None
@@ -124,10 +159,10 @@ class StepTable:
 
     @property
     def cols(self) -> dict[str, array.array]:
-        """Field name → its int64 column (:data:`NULL_INT` for null), one value per row (the
-        fields of full steps only are spread out here: prefer :meth:`full_values` for them)."""
+        """Field name → its int64 column (:data:`NULL_INT` for null), one value per row, as new
+        arrays (for tests and small tables; analysis reads :meth:`dense` and :meth:`full_values`)."""
         self._settle()
-        out = dict(self._cols)
+        out = {f: array.array("q", col.numpy().tobytes()) for f, col in self._cols.items()}
         for f, values in self._full.items():
             col = array.array("q", [_NONE]) * len(self)
             for row, v in zip(self._full_rows, values):
@@ -135,17 +170,27 @@ class StepTable:
             out[f] = col
         return out
 
-    def dense(self, key: str) -> array.array | None:
-        """The column of a field every row has (:data:`NULL_INT` for null), or None for a field of
-        full steps only (:meth:`full_values`)."""
+    def dense(self, key: str):
+        """The column of a field every row has, as a new int64 numpy array (:data:`NULL_INT` for
+        null), or None for a field of full steps only (:meth:`full_values`)."""
         self._settle()
-        return self._cols.get(key)
+        col = self._cols.get(key)
+        return None if col is None else col.numpy()
 
-    def full_values(self, key: str) -> tuple[array.array, array.array]:
-        """``(rows, values)`` of a field only fully recorded steps have: their row numbers
-        (increasing) and the field's values (:data:`NULL_INT` for null); KeyError for another."""
+    def full_values(self, key: str) -> tuple:
+        """``(rows, values)`` of a field only fully recorded steps have, as new int64 numpy arrays:
+        their row numbers (increasing) and the field's values (:data:`NULL_INT` for null);
+        KeyError for another."""
         self._settle()
-        return self._full_rows, self._full[key]
+        return self._full_rows.numpy(), self._full[key].numpy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the table's values take (its columns and arrays)."""
+        self._settle()
+        cols = list(self._cols.values()) + list(self._full.values()) + [self._full_rows]
+        arrays = (self.by, self.boundary, self.profiled, self.lite, self.gpu_ms, self.ph, self.ph_end)
+        return sum(c.nbytes for c in cols) + sum(a.itemsize * len(a) for a in arrays)
 
     def _settle(self) -> None:
         """Moves the staged rows' int fields into the columns (a strided copy per column)."""
@@ -196,13 +241,12 @@ class StepTable:
         self.lite.append(1 if lite else 0)
         self.gpu_ms.append(math.nan)
         if ph:
-            n = len(self.ph)
+            packed = _packed(ph[0::2], ph[1::2])
             try:
-                self.ph.extend(ph)
-            except OverflowError:  # beyond int32: the column widens (what the failed extend added goes)
-                del self.ph[n:]
+                packed = array.array(self.ph.typecode, packed)
+            except OverflowError:  # beyond int32: the column widens
                 self.ph = array.array("q", self.ph)
-                self.ph.extend(ph)
+            self.ph.extend(packed)
         self.ph_end.append(len(self.ph))
         self._index(step)
         return True
@@ -225,7 +269,8 @@ class StepTable:
         row = self._moved.get(step)
         if row is None and self._first is not None:
             row = step - self._first
-            if not (0 <= row < len(self.by) and self.dense("i")[row] == step):
+            self._settle()
+            if not (0 <= row < len(self.by) and self._cols["i"][row] == step):
                 row = None
         return row
 
@@ -290,14 +335,62 @@ class StepTable:
         self.lite.extend(array.array("b", [1]) * n)
         self.gpu_ms.extend(array.array("d", [math.nan]) * n)
         self.ph_end.extend(array.array("q", [len(self.ph)]) * n)
-        first = len(self.by) - n  # the row of this record's first step
-        if self._first is None:
-            self._first = i[0] - first
-        if not self._moved and i[0] - self._first == first and i == array.array("q", range(i[0], i[0] + n)):
-            return True  # rows in step order where expected: no index entry (the usual case)
-        for row, step in enumerate(i, start=first):
-            self._index_at(row, step)
+        self._index_rows(len(self.by) - n, i)
         return True
+
+    def add_full_columns(self, columns: list[tuple]) -> bool:
+        """Appends full ``step`` records given column by column (``columns[j]`` holds every row's
+        value of field j of :data:`FULL_COLUMNS`: a typed decode of consecutive lines transposed,
+        :func:`whyidle.record.stepdecode.add_lines`), all or none: False, nothing appended, when
+        :meth:`add_values` would leave a row out (an interval that ends before it starts, a value
+        outside int64), so the caller can take the lines one by one and count."""
+        n_int = len(_INT_FIELDS)
+        try:
+            ints = [_int_column(c) for c in columns[:n_int]]
+        except (TypeError, OverflowError):
+            return False
+        i, t0, t1 = ints[0], ints[1], ints[2]
+        if any(map(operator.lt, t1, t0)):
+            return False
+        phs = columns[n_int + 4]
+        lens = [len(p) if p and not len(p) % 2 else 0 for p in phs]
+        try:
+            flat = array.array("q", itertools.chain.from_iterable(p for p, k in zip(phs, lens) if k))
+        except OverflowError:  # a value outside int64: add_values leaves the step out
+            return False
+        ph = self.ph
+        values = _packed_array(flat)
+        if values.typecode != ph.typecode:
+            ph = array.array("q", ph)
+        self._settle()
+        n, first = len(i), len(self.by)
+        for col, values_ in zip(self._int_cols, ints):
+            col.extend(values_)
+        self._full_rows.extend(array.array("q", range(first, first + n)))
+        self.by.extend(array.array("b", [_BY_CODE.get(b, 2) if type(b) is str else 2 for b in columns[n_int]]))
+        for flags, col in zip((self.boundary, self.profiled, self.lite), columns[n_int + 1:n_int + 4]):
+            flags.extend(array.array("b", [1 if v else 0 for v in col]))
+        self.gpu_ms.extend(array.array("d", [math.nan]) * n)
+        ends = itertools.accumulate((k >> 1 for k in lens), initial=len(ph))
+        next(ends)
+        self.ph_end.extend(array.array("q", ends))
+        ph.extend(values)
+        self.ph = ph
+        self._index_rows(first, i)
+        return True
+
+    def _index_rows(self, first: int, steps: array.array) -> None:
+        """Remembers the rows of consecutive appended steps: ``steps[k]`` (their ``i``) is at row
+        ``first + k`` (see :meth:`row_of`)."""
+        if not steps:
+            return
+        if self._first is None:
+            self._first = steps[0] - first
+        start = steps[0]
+        if not self._moved and start - self._first == first and steps == array.array("q", range(start, start + len(steps))):
+            return  # rows in step order where expected: no index entry (the usual case)
+        for row, step in enumerate(steps, start=first):
+            self._index_at(row, step)
 
     def add_gpu(self, rec: dict) -> bool:
         """Attaches a ``gpu_step`` record's ``gpu_ms`` to its step (ignored if the step is unknown);
@@ -317,16 +410,16 @@ class StepTable:
         """Marks ``profiled`` the steps inside one of ``spans`` (``(t0, t1)`` monotonic ns: the deep
         traces' windows, ``trace_window`` records), whose profiler start, stop and export slow them:
         the analysis leaves them out like the Keras profiler window's steps. Returns how many."""
-        marked = 0
-        if not spans:
+        if not spans or not len(self):
             return 0
         t0s, t1s = self.dense("t0"), self.dense("t1")
-        for row in range(len(self.by)):
-            a, b = t0s[row], t1s[row]
-            if any(s <= a and b <= e for s, e in spans):
-                self.profiled[row] = 1
-                marked += 1
-        return marked
+        inside = (t0s >= spans[0][0]) & (t1s <= spans[0][1])
+        for s, e in spans[1:]:
+            inside |= (t0s >= s) & (t1s <= e)
+        rows = inside.nonzero()[0].tolist()
+        for row in rows:
+            self.profiled[row] = 1
+        return len(rows)
 
     def rows(self, which=None) -> "StepRows":
         """The rows ``which`` (row numbers: an iterable or an ``array("q")``; default all, in file
@@ -407,9 +500,8 @@ class StepView(collections.abc.Mapping):
         t, r = self._table, self._row
         values = t._full.get(key)
         if values is not None:
-            rows = t._full_rows
-            j = bisect.bisect_left(rows, r)
-            v = values[j] if j < len(rows) and rows[j] == r else _NONE
+            j = t._full_rows.position(r)
+            v = _NONE if j is None else values[j]
             return None if v == _NONE else v
         if key == "by":
             return _BY[t.by[r]]
@@ -424,7 +516,7 @@ class StepView(collections.abc.Mapping):
             return None if math.isnan(v) else v
         if key == "ph":
             start = t.ph_end[r - 1] if r else 0
-            return list(t.ph[start:t.ph_end[r]]) or None
+            return [x for v in t.ph[start:t.ph_end[r]] for x in (v & 7, v >> 3)] or None
         if key == "k":
             return "step"
         raise KeyError(key)

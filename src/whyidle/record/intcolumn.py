@@ -1,0 +1,178 @@
+"""An append-only column of int64 values kept in chunks as narrow as their values allow.
+
+A step table holds twenty int fields per step (docs/run-format.md); as plain int64 arrays a day of
+86 ms steps took 160 MB for them. Most of them are narrow or constant: ``eval`` is 0 in a training
+loop, ``batches`` and ``mb`` 1, ``ld`` one loader's id, ``wi``/``hk``/``fc`` 0 or null, step indices
+count up by one, and the phase times (ns) of a step of a few seconds fit 32 bits. Values come in
+through a tail array; every :data:`CHUNK` values the tail is sealed into the narrowest of:
+
+- a constant (one value, ``CHUNK`` times): 0 bytes a value;
+- a range (``first, first + 1, ...``): 0 bytes a value;
+- 32-bit offsets from a base, :data:`NULL` as a reserved offset: 4 bytes a value;
+- the int64 values as they are: 8 bytes a value.
+
+The column reads like a sequence of ints (``len``, ``col[k]``, iteration) and as a numpy array
+(:meth:`IntColumn.numpy`, int64, made on demand). numpy is imported when a chunk is sealed or read
+as an array (the trainer's agent never does: it imports this package for its constants only).
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+
+#: Values per sealed chunk (a power of two: the chunk of a row is ``row >> CHUNK_BITS``).
+CHUNK_BITS = 16
+CHUNK = 1 << CHUNK_BITS
+_MASK = CHUNK - 1
+#: Null in an int64 column (:data:`whyidle.record.steptable.NULL_INT`).
+NULL = -(2**63)
+_I32_NULL = -(2**31)
+_I64_MAX = 2**63 - 1
+_CONST, _RANGE, _I32, _I64 = range(4)
+
+
+def _seal(tail: array.array) -> tuple:
+    """``(kind, data, base)`` of one full chunk: the narrowest encoding that holds its values."""
+    import numpy as np
+
+    a = np.frombuffer(tail, dtype=np.int64)
+    first = int(a[0])
+    if (a == first).all():
+        return _CONST, first, None
+    if first != NULL and int(a[-1]) - first == len(a) - 1 and (np.diff(a) == 1).all():
+        return _RANGE, first, None
+    nulls = a == NULL
+    values = a[~nulls] if nulls.any() else a
+    low, high = int(values.min()), int(values.max())
+    base = low + 2**31 - 1  # offsets in [-(2**31 - 1), 2**31 - 1]; -2**31 is null
+    if high - low <= 2**32 - 2 and base <= _I64_MAX:
+        with np.errstate(over="ignore"):  # a null's offset wraps: replaced below
+            offsets = (a - base).astype(np.int32)
+        offsets[nulls] = _I32_NULL
+        return _I32, array.array("i", offsets.tobytes()), base
+    return _I64, tail, None
+
+
+def _chunk_array(kind: int, data, base, n: int):
+    """One sealed chunk's values as an int64 numpy array (read-only when it is a view)."""
+    import numpy as np
+
+    if kind == _CONST:
+        return np.full(n, data, dtype=np.int64)
+    if kind == _RANGE:
+        return np.arange(data, data + n, dtype=np.int64)
+    if kind == _I32:
+        offsets = np.frombuffer(data, dtype=np.int32)
+        out = offsets.astype(np.int64) + base
+        out[offsets == _I32_NULL] = NULL
+        return out
+    return np.frombuffer(data, dtype=np.int64)
+
+
+class IntColumn:
+    """Append-only int64 values (``NULL`` for null) in chunks (module docstring).
+
+    ``append``/``extend`` add values (an int64 ``array("q")`` or ints; ``OverflowError`` for a
+    value outside int64, nothing added then for ``extend``); ``col[k]`` reads one (negative ``k``
+    from the end; ``IndexError`` outside), ``len``, iteration, :meth:`numpy` all of them,
+    :meth:`position` the index of a value in an increasing column. ``nbytes``: the bytes held.
+    """
+
+    __slots__ = ("_sealed", "_firsts", "_tail")
+
+    def __init__(self) -> None:
+        self._sealed: list[tuple] = []  # (kind, data, base) per full chunk
+        self._firsts = array.array("q")  # each sealed chunk's first value (for position)
+        self._tail = array.array("q")
+
+    def __len__(self) -> int:
+        return (len(self._sealed) << CHUNK_BITS) + len(self._tail)
+
+    def append(self, value: int) -> None:
+        tail = self._tail
+        tail.append(value)
+        if len(tail) == CHUNK:
+            self._close_tail()
+
+    def extend(self, values) -> None:
+        if type(values) is not array.array or values.typecode != "q":
+            values = array.array("q", values)
+        tail, k, n = self._tail, 0, len(values)
+        if len(tail) + n < CHUNK:  # the usual case: into the tail
+            tail.extend(values)
+            return
+        while k < n:
+            room = CHUNK - len(tail)
+            tail.extend(values[k:k + room] if k or n - k > room else values)
+            k += room
+            if len(tail) == CHUNK:
+                self._close_tail()
+                tail = self._tail
+
+    def _close_tail(self) -> None:
+        self._firsts.append(self._tail[0])
+        self._sealed.append(_seal(self._tail))
+        self._tail = array.array("q")
+
+    def __getitem__(self, k: int) -> int:
+        if k < 0:
+            k += len(self)
+        c = k >> CHUNK_BITS
+        if c < len(self._sealed) and k >= 0:
+            kind, data, base = self._sealed[c]
+            j = k & _MASK
+            if kind == _CONST:
+                return data
+            if kind == _RANGE:
+                return data + j
+            if kind == _I32:
+                v = data[j]
+                return NULL if v == _I32_NULL else base + v
+            return data[j]
+        if k < 0:
+            raise IndexError("IntColumn index out of range")
+        return self._tail[k - (len(self._sealed) << CHUNK_BITS)]  # IndexError past the end
+
+    def __iter__(self):
+        for kind, data, base in self._sealed:
+            if kind == _CONST:
+                yield from (data,) * CHUNK
+            elif kind == _RANGE:
+                yield from range(data, data + CHUNK)
+            elif kind == _I32:
+                yield from (NULL if v == _I32_NULL else base + v for v in data)
+            else:
+                yield from data
+        yield from self._tail
+
+    def numpy(self):
+        """All values as a new int64 numpy array (``NULL`` for null)."""
+        import numpy as np
+
+        parts = [_chunk_array(kind, data, base, CHUNK) for kind, data, base in self._sealed]
+        parts.append(np.frombuffer(self._tail, dtype=np.int64))
+        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+    def position(self, value: int) -> int | None:
+        """The index of ``value`` in a column whose values increase (row numbers), or None."""
+        c = bisect.bisect_right(self._firsts, value) - 1
+        if c >= 0 and (c < len(self._sealed) - 1 or not self._tail or value < self._tail[0]):
+            kind, data, base = self._sealed[c]
+            if kind == _CONST:
+                j = 0 if data == value else -1
+            elif kind == _RANGE:
+                j = value - data if value - data < CHUNK else -1
+            else:
+                key = value - base if kind == _I32 else value
+                j = bisect.bisect_left(data, key) if kind == _I64 or -(2**31) < key < 2**31 else -1
+                j = j if 0 <= j < CHUNK and data[j] == key else -1
+            return None if j < 0 else (c << CHUNK_BITS) + j
+        j = bisect.bisect_left(self._tail, value)
+        return (len(self._sealed) << CHUNK_BITS) + j if j < len(self._tail) and self._tail[j] == value else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the values held (chunks and tail; the list of chunks not counted)."""
+        held = sum(d.itemsize * len(d) for kind, d, _ in self._sealed if kind in (_I32, _I64))
+        return held + self._tail.itemsize * len(self._tail) + 8 * len(self._firsts)

@@ -1,0 +1,97 @@
+"""IntColumn (record/intcolumn.py) reads back exactly the int64 values appended, in every chunk
+encoding (constant, range, 32-bit offsets with nulls, int64), however they were appended."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from whyidle.record import intcolumn
+from whyidle.record.intcolumn import NULL, IntColumn
+
+I64 = st.integers(-(2**63) + 1, 2**63 - 1)
+runs = st.one_of(
+    st.tuples(st.just("const"), st.one_of(I64, st.just(NULL)), st.integers(1, 20)),
+    st.tuples(st.just("range"), st.integers(-(2**40), 2**40), st.integers(1, 20)),
+    st.tuples(st.just("narrow"), st.integers(-(2**62), 2**62), st.lists(st.one_of(st.integers(0, 2**32 - 2),
+                                                                                    st.just(None)), max_size=20)),
+    st.tuples(st.just("wide"), st.just(0), st.lists(st.one_of(I64, st.just(NULL)), max_size=20)),
+)
+
+
+def _values(spec) -> list[int]:
+    kind, start, n = spec
+    if kind == "const":
+        return [start] * n
+    if kind == "range":
+        return list(range(start, start + n))
+    if kind == "narrow":
+        return [NULL if v is None else max(-(2**63) + 1, min(2**63 - 1, start + v)) for v in n]
+    return list(n)
+
+
+@contextlib.contextmanager
+def small_chunks():
+    """Chunks of 8 values, so a few dozen values cross several chunks and a tail."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(intcolumn, "CHUNK_BITS", 3)
+        m.setattr(intcolumn, "CHUNK", 8)
+        m.setattr(intcolumn, "_MASK", 7)
+        yield
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(runs, max_size=12), st.lists(st.booleans(), max_size=12))
+def test_values_read_back_exactly(specs, by_extend):
+    with small_chunks():
+        _check(specs, by_extend)
+
+
+def _check(specs, by_extend) -> None:
+    col, want = IntColumn(), []
+    for spec, extend in zip(specs, by_extend + [False] * len(specs)):
+        values = _values(spec)
+        want += values
+        if extend:
+            col.extend(array.array("q", values))
+        else:
+            for v in values:
+                col.append(v)
+    assert len(col) == len(want)
+    assert list(col) == want
+    assert [col[k] for k in range(len(want))] == want
+    assert col.numpy().tolist() == want
+    if want:
+        assert col[-1] == want[-1] and col[-len(want)] == want[0]
+    with pytest.raises(IndexError):
+        col[len(want)]
+    with pytest.raises(IndexError):
+        col[-len(want) - 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 40), unique=True), st.integers(-2, 60))
+def test_position_finds_a_value_of_an_increasing_column(values, probe):
+    values = sorted(values)
+    with small_chunks():
+        col = IntColumn()
+        col.extend(values)
+        assert col.position(probe) == (values.index(probe) if probe in values else None)
+
+
+def test_narrow_chunks_take_less_memory():
+    steps = IntColumn()
+    steps.extend(range(3 * intcolumn.CHUNK))  # a range: no bytes a value
+    zeros, ns = IntColumn(), IntColumn()
+    zeros.extend([0] * 3 * intcolumn.CHUNK)
+    ns.extend(np.arange(3 * intcolumn.CHUNK, dtype=np.int64) * 7919 % 2_000_000_000)  # under 2**31: 4 bytes
+    assert steps.nbytes < 100 and zeros.nbytes < 100
+    assert 4 * 3 * intcolumn.CHUNK <= ns.nbytes < 4.1 * 3 * intcolumn.CHUNK
+    with pytest.raises(OverflowError):
+        steps.extend([2**63])
+    assert len(steps) == 3 * intcolumn.CHUNK
