@@ -17,7 +17,7 @@ import os
 import re
 
 from whyidle.cmdline import program_and_script
-from whyidle.record import cells, compact, schema, stepdecode
+from whyidle.record import cells, compact, marks, schema, stepdecode
 from whyidle.record.steptable import StepTable
 from whyidle.redact import redact_argv
 
@@ -114,6 +114,7 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
     # read the general way (stacks merged and host ticks skipped in between do not touch steps)
     batch: list[bytes] = []
     batch_numbers: list[int] = []
+    mark_names: dict[str, str] = {}  # one copy of each gpu_marks phase and kind
 
     def take(number: int, raw: bytes) -> None:
         """Reads one line the general way: parsed, checked, then kept, counted or left out."""
@@ -190,6 +191,11 @@ def read_jsonl(path: str, steps: "StepTable | None" = None, tick_stride: int = 1
                     rec = compact.decode_stacks(raw)
                     if rec is not None:
                         merger.add(rec)
+                        continue
+                elif raw.startswith(marks.MARKS_PREFIX):
+                    rec = marks.decode_marks(raw, mark_names)
+                    if rec is not None:
+                        records.append(rec)
                         continue
                 elif tick_stride > 1 and raw.startswith(_TOP_PREFIX):
                     tops += 1
