@@ -91,6 +91,10 @@ def test_narrow_chunks_take_less_memory():
     zeros.extend([0] * 3 * intcolumn.CHUNK)
     ns.extend(np.arange(3 * intcolumn.CHUNK, dtype=np.int64) * 7919 % 2_000_000_000)  # under 2**31: 4 bytes
     assert steps.nbytes < 100 and zeros.nbytes < 100
+    every_20th = IntColumn()  # a 1 kHz run's phase times: null but on the full steps
+    every_20th.extend([k * 1000 if k % 20 == 0 else NULL for k in range(3 * intcolumn.CHUNK)])
+    assert every_20th.nbytes < 0.6 * 3 * intcolumn.CHUNK
+    assert every_20th[40] == 40_000 and every_20th[41] == NULL and every_20th.numpy()[60] == 60_000
     assert 4 * 3 * intcolumn.CHUNK <= ns.nbytes < 4.1 * 3 * intcolumn.CHUNK
     with pytest.raises(OverflowError):
         steps.extend([2**63])

@@ -30,6 +30,13 @@ def test_node_runs_merge_into_one_job_with_the_late_ranks_node_described(tmp_pat
     assert [r["rank"] for r in one.facts.ranks] == [0, 1] and one.facts.straggler is None
 
 
+def test_a_merged_report_says_how_to_render_it_again(tmp_path):
+    dirs = write_job(tmp_path, nodes=2, ranks_per_node=2, late=3)
+    out = subprocess.run([sys.executable, "-m", "whyidle", "report", *dirs], capture_output=True, text=True,
+                         env=dict(os.environ, COLUMNS="400"), check=True).stdout
+    assert f"re-render: whyidle report {dirs[0]} {dirs[1]}" in out and f"described: {dirs[1]}" in out
+
+
 def test_runs_of_different_jobs_or_the_same_node_twice_are_refused(tmp_path):
     a = write_job(tmp_path / "a", nodes=2, ranks_per_node=1)
     b = write_job(tmp_path / "b", nodes=2, ranks_per_node=1)

@@ -105,6 +105,7 @@ def report_run(run_dir: str | list[str], json_path: str | None = None, html_path
     report["run"]["run_dir"] = a.run.path
     own = dirs[0] if len(dirs) == 1 else None
     if own is None:
+        report["run"]["run_dirs"] = dirs
         report["notes"].append(f"One job from {len(dirs)} node runs ({', '.join(dirs)}): every node's ranks; the "
                                f"machine samples and time accounting are those of {a.run.path}, the node of the rank "
                                "described.")

@@ -8,6 +8,9 @@ through a tail array; every :data:`CHUNK` values the tail is sealed into the nar
 
 - a constant (one value, ``CHUNK`` times): 0 bytes a value;
 - a range (``first, first + 1, ...``): 0 bytes a value;
+- sparse: one value (null, or the chunk's first) at all but at most an eighth of the places, the
+  others as 16-bit positions and int64 values (a 1 kHz run's phase times, on one step in 20):
+  ~0.5 bytes a value;
 - 32-bit offsets from a base, :data:`NULL` as a reserved offset: 4 bytes a value;
 - the int64 values as they are: 8 bytes a value.
 
@@ -29,7 +32,7 @@ _MASK = CHUNK - 1
 NULL = -(2**63)
 _I32_NULL = -(2**31)
 _I64_MAX = 2**63 - 1
-_CONST, _RANGE, _I32, _I64 = range(4)
+_CONST, _RANGE, _I32, _I64, _SPARSE = range(5)
 
 
 def _seal(tail: array.array) -> tuple:
@@ -43,6 +46,11 @@ def _seal(tail: array.array) -> tuple:
     if first != NULL and int(a[-1]) - first == len(a) - 1 and (np.diff(a) == 1).all():
         return _RANGE, first, None
     nulls = a == NULL
+    for common in (nulls, a == first):  # sparse: all but an eighth of the values the same
+        others = np.flatnonzero(~common)
+        if len(others) <= len(a) >> 3:
+            return _SPARSE, (array.array("H", others.astype(np.uint16).tobytes()),
+                             array.array("q", a[others].tobytes())), NULL if common is nulls else first
     values = a[~nulls] if nulls.any() else a
     low, high = int(values.min()), int(values.max())
     base = low + 2**31 - 1  # offsets in [-(2**31 - 1), 2**31 - 1]; -2**31 is null
@@ -66,6 +74,10 @@ def _chunk_array(kind: int, data, base, n: int):
         offsets = np.frombuffer(data, dtype=np.int32)
         out = offsets.astype(np.int64) + base
         out[offsets == _I32_NULL] = NULL
+        return out
+    if kind == _SPARSE:
+        out = np.full(n, base, dtype=np.int64)
+        out[np.frombuffer(data[0], dtype=np.uint16)] = np.frombuffer(data[1], dtype=np.int64)
         return out
     return np.frombuffer(data, dtype=np.int64)
 
@@ -129,6 +141,9 @@ class IntColumn:
             if kind == _I32:
                 v = data[j]
                 return NULL if v == _I32_NULL else base + v
+            if kind == _SPARSE:
+                at = bisect.bisect_left(data[0], j)
+                return data[1][at] if at < len(data[0]) and data[0][at] == j else base
             return data[j]
         if k < 0:
             raise IndexError("IntColumn index out of range")
@@ -142,6 +157,8 @@ class IntColumn:
                 yield from range(data, data + CHUNK)
             elif kind == _I32:
                 yield from (NULL if v == _I32_NULL else base + v for v in data)
+            elif kind == _SPARSE:
+                yield from _chunk_array(kind, data, base, CHUNK).tolist()
             else:
                 yield from data
         yield from self._tail
@@ -163,6 +180,10 @@ class IntColumn:
                 j = 0 if data == value else -1
             elif kind == _RANGE:
                 j = value - data if value - data < CHUNK else -1
+            elif kind == _SPARSE:
+                chunk = _chunk_array(kind, data, base, CHUNK)
+                j = int(chunk.searchsorted(value))
+                j = j if j < CHUNK and chunk[j] == value else -1
             else:
                 key = value - base if kind == _I32 else value
                 j = bisect.bisect_left(data, key) if kind == _I64 or -(2**31) < key < 2**31 else -1
@@ -174,5 +195,10 @@ class IntColumn:
     @property
     def nbytes(self) -> int:
         """Bytes of the values held (chunks and tail; the list of chunks not counted)."""
-        held = sum(d.itemsize * len(d) for kind, d, _ in self._sealed if kind in (_I32, _I64))
-        return held + self._tail.itemsize * len(self._tail) + 8 * len(self._firsts)
+        held = self._tail.itemsize * len(self._tail) + 8 * len(self._firsts)
+        for kind, data, _ in self._sealed:
+            if kind in (_I32, _I64):
+                held += data.itemsize * len(data)
+            elif kind == _SPARSE:
+                held += sum(part.itemsize * len(part) for part in data)
+        return held

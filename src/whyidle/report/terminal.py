@@ -358,6 +358,11 @@ def render(report: dict, file: IO[str] | None = None, width: int | None = None, 
         _print_whole(console, Text(f"HTML report: {run['html']}", style="dim"))
     if run.get("timeline"):
         _print_whole(console, Text(f"timeline (ui.perfetto.dev, chrome://tracing): {run['timeline']}", style="dim"))
-    if run.get("run_dir"):
+    nodes = run.get("run_dirs") or []
+    if len(nodes) > 1:  # a merge of node runs: re-rendered from all of them
+        again = " ".join(shlex.quote(d) for d in nodes) if len(nodes) <= 4 else f"<the same {len(nodes)} node runs>"
+        _print_whole(console, Text(f"node runs: {len(nodes)}, described: {run.get('run_dir')}  "
+                                   f"(re-render: whyidle report {again})", style="dim"))
+    elif run.get("run_dir"):
         _print_whole(console, Text(f"run directory: {run['run_dir']}  (re-render: whyidle report {run['run_dir']})",
                                    style="dim"))
