@@ -107,7 +107,8 @@ def test_phase_values_beyond_int32_widen_the_column():
              enumerate((3, 2**40, 2**64))]
     assert stepdecode.add_lines(table, lines[:1]) and stepdecode.add_lines(table, lines[1:2])
     assert not stepdecode.add_lines(table, lines[2:])  # beyond int64: the lines go one by one
-    assert table.ph.typecode == "q" and [r["ph"] for r in table.rows()] == [[1, 3], [1, 2**40]]
+    assert stepdecode.add_lines(table, lines[:1])  # int32 values after the widening
+    assert table.ph.typecode == "q" and [r["ph"] for r in table.rows()] == [[1, 3], [1, 2**40], [1, 3]]
     table = StepTable()
     assert table.add({"k": "step", "i": 0, "t0": 0, "t1": 5, "ph": [1, 3, 2, 4]})
     assert table.add({"k": "step", "i": 1, "t0": 5, "t1": 2**41, "ph": [1, 7, 2, 2**40]})

@@ -358,14 +358,14 @@ class StepTable:
             flat = array.array("q", itertools.chain.from_iterable(p for p, k in zip(phs, lens) if k))
         except OverflowError:  # a value outside int64: add_values leaves the step out
             return False
-        ph = self.ph
-        values = _packed_array(flat)
-        if values.typecode != ph.typecode:
-            ph = array.array("q", ph)
+        ph, packed = self.ph, _packed_array(flat)
+        if "q" in (ph.typecode, packed.typecode):  # one of them past int32: both int64
+            ph = ph if ph.typecode == "q" else array.array("q", ph)
+            packed = packed if packed.typecode == "q" else array.array("q", packed)
         self._settle()
         n, first = len(i), len(self.by)
-        for col, values_ in zip(self._int_cols, ints):
-            col.extend(values_)
+        for col, values in zip(self._int_cols, ints):
+            col.extend(values)
         self._full_rows.extend(array.array("q", range(first, first + n)))
         self.by.extend(array.array("b", [_BY_CODE.get(b, 2) if type(b) is str else 2 for b in columns[n_int]]))
         for flags, col in zip((self.boundary, self.profiled, self.lite), columns[n_int + 1:n_int + 4]):
@@ -374,7 +374,7 @@ class StepTable:
         ends = itertools.accumulate((k >> 1 for k in lens), initial=len(ph))
         next(ends)
         self.ph_end.extend(array.array("q", ends))
-        ph.extend(values)
+        ph.extend(packed)
         self.ph = ph
         self._index_rows(first, i)
         return True
