@@ -4,6 +4,7 @@ encoding (constant, range, 32-bit offsets with nulls, int64), however they were 
 from __future__ import annotations
 
 import array
+import bisect
 import contextlib
 
 import numpy as np
@@ -21,6 +22,8 @@ runs = st.one_of(
     st.tuples(st.just("narrow"), st.integers(-(2**62), 2**62), st.lists(st.one_of(st.integers(0, 2**32 - 2),
                                                                                     st.just(None)), max_size=20)),
     st.tuples(st.just("wide"), st.just(0), st.lists(st.one_of(I64, st.just(NULL)), max_size=20)),
+    st.tuples(st.just("line"), st.tuples(st.integers(-(2**62), 2**62), st.integers(-(2**40), 2**40)),
+              st.lists(st.integers(-(2**31), 2**31), max_size=20)),
 )
 
 
@@ -30,6 +33,9 @@ def _values(spec) -> list[int]:
         return [start] * n
     if kind == "range":
         return list(range(start, start + n))
+    if kind == "line":  # start + k·slope + jitter (the times of steps), clipped to int64
+        (first, slope), jitter = start, n
+        return [max(-(2**63) + 1, min(2**63 - 1, first + k * slope + j)) for k, j in enumerate(jitter)]
     if kind == "narrow":
         return [NULL if v is None else max(-(2**63) + 1, min(2**63 - 1, start + v)) for v in n]
     return list(n)
@@ -72,6 +78,9 @@ def _check(specs, by_extend) -> None:
         col[len(want)]
     with pytest.raises(IndexError):
         col[-len(want) - 1]
+    for start in range(0, len(want) + 2, 3):  # row ranges: only the chunks holding them are read
+        for stop in (start, start + 1, start + 7, start + 20, None):
+            assert col.numpy(start, stop).tolist() == want[start:stop]
 
 
 @settings(max_examples=100, deadline=None)
@@ -82,6 +91,7 @@ def test_position_finds_a_value_of_an_increasing_column(values, probe):
         col = IntColumn()
         col.extend(values)
         assert col.position(probe) == (values.index(probe) if probe in values else None)
+        assert col.bisect_left(probe) == bisect.bisect_left(values, probe)
 
 
 def test_narrow_chunks_take_less_memory():
@@ -96,6 +106,11 @@ def test_narrow_chunks_take_less_memory():
     assert every_20th.nbytes < 0.6 * 3 * intcolumn.CHUNK
     assert every_20th[40] == 40_000 and every_20th[41] == NULL and every_20th.numpy()[60] == 60_000
     assert 4 * 3 * intcolumn.CHUNK <= ns.nbytes < 4.1 * 3 * intcolumn.CHUNK
+    t0 = IntColumn()  # the starts of 86 ms steps (ns): a chunk spans past 32 bits, around a line
+    starts = 10**15 + np.arange(3 * intcolumn.CHUNK, dtype=np.int64) * 86_400_000 + np.arange(3 * intcolumn.CHUNK) % 977
+    t0.extend(array.array("q", starts.tobytes()))
+    assert t0.numpy().tolist() == starts.tolist() and t0[70_000] == int(starts[70_000])
+    assert t0.nbytes < 4.1 * 3 * intcolumn.CHUNK
     with pytest.raises(OverflowError):
         steps.extend([2**63])
     assert len(steps) == 3 * intcolumn.CHUNK

@@ -20,8 +20,7 @@ Pure; takes step rows (dicts or ``StepView``) and records.
 from __future__ import annotations
 
 from whyidle.analysis.facts import LoopFacts, Part
-from whyidle.analysis.stepcols import StepCols
-from whyidle.analysis.steps import percentile
+from whyidle.analysis.steps import field_percentile
 
 #: Steps of an optimizer per step of the primary one from which it is a part of every step (a
 #: WGAN's generator steps once per 5 critic steps: 0.2); rarer ones (an optimizer rebuilt once,
@@ -64,15 +63,13 @@ def loop_facts(rows, rec: dict | None) -> LoopFacts | None:
     if not rows:
         return None
     loop_parts = parts(rec)
-    c = StepCols(rows)
-    backward, batches, calls = (c.values(key).tolist() for key in ("mb", "batches", "fc"))
-    backward_per_step = percentile(backward, 50) if backward else None
+    backward_per_step, batches, calls = (field_percentile(rows, key, 50) for key in ("mb", "batches", "fc"))
     if len(loop_parts) >= 2:
         micro = 1.0
-    elif batches and percentile(batches, 50) >= 1:
-        micro = percentile(batches, 50)
+    elif batches is not None and batches >= 1:
+        micro = batches
     else:
         micro = backward_per_step
     return LoopFacts(marker=rows[0].get("by"), trains=trains(rows), parts=loop_parts,
                      backward_per_step=backward_per_step, micro_batches_per_step=micro,
-                     forward_calls_per_step=percentile(calls, 50) if calls else None)
+                     forward_calls_per_step=calls)

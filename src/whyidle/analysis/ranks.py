@@ -36,11 +36,15 @@ def training_rate(rows: list) -> float | None:
 def samples_after_first(rows: list) -> float | None:
     """The samples of every step after the first; steps whose batch size was not read count as the
     median of those that were. None when no batch size was read."""
-    after = StepCols(rows).ints("samples")[1:]
-    known = after[after != NULL_INT].tolist()
-    if not known:
+    total, counts = 0, step_analysis.ValueCounts()
+    for a, b in StepCols(rows).blocks():  # a block of steps at a time (a day of steps as ints: ~100 MB)
+        samples = b.ints("samples")[1 if a == 0 else 0:]
+        known = samples[samples != NULL_INT]
+        total += int(known.sum())
+        counts.add(known)
+    if not counts.n:
         return None
-    return sum(known) + step_analysis.percentile(known, 50) * (len(rows) - 1 - len(known))
+    return total + counts.percentile(50) * (len(rows) - 1 - counts.n)
 
 
 def ranks(identities: dict[int, dict], step_lists: dict[int, list],

@@ -24,7 +24,7 @@ from whyidle.analysis import stacks as stack_analysis
 from whyidle.analysis import steps as step_analysis
 from whyidle.analysis import transfers as transfer_analysis
 from whyidle.analysis.facts import DeviceInfo, LoaderIters, RunFacts
-from whyidle.analysis.stepcols import StepCols
+from whyidle.analysis.stepcols import StepCols, unique_counts
 from whyidle.record.reader import RunData
 from whyidle.record.steptable import NULL_INT
 
@@ -101,7 +101,7 @@ def _train_loader(loaders: list[dict], analyzed: list) -> dict | None:
     iterates its validation loader first (the sanity check), so the first is not always the one
     that trains."""
     by_id = {r.get("id"): r for r in loaders}
-    ids, first, n = np.unique(StepCols(analyzed).ints("ld"), return_index=True, return_counts=True)
+    ids, first, n = unique_counts((a, b.ints("ld")) for a, b in StepCols(analyzed).blocks())
     order = np.argsort(first)  # ties go to the loader seen first
     counts = {key: c for key, c in zip(ids[order].tolist(), n[order].tolist()) if key in by_id}
     if counts:
@@ -238,7 +238,7 @@ def analyze(run: RunData) -> RunFacts:
         loader = {**loader, "rebuilt": sum(1 for r in iters if r.get("rebuilt"))}
     samples = None
     if step and step.get("samples_per_s"):
-        samples = step["samples_per_s"] * int(StepCols(analyzed).durations().sum()) / 1e9
+        samples = step["samples_per_s"] * StepCols(analyzed).total_ns() / 1e9
     loader_in_main = not loader or not loader.get("num_workers")
     whyidle_pid = run.meta.get("whyidle_pid")
     host = host_analysis.host_metrics(run.host, window, set(trainers), primary, whyidle_pid,
@@ -247,7 +247,7 @@ def analyze(run: RunData) -> RunFacts:
     if host is None and window is not None:  # run shorter than two host ticks inside the steps
         host = host_analysis.host_metrics(run.host, None, set(trainers), primary, whyidle_pid)
 
-    total_s = int(StepCols(analyzed).durations().sum()) / 1e9 if analyzed else None
+    total_s = StepCols(analyzed).total_ns() / 1e9 if analyzed else None
     phase_seconds = None
     if step:
         names = {"other": "other_host", "data": "data_wait", "forward": "forward", "backward": "backward",
@@ -359,10 +359,12 @@ def _hooks(rec: dict | None, analyzed: list, step: dict | None) -> dict | None:
     record's rows: ``phase``, ``function``, ``defined``, ``registered``, ``owner``, ``calls``,
     ``s``; costliest first). None without hook time or steady steps."""
     c = StepCols(analyzed)
-    hooks = c.ints("hk")
-    timed = hooks != NULL_INT
-    total_ns = int(c.durations()[timed].sum())
-    hook_ns = int(hooks[timed].sum())
+    total_ns = hook_ns = 0
+    for _, b in c.blocks():  # a block of steps at a time: a day of steps is 25 MB a column
+        hooks = b.ints("hk")
+        timed = hooks != NULL_INT
+        total_ns += int(b.durations()[timed].sum())
+        hook_ns += int(hooks[timed].sum())
     if not step or not total_ns or not hook_ns:
         return None
     share = min(1.0, hook_ns / total_ns)

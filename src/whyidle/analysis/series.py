@@ -71,80 +71,75 @@ STEP_COLUMNS = ("i", "t0", "t1", "t0_s", "step_s") + tuple(name for name, _ in S
     "other_host", "samples", "boundary", "profiled", "gpu_ms")
 
 
-def step_columns(steps: list, origin_ns: int, keys=None) -> dict:
+def step_columns(steps: list, origin_ns: int, keys=None, dtype=np.float64) -> dict:
     """:func:`step_series` as numpy arrays (same values), plus the exact times; for long runs
-    (8 bytes per value, no Python loop over ``StepView`` rows).
+    (8 bytes per value, no Python loop over ``StepView`` rows), made a block of steps at a time
+    (:meth:`StepCols.blocks`): only the arrays asked for are whole.
 
     Args:
         steps: step records or ``StepView`` rows.
         origin_ns: the run's origin (:func:`run_origin`).
         keys: the columns wanted (default all of :data:`STEP_COLUMNS`); the others are not made.
+        dtype: of the seconds columns (``np.float32`` for plots: half the memory, what a plot
+            draws; each value is the float64 value rounded).
     Returns:
         A dict of equal-length arrays: ``i``, ``t0``, ``t1`` (int64, monotonic ns), ``t0_s``,
-        ``step_s``, the phases of :data:`STEP_PHASES` and ``other_host`` (float64 seconds, 0 when
-        not measured; NaN on lite steps whose phases were not tracked), ``samples`` (int64, -1 when unknown), ``boundary``, ``profiled`` (bool),
-        ``gpu_ms`` (float64, NaN when not measured); and ``has`` (list of the phase names measured
-        in at least one step).
+        ``step_s``, the phases of :data:`STEP_PHASES` and ``other_host`` (seconds, 0 when
+        not measured; NaN on lite steps whose phases were not tracked), ``samples`` (int64, -1 when
+        unknown), ``boundary``, ``profiled`` (bool), ``gpu_ms`` (float64, NaN when not measured);
+        and ``has`` (list of the phase names measured in at least one step, whatever ``keys``).
     """
     want = set(STEP_COLUMNS if keys is None else keys)
-    n = len(steps)
     cols = StepCols(steps)
-    ints, flags, gpu_ms = cols.ints, cols.flags, cols.gpu_ms
-
-    def phase(key: str) -> np.ndarray | None:  # ns as float64, 0 when null; None when never measured
-        v = ints(key)
-        missing = v == NULL_INT
-        if missing.all():
-            return None
-        ns = v.astype(np.float64)
-        del v
-        ns[missing] = 0.0
-        return ns
-
-    out: dict = {}
-    if "i" in want:
-        out["i"] = ints("i")
-    dur = None
-    if want & {"t0", "t1", "t0_s", "step_s", "other_host"}:
-        t0, t1 = ints("t0"), ints("t1")
-        dur = (t1 - t0) / 1e9
-        for key, value in (("t0", t0), ("t1", t1), ("step_s", dur)):
-            if key in want:
-                out[key] = value
-        if "t0_s" in want:
-            out["t0_s"] = (t0 - origin_ns) / 1e9
-        del t0, t1
-    used = np.zeros(n) if "other_host" in want else None
-    has = []
-    for name, key in STEP_PHASES:
-        sec = phase(key)
-        if sec is None:  # never measured: zeros (np.zeros' pages are not touched until written)
+    n = cols.n
+    kinds = {"i": np.int64, "t0": np.int64, "t1": np.int64, "samples": np.int64, "boundary": bool,
+             "profiled": bool, "gpu_ms": np.float64}
+    out: dict = {k: np.zeros(n, kinds.get(k, dtype)) for k in STEP_COLUMNS if k in want}
+    measured = dict.fromkeys((name for name, _ in STEP_PHASES), False)
+    unphased = np.zeros(n, bool)  # lite steps whose phases were not tracked (the detail stride)
+    for a, b in cols.blocks():
+        at = slice(a, a + b.n)
+        if "i" in want:
+            out["i"][at] = b.ints("i")
+        dur = None
+        if want & {"t0", "t1", "t0_s", "step_s", "other_host"}:
+            t0, t1 = b.ints("t0"), b.ints("t1")
+            dur = (t1 - t0) / 1e9
+            for key, value in (("t0", t0), ("t1", t1), ("step_s", dur), ("t0_s", (t0 - origin_ns) / 1e9)):
+                if key in want:
+                    out[key][at] = value
+        used = np.zeros(b.n) if "other_host" in want else None
+        for name, key in STEP_PHASES:
+            v = b.ints(key)
+            missing = v == NULL_INT
+            if missing.all():
+                continue
+            measured[name] = True
+            if used is None and name not in want:
+                continue
+            sec = v.astype(np.float64)  # ns as float64, 0 when null
+            sec[missing] = 0.0
+            sec /= 1e9
+            if used is not None:
+                used += sec
             if name in want:
-                out[name] = np.zeros(n)
-            continue
-        has.append(name)
-        sec /= 1e9
+                out[name][at] = sec
         if used is not None:
-            used += sec
-        if name in want:
-            out[name] = sec
-    if used is not None:
-        np.subtract(dur, used, out=used)
-        out["other_host"] = np.maximum(0.0, used, out=used)
-    if has:  # lite steps whose phases were not tracked (the detail stride): NaN, not zeros
-        unphased = flags("lite") & (ints("data") == NULL_INT)
-        if unphased.any():
-            for name in [name for name, _ in STEP_PHASES if name in out] + (["other_host"] if "other_host" in out
-                                                                             else []):
-                out[name][unphased] = np.nan
-    if "samples" in want:
-        samples = ints("samples")
-        out["samples"] = np.where(samples == NULL_INT, -1, samples)
-    for key in ("boundary", "profiled"):
-        if key in want:
-            out[key] = flags(key)
-    if "gpu_ms" in want:
-        out["gpu_ms"] = gpu_ms()
+            np.subtract(dur, used, out=used)
+            out["other_host"][at] = np.maximum(0.0, used, out=used)
+        unphased[at] = b.flags("lite") & (b.ints("data") == NULL_INT)
+        if "samples" in want:
+            samples = b.ints("samples")
+            out["samples"][at] = np.where(samples == NULL_INT, -1, samples)
+        for key in ("boundary", "profiled"):
+            if key in want:
+                out[key][at] = b.flags(key)
+        if "gpu_ms" in want:
+            out["gpu_ms"][at] = b.gpu_ms()
+    has = [name for name, _ in STEP_PHASES if measured[name]]
+    if has and unphased.any():  # lite steps whose phases were not tracked: NaN, not zeros
+        for name in [name for name, _ in STEP_PHASES if name in out] + (["other_host"] if "other_host" in out else []):
+            out[name][unphased] = np.nan
     out["has"] = has
     return out
 
@@ -263,19 +258,26 @@ def left_out_steps(rows: list, analyzed: list, warmup: int = 0) -> list[str | No
     row: ``"warm-up"`` (the first ``warmup`` rows, see :func:`whyidle.analysis.steps.select_steps`),
     ``"boundary"`` (holds an epoch boundary or evaluation), ``"profiled"`` (ran under whyidle's
     TensorFlow profiler window), ``"other"``; None for an analyzed step."""
+    return [LEFT_OUT_REASONS[c] for c in left_out_codes(rows, analyzed, warmup).tolist()]
+
+
+def left_out_codes(rows: list, analyzed: list, warmup: int = 0) -> np.ndarray:
+    """:func:`left_out_steps` as one int8 per row, an index into :data:`LEFT_OUT_REASONS` (0: an
+    analyzed step): a day of steps is 1 MB, not a list of 8 MB."""
     n = len(rows)
+    code = np.full(n, 4, dtype=np.int8)
     if not n:
-        return []
-    cols = step_columns(rows, 0, ("i", "boundary", "profiled"))
-    code = np.full(n, 4, dtype=np.int8)  # an index into _LEFT_OUT
+        return code
+    cols = step_columns(rows, 0, ("boundary", "profiled"))
     code[cols["profiled"]] = 3
     code[cols["boundary"]] = 2
     code[:warmup] = 1
-    code[np.isin(cols["i"], step_ids(analyzed))] = 0
-    return [_LEFT_OUT[c] for c in code.tolist()]
+    code[np.isin(step_ids(rows), step_ids(analyzed))] = 0
+    return code
 
 
-_LEFT_OUT = (None, "warm-up", "boundary", "profiled", "other")
+#: What each :func:`left_out_codes` code means (None: analyzed).
+LEFT_OUT_REASONS = (None, "warm-up", "boundary", "profiled", "other")
 
 
 @dataclasses.dataclass
@@ -286,8 +288,8 @@ class RunSeries:
     Fields: ``origin_ns`` (the run's origin, monotonic ns, :func:`run_origin`); ``window_s``
     (the analyzed steps' ``(start, end)`` in s since the origin, or None); ``steps``
     (:func:`step_columns` of every step of the primary trainer: ``i``, ``step_s``,
-    ``other_host`` and each phase, seconds as float32); ``left_out`` (:func:`left_out_steps`, one entry per
-    step); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
+    ``other_host`` and each phase, seconds as float32); ``left_out`` (:func:`left_out_codes`, one int8
+    per step, an index into :data:`LEFT_OUT_REASONS`); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
     (:func:`cpu_series`); ``gpu_notices`` (texts of the sampler's ``gpu_notice`` records, why
     no GPU was sampled); ``interval_s`` (the host sampling period, s, or None).
     """
@@ -295,18 +297,11 @@ class RunSeries:
     origin_ns: int
     window_s: tuple[float, float] | None
     steps: dict
-    left_out: list
+    left_out: np.ndarray
     gpus: list[dict]
     cpu: dict
     gpu_notices: list[str]
     interval_s: float | None
-
-
-def _plotted(cols: dict) -> dict:
-    """``cols`` with its seconds as float32 (7 significant digits, what a plot draws; half the
-    memory of a million steps' series)."""
-    return {k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype == np.float64 else v
-            for k, v in cols.items()}
 
 
 def run_series(run, facts: RunFacts) -> RunSeries:
@@ -319,8 +314,8 @@ def run_series(run, facts: RunFacts) -> RunSeries:
     return RunSeries(
         origin_ns=origin,
         window_s=((window[0] - origin) / 1e9, (window[1] - origin) / 1e9) if window else None,
-        steps=_plotted(step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(n for n, _ in STEP_PHASES))),
-        left_out=left_out_steps(rows, facts.analyzed_steps or [], (facts.steps_info or {}).get("warmup") or 0),
+        steps=step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(n for n, _ in STEP_PHASES), np.float32),
+        left_out=left_out_codes(rows, facts.analyzed_steps or [], (facts.steps_info or {}).get("warmup") or 0),
         gpus=gpu_series(run.gpu, origin),
         cpu=cpu_series(run.host, facts.trainers or [], meta.get("whyidle_pid"), origin),
         gpu_notices=[r["msg"] for r in run.gpu if r.get("k") == "gpu_notice" and r.get("msg")],

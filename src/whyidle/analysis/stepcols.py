@@ -13,7 +13,13 @@ import math
 
 import numpy as np
 
+from whyidle.record.intcolumn import CHUNK, IntColumn
 from whyidle.record.steptable import NULL_INT, StepRows, StepView
+
+
+#: Steps read at once where a long run is read a block at a time (:meth:`StepCols.part`): a
+#: block's int64 column is 2 MB; a day of 86 ms steps as whole columns took ~25 MB a column.
+STEP_BLOCK = 1 << 18
 
 
 class StepCols:
@@ -25,17 +31,40 @@ class StepCols:
 
     def __init__(self, steps: list) -> None:
         self.steps = steps
-        self.n = len(steps)
         if type(steps) is StepRows:
-            self.table, self.rows = steps.table, np.frombuffer(steps.positions, dtype=np.int64)
+            table, rows = steps.table, steps.positions.numpy()
         else:
-            self.table, self.rows = _table_rows(steps)
+            table, rows = _table_rows(steps)
+        self._on(table, rows, len(steps))
+
+    def _on(self, table, rows, n: int) -> None:
+        self.table, self.rows, self.n = table, rows, n
         # consecutive rows (the usual analyzed steps: after the warm-up, before the end) are a slice
         # of each column, not a gathered copy (a day of steps: 8 MB a column)
         self._span = None
-        if self.table is not None and self.n and int(self.rows[-1]) - int(self.rows[0]) == self.n - 1 \
-                and (self.n < 3 or bool((np.diff(self.rows) == 1).all())):
-            self._span = slice(int(self.rows[0]), int(self.rows[-1]) + 1)
+        if self.table is not None and self.n:
+            self._lo, self._hi = int(self.rows[0]), int(self.rows[-1]) + 1
+            if self._hi - self._lo == self.n and (self.n < 3 or bool((np.diff(self.rows) == 1).all())):
+                self._span = slice(self._lo, self._hi)
+
+    def part(self, a: int, b: int) -> "StepCols":
+        """The columns of the steps ``a`` to ``b`` of this list (positions, ``b`` excluded): a long
+        run is read a block of steps at a time (a block's columns, not the run's, in memory)."""
+        if self.table is None:
+            return StepCols(self.steps[a:b])
+        part = object.__new__(StepCols)
+        part.steps = None
+        part._on(self.table, self.rows[a:b], len(self.rows[a:b]))
+        return part
+
+    def blocks(self):
+        """``(start, StepCols)`` of each :data:`STEP_BLOCK` steps in order (this one when it has
+        no more): what a long run is summed over."""
+        if self.n <= STEP_BLOCK:
+            yield 0, self
+            return
+        for a in range(0, self.n, STEP_BLOCK):
+            yield a, self.part(a, a + STEP_BLOCK)
 
     def _pick(self, column: np.ndarray) -> np.ndarray:
         """The steps' values of one whole-table column."""
@@ -45,14 +74,14 @@ class StepCols:
         if self.table is not None:
             if not self.n:
                 return np.zeros(0, np.int64)
-            col = self.table.dense(key)
-            if col is not None:
-                return self._pick(col)
-            rows, values = self.table.full_values(key)  # a field of fully recorded steps only
-            out = np.full(len(self.table), NULL_INT, dtype=np.int64)
-            out[rows] = values
-            del rows, values
-            return self._pick(out)
+            lo, hi = self._lo, self._hi  # only the rows' range of the column is expanded
+            col = self.table.dense(key, lo, hi)
+            if col is None:
+                rows, values = self.table.full_values(key, lo, hi)  # a field of fully recorded steps only
+                col = np.full(hi - lo, NULL_INT, dtype=np.int64)
+                col[rows - lo] = values
+                del rows, values
+            return col if self._span is not None else col[self.rows - lo]
         return np.array([_int(s.get(key)) for s in self.steps], dtype=np.int64)
 
     def values(self, key: str) -> np.ndarray:
@@ -64,6 +93,10 @@ class StepCols:
         """Each step's ``t1 - t0`` (int64 ns)."""
         return self.ints("t1") - self.ints("t0")
 
+    def total_ns(self) -> int:
+        """The steps' summed ``t1 - t0`` (ns), a block at a time."""
+        return sum(int(b.durations().sum()) for _, b in self.blocks())
+
     def flags(self, key: str) -> np.ndarray:
         if self.table is not None:
             return self._pick(np.frombuffer(getattr(self.table, key), dtype=np.int8)).astype(bool) if self.n \
@@ -72,8 +105,29 @@ class StepCols:
 
     def gpu_ms(self) -> np.ndarray:
         if self.table is not None:
+            if not self.table.gpu_ms:  # no step has a GPU time
+                return np.full(self.n, np.nan)
             return self._pick(np.frombuffer(self.table.gpu_ms, dtype=np.float64)).copy() if self.n else np.zeros(0)
         return np.array([np.nan if s.get("gpu_ms") is None else s["gpu_ms"] for s in self.steps], dtype=np.float64)
+
+
+def unique_counts(parts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(values, return_index=True, return_counts=True)`` of a long array read in parts:
+    ``parts`` yields ``(start, values)`` (the part's first index in the whole, its values, in
+    order); returns the distinct values (sorted), the index of each one's first occurrence and its
+    count, as numpy would over the whole array."""
+    got = []
+    for start, values in parts:
+        v, first, counts = np.unique(values, return_index=True, return_counts=True)
+        got.append((v, first + start, counts))
+    if not got:
+        return np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    values, at = np.unique(np.concatenate([v for v, _, _ in got]), return_inverse=True)
+    first = np.full(len(values), np.iinfo(np.int64).max)
+    np.minimum.at(first, at, np.concatenate([f for _, f, _ in got]))
+    counts = np.zeros(len(values), np.int64)
+    np.add.at(counts, at, np.concatenate([k for _, _, k in got]))
+    return values, first, counts
 
 
 def _int(v) -> int:
@@ -103,13 +157,15 @@ def take(steps: list, keep: np.ndarray) -> list:
     :class:`~whyidle.record.steptable.StepRows` (their columns are gathered without a loop)."""
     picked = np.flatnonzero(keep)
     if type(steps) is StepRows:
-        return steps.table.rows(positions(np.frombuffer(steps.positions, dtype=np.int64)[picked]))
+        return steps.table.rows(positions(steps.positions.numpy()[picked]))
     return [steps[j] for j in picked.tolist()]
 
 
-def positions(rows: np.ndarray) -> array.array:
-    """Row numbers (an int array) as the ``array("q")`` a :class:`StepRows` holds, without a
-    Python int per row."""
-    out = array.array("q")
-    out.frombytes(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+def positions(rows: np.ndarray) -> IntColumn:
+    """Row numbers (an int array) as the :class:`IntColumn` a :class:`StepRows` holds, a chunk at
+    a time (no Python int per row, no second copy of the rows)."""
+    out = IntColumn()
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    for a in range(0, len(rows), CHUNK):
+        out.extend(array.array("q", rows[a:a + CHUNK].tobytes()))
     return out

@@ -127,13 +127,19 @@ def select_steps(steps: list[dict], compile_spans: list[tuple[int, int]] | None 
         keep &= ~profiled
     else:
         profiled[:] = False
-    data = c.ints("data")[excluded]
+    boundary_ns = boundary_data_ns = 0
+    if excluded.any():
+        for a, b in c.blocks():  # a block of steps at a time (a day of steps: 25 MB a column)
+            out = excluded[a:a + b.n]
+            data = b.ints("data")[out]
+            boundary_ns += int(b.durations()[out].sum())
+            boundary_data_ns += int(data[data != NULL_INT].sum())
     info = {
         "total": n,
         "warmup": warmup,
         "boundary_excluded": int(excluded.sum()),
-        "boundary_s": int((c.ints("t1") - c.ints("t0"))[excluded].sum()) / 1e9,
-        "boundary_data_s": int(data[data != NULL_INT].sum()) / 1e9,
+        "boundary_s": boundary_ns / 1e9,
+        "boundary_data_s": boundary_data_ns / 1e9,
         "profiled_excluded": int(profiled.sum()),
         "compile_excluded": int(compiling.sum()),
     }
@@ -168,6 +174,46 @@ def percentile_of(values: np.ndarray, q: float):
     part = np.partition(values, [lo, hi])
     a, b = part[lo].item(), part[hi].item()
     return a + (b - a) * (pos - lo)
+
+
+class ValueCounts:
+    """The values of a numeric field gathered a block at a time as value counts, for
+    :func:`percentile_of`'s value without keeping every value (batch sizes: a few distinct ones).
+    ``add(values)`` takes an array; ``n`` counts the values added."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.n = 0
+
+    def add(self, values: np.ndarray) -> None:
+        if len(values):
+            self.parts.append(np.unique(values, return_counts=True))
+            self.n += len(values)
+
+    def percentile(self, q: float):
+        """:func:`percentile_of` of all the values added (``ValueError`` when none were)."""
+        if not self.n:
+            raise ValueError("no values")
+        values = np.concatenate([v for v, _ in self.parts])
+        counts = np.concatenate([k for _, k in self.parts])
+        order = np.argsort(values, kind="stable")
+        values, ends = values[order], np.cumsum(counts[order])  # sorted value k ends at ends[k]
+        pos = (self.n - 1) * q / 100.0
+        lo = math.floor(pos)
+        hi = min(lo + 1, self.n - 1)
+        a, b = (values[np.searchsorted(ends, k, side="right")].item() for k in (lo, hi))
+        if self.n == 1:
+            return a
+        return a + (b - a) * (pos - lo)
+
+
+def field_percentile(rows: list, key: str, q: float):
+    """:func:`percentile` of an int field's non-null values over ``rows`` (step dicts or rows of a
+    table), read a block of steps at a time; None when no step has it."""
+    cols, counts = StepCols(rows), ValueCounts()
+    for _, b in cols.blocks():
+        counts.add(b.values(key))
+    return counts.percentile(q) if counts.n else None
 
 
 def _overlaps(steps: list, intervals: list[tuple[int, int]]) -> list[int]:
@@ -227,61 +273,84 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
     if not steps:
         raise ValueError("no steps to analyze")
     c = StepCols(steps)
-    dur = c.ints("t1") - c.ints("t0")  # ns
-    times = dur / 1e9  # float64 array: no Python float per step
-    total = float(times.sum()) or 1e-12
+    n = c.n
+    # a long run is read a block of steps at a time: its sums are exact ints (ns, counts), its
+    # medians come from value counts (percentile_of's value), only the step times are kept whole
+    blocks = list(c.blocks())
     # phase shares over the steps whose phases were timed (lite steps without hooks have none)
-    data = c.ints("data")
-    phased_mask = ~(c.flags("lite") & (data == NULL_INT))
+    phased_mask = np.concatenate([~(b.flags("lite") & (b.ints("data") == NULL_INT)) for _, b in blocks])
     if not phased_mask.any():
         phased_mask[:] = True
+    times = np.empty(n)  # float64 seconds: no Python float per step
+    sums = dict.fromkeys(("own", "phased_wall", "samples", "samples_dur", "timed_data", "data_cpu", "timed_dur",
+                          "cpu", "lite"), 0)
+    keys = PHASE_KEYS + (COMPUTE_KEY,)
+    phase_ns = dict.fromkeys((key for _, key in keys), 0)
+    has_compute = False
+    batch, known_batches, micro, gpu_parts = ValueCounts(), ValueCounts(), ValueCounts(), []
 
-    def summed(key: str, mask=None) -> int:
-        """The sum of a field's non-null values (ns, counts) over the steps of ``mask``."""
-        v = c.ints(key) if key != "data" else data
+    def total_of(v: np.ndarray, mask=None) -> int:
+        """The sum of an int field's non-null values (ns, counts) over ``mask``."""
         v = v if mask is None else v[mask]
         return int(v[v != NULL_INT].sum())
 
+    for a, b in blocks:
+        dur = b.ints("t1") - b.ints("t0")  # ns
+        times[a:a + b.n] = dur / 1e9
+        phased = phased_mask[a:a + b.n]
+        sums["own"] += total_of(b.ints("wi"), phased)
+        sums["phased_wall"] += int(dur[phased].sum())
+        for _, key in keys:
+            v = b.ints(key)
+            if key == COMPUTE_KEY[1]:
+                has_compute = has_compute or bool((v != NULL_INT).any())
+            phase_ns[key] += total_of(v, phased)
+        samples, batches = b.ints("samples"), b.ints("batches")
+        known = samples != NULL_INT
+        if known.any():
+            sums["samples"] += int(samples[known].sum())
+            sums["samples_dur"] += int(dur[known].sum())
+            batch.add(samples[known] / np.maximum(1, np.where(batches == NULL_INT, 1, batches))[known])
+        known_batches.add(batches[batches != NULL_INT])
+        # CPU times are on fully recorded steps only (lite steps have none): shares over those steps
+        cpu = b.ints("cpu")
+        timed = cpu != NULL_INT
+        sums["timed_data"] += total_of(b.ints("data"), timed)
+        sums["data_cpu"] += total_of(b.ints("data_cpu"), timed)
+        sums["timed_dur"] += int(dur[timed].sum())
+        sums["cpu"] += int(cpu[timed].sum())
+        gpu = b.gpu_ms()
+        gpu_parts.append(gpu[~np.isnan(gpu)])
+        mb = b.ints("mb")
+        micro.add(mb[mb != NULL_INT])
+        sums["lite"] += int(b.flags("lite").sum())
+        del dur, samples, batches, cpu, gpu, mb
+    total = float(times.sum()) or 1e-12
     # whyidle's own step-boundary work ("wi": record building, hook switching) is not the program's
     # host work: shares are of the step time without it
-    own_s = summed("wi", phased_mask) / 1e9
+    own_s = sums["own"] / 1e9
     phased = [steps[j] for j in np.flatnonzero(phased_mask).tolist()] if outside else []
     per_step = _overlaps(phased, outside) if outside else []
     outside_s = sum(per_step) / 1e9
     in_phase = _outside_by_phase(phased, per_step, outside) if outside_s else {}
-    phased_wall_s = int(dur[phased_mask].sum()) / 1e9
+    phased_wall_s = sums["phased_wall"] / 1e9
     phased_s = (phased_wall_s - own_s - outside_s) or 1e-12
     shares = {}
-    keys = PHASE_KEYS + ((COMPUTE_KEY,) if (c.ints(COMPUTE_KEY[1]) != NULL_INT).any() else ())
-    for name, key in keys:
-        shares[name] = max(0.0, summed(key, phased_mask) - in_phase.get(name, 0)) / 1e9 / phased_s
+    for name, key in PHASE_KEYS + ((COMPUTE_KEY,) if has_compute else ()):
+        shares[name] = max(0.0, phase_ns[key] - in_phase.get(name, 0)) / 1e9 / phased_s
     over = sum(shares.values())
     if over > 1.0:  # interval time inside phases of steps without spans: scaled back to the step
         shares = {k: v / over for k, v in shares.items()}
     shares["other_host"] = max(0.0, 1.0 - sum(shares.values()))
-    samples = c.ints("samples")
-    known = samples != NULL_INT
-    samples_per_s = None
-    batch = None
-    batches = c.ints("batches")
-    if known.any():
-        samples_per_s = int(samples[known].sum()) / (int(dur[known].sum()) / 1e9)
-        per = np.maximum(1, np.where(batches == NULL_INT, 1, batches))[known]
-        batch = percentile_of(samples[known] / per, 50)
+    samples_per_s = sums["samples"] / (sums["samples_dur"] / 1e9) if batch.n else None
     data_s = shares["data_wait"] * total  # the phased steps' share, over all steps
-    # CPU times are on fully recorded steps only (lite steps have none): shares over those steps
-    cpu = c.ints("cpu")
-    timed = cpu != NULL_INT
-    timed_data_s = summed("data", timed) / 1e9
-    data_cpu = summed("data_cpu", timed) / 1e9
-    timed_s = int(dur[timed].sum()) / 1e9
-    gpu_all = c.gpu_ms()
-    gpu = gpu_all[~np.isnan(gpu_all)]
-    del gpu_all
-    mb = c.ints("mb")
-    micro = mb[mb != NULL_INT]
-    known_batches = batches[batches != NULL_INT]
-    lite_steps = int(c.flags("lite").sum())
+    timed_data_s = sums["timed_data"] / 1e9
+    data_cpu = sums["data_cpu"] / 1e9
+    timed_s = sums["timed_dur"] / 1e9
+    gpu = np.concatenate(gpu_parts)
+    del gpu_parts
+    lite_steps = sums["lite"]
+    batch = batch.percentile(50) if batch.n else None
     return {
         "steps": len(steps),
         "window": [steps[0]["t0"], steps[-1]["t1"]],
@@ -289,9 +358,9 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         "samples_per_s": samples_per_s,
         "steps_per_s": len(steps) / total,
         "batch_size": batch,
-        "batches_per_step": percentile_of(known_batches, 50) if len(known_batches) else 0,
-        "micro_batches_per_step": percentile_of(micro, 50) if len(micro) else None,  # loop.py refines it
-        "backward_per_step": percentile_of(micro, 50) if len(micro) else None,
+        "batches_per_step": known_batches.percentile(50) if known_batches.n else 0,
+        "micro_batches_per_step": micro.percentile(50) if micro.n else None,  # loop.py refines it
+        "backward_per_step": micro.percentile(50) if micro.n else None,
         "step_time_s": {
             "p50": float(np.percentile(times, 50)), "p90": float(np.percentile(times, 90)),
             "mean": total / len(times), "min": float(times.min()), "max": float(times.max()),
@@ -300,7 +369,7 @@ def step_metrics(steps: list[dict], outside: list[tuple[int, int]] | None = None
         "data_wait_s_per_step": data_s / len(steps),
         "compute_s_per_step": (total - data_s) / len(steps),
         "data_cpu_share": (data_cpu / timed_data_s) if timed_data_s > 0 else None,
-        "main_cpu_share": int(cpu[timed].sum()) / 1e9 / timed_s if timed_s > 0 else None,
+        "main_cpu_share": sums["cpu"] / 1e9 / timed_s if timed_s > 0 else None,
         "lite_steps": lite_steps,
         "whyidle_share": own_s / phased_wall_s if phased_wall_s > 0 else 0.0,
         "outside_share": outside_s / phased_wall_s if phased_wall_s > 0 else 0.0,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from whyidle.analysis.stepcols import StepCols
+from whyidle.analysis.stepcols import StepCols, unique_counts
 from whyidle.record.steptable import NULL_INT
 
 #: Steps each of two batch sizes needs before the run's own T(b) fit is trusted.
@@ -50,15 +50,20 @@ def fit_batches(rows: list[dict]) -> dict | None:
     sample), or None when fewer than two sizes have ``FIT_MIN_STEPS`` steps, the sizes are closer
     than ``FIT_MAX_SIZE_RATIO``, or the fit is not physical (c ≤ 0 or a < 0).
     """
-    c = StepCols(rows)
-    samples, batches = c.ints("samples"), c.ints("batches")
-    has = (samples != NULL_INT) & (samples != 0)
-    per = np.maximum(1, np.where(batches == NULL_INT, 1, batches))[has]
-    size = samples[has] / per
-    seconds = c.durations()[has] / 1e9
-    # the sizes by their steps, most first (a tie: the size seen first), on arrays: a day of steps
-    # as Python floats grouped in lists took ~150 MB
-    values, first, counts = np.unique(size, return_index=True, return_counts=True)
+    cols = StepCols(rows)
+    if not cols.n:
+        return None
+    blocks = list(cols.blocks())
+
+    def sized(b: StepCols) -> tuple[np.ndarray, np.ndarray]:
+        """A block's steps with a known size: (samples per batch, their indexes in the block)."""
+        samples, batches = b.ints("samples"), b.ints("batches")
+        has = np.flatnonzero((samples != NULL_INT) & (samples != 0))
+        return samples[has] / np.maximum(1, np.where(batches == NULL_INT, 1, batches))[has], has
+
+    # the sizes by their steps, most first (a tie: the size seen first), a block at a time: a day
+    # of steps as whole columns took ~150 MB
+    values, first, counts = unique_counts((a, sized(b)[0]) for a, b in blocks)
     order = sorted(range(len(values)), key=lambda k: (-counts[k], first[k]))
     sizes = [k for k in order if counts[k] >= FIT_MIN_STEPS][:2]
     if len(sizes) < 2:
@@ -66,7 +71,13 @@ def fit_batches(rows: list[dict]) -> dict | None:
     (k1, b1), (k2, b2) = sorted(((k, float(values[k])) for k in sizes), key=lambda kb: kb[1])
     if b1 > FIT_MAX_SIZE_RATIO * b2:
         return None
-    t1, t2 = (float(np.median(seconds[size == values[k]])) for k in (k1, k2))
+    seconds: dict[int, list] = {k1: [], k2: []}
+    for _, b in blocks:
+        size, has = sized(b)
+        dur = b.durations()[has] / 1e9
+        for k in (k1, k2):
+            seconds[k].append(dur[size == values[k]])
+    t1, t2 = (float(np.median(np.concatenate(seconds[k]))) for k in (k1, k2))
     c = (t2 - t1) / (b2 - b1)
     a = t1 - c * b1
     if c <= 0 or a < 0:

@@ -288,17 +288,31 @@ class _Timeline:
         (:func:`whyidle.analysis.gpu_idle.starved_ranges`), summed into the windows' args."""
         clock = self.clock
         n_steps = len(steps)
-        keys = ("i", "t0", "t1", "step_s", "other_host", "samples", "gpu_ms", "boundary", "profiled")
-        cols = series.step_columns(steps, self.origin, keys + tuple(name for name, _ in series.STEP_PHASES))
-        is_analyzed = np.isin(cols["i"], series.step_ids(analyzed))
+        keys = ("i", "t0", "t1", "step_s", "samples", "gpu_ms", "boundary", "profiled")
+        # whole: what the plan and the windows' bounds read; the other columns are made one at a
+        # time (a day of steps is 8 MB a column) and only their detailed steps' values kept
+        cols = series.step_columns(steps, self.origin, ("t0", "t1", "step_s", "boundary", "profiled"))
+        is_analyzed = np.isin(series.step_ids(steps), series.step_ids(analyzed))
         has = cols["has"]
         plan = timeline_law.plan_steps(cols["step_s"], warmup, cols["boundary"], ~is_analyzed | cols["profiled"])
         tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
         step_track, phase_track = self.track(pid, tid_s), self.track(pid, tid_p)
         stream = _sequential(cols["t0"], cols["t1"])
         phase_names = [(name + "_ms", name) for name in has]
-        w_starts, make_window = (self._summaries(pid, cols, is_analyzed, plan, phase_names, ranges)
+        detail_idx = np.flatnonzero(plan.detail)
+        detail = {}  # column -> its detailed steps' values
+
+        def column(name: str) -> np.ndarray:
+            """One column of every step (:func:`series.step_columns`); its detailed steps' values are kept."""
+            col = cols[name] if name in cols else series.step_columns(steps, self.origin, (name,))[name]
+            detail[name] = col[detail_idx]
+            return col
+
+        w_starts, make_window = (self._summaries(pid, cols, column, is_analyzed, plan, phase_names, ranges)
                                  if plan.summarized else ([], None))
+        for name in list(keys) + [name for _, name in phase_names] + ["other_host"]:
+            if name not in detail:
+                column(name)
         n_phase = with_ph = n_step_slices = n_summary_phase = 0
         w = 0
 
@@ -319,11 +333,10 @@ class _Timeline:
                 n_summary_phase += len(phase_evs)
                 w += 1
 
-        detail_idx = np.flatnonzero(plan.detail)
         for a in range(0, len(detail_idx), STEP_CHUNK):
             sel = detail_idx[a:a + STEP_CHUNK]
-            ch = {k: cols[k][sel].tolist() for k in keys}
-            ch_phases = [(key, cols[name][sel].tolist()) for key, name in phase_names]
+            ch = {k: detail[k][a:a + STEP_CHUNK].tolist() for k in keys + ("other_host",)}
+            ch_phases = [(key, detail[name][a:a + STEP_CHUNK].tolist()) for key, name in phase_names]
             ch_analyzed = is_analyzed[sel].tolist()
             for m, n in enumerate(sel.tolist()):
                 if w < len(w_starts) and w_starts[w] < n:
@@ -364,7 +377,7 @@ class _Timeline:
         out = {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": 1,
                "step_slices": n_step_slices, "step_group": plan.window if plan.summarized else 1}
         if plan.summarized:
-            out["summary"] = self._summary_note(cols["i"], plan, len(w_starts), n_summary_phase)
+            out["summary"] = self._summary_note(series.step_ids(steps), plan, len(w_starts), n_summary_phase)
         out["_bounds"] = (cols["t0"], cols["t1"], plan.detail) if plan.summarized and stream else None
         return out
 
@@ -383,7 +396,7 @@ class _Timeline:
                            "summary_slices": timeline_law.SUMMARY_SLICES},
                 "detailed_ranges": [[a, b] for a, b in zip(ids[first].tolist(), ids[last].tolist())]}
 
-    def _summaries(self, pid: int, cols: dict, is_analyzed, plan, phase_names: list,
+    def _summaries(self, pid: int, cols: dict, column, is_analyzed, plan, phase_names: list,
                    ranges: dict | None) -> tuple:
         """The summary windows of ``plan`` (:func:`timeline_law.plan_steps`): ``(starts, make)``,
         ``starts`` the windows' first step indexes (a list, ascending), ``make(w)`` the window's
@@ -397,7 +410,9 @@ class _Timeline:
         The phase-share slices (cat ``phase_summary``) tile the window's span on the ``phases``
         track in proportion to each phase's share of the window's step time (args ``share``,
         ``mean_ms``), so a phase's total time on the track stays what it was. The windows' values
-        stay in numpy arrays (a few MB) until a slice is made."""
+        stay in numpy arrays (a few MB) until a slice is made. ``cols``: the whole ``t0``, ``t1``,
+        ``step_s``, ``boundary`` and ``profiled`` columns; ``column(name)``: any column of
+        :func:`series.step_columns`, asked for one at a time."""
         detail = plan.detail
         idx = np.flatnonzero(~detail)
         pos = np.searchsorted(idx, plan.starts)
@@ -417,16 +432,18 @@ class _Timeline:
         phases = [(key, name) for key, name in phase_names] + [("other_host_ms", "other_host")]
         means = []
         for key, name in phases:
-            m, base = mean(cols[name][idx])
+            m, base = mean(column(name)[idx])
             means.append((key, name, m, base))
         slow_limit = (plan.slow_ms or math.inf) / 1e3
+        ids = column("i")
         columns = [count, per_window(step_s) / count, per_window(step_s, np.minimum), per_window(step_s, np.maximum),
-                   mean(cols["gpu_ms"][idx])[0], per_window(is_analyzed[idx].astype(np.int64)),
+                   mean(column("gpu_ms")[idx])[0], per_window(is_analyzed[idx].astype(np.int64)),
                    per_window((step_s > slow_limit).astype(np.int64)),
                    per_window(cols["boundary"][idx].astype(np.int64)), per_window(cols["profiled"][idx].astype(np.int64)),
-                   cols["i"][plan.starts], cols["i"][plan.ends - 1], cols["t0"][plan.starts], cols["t1"][plan.ends - 1],
+                   ids[plan.starts], ids[plan.ends - 1], cols["t0"][plan.starts], cols["t1"][plan.ends - 1],
                    self._starved_per_window(cols, plan, ranges)]
         columns += [c for _, _, m, base in means for c in (m, base)]
+        del ids
         us = self.clock.us
         tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
         block: list = [-1, []]  # the windows' values as Python lists, STEP_CHUNK windows at a time

@@ -12,6 +12,8 @@ through a tail array; every :data:`CHUNK` values the tail is sealed into the nar
   others as 16-bit positions and int64 values (a 1 kHz run's phase times, on one step in 20):
   ~0.5 bytes a value;
 - 32-bit offsets from a base, :data:`NULL` as a reserved offset: 4 bytes a value;
+- a line: 32-bit offsets from ``first + k·slope`` (no nulls; the start and end times of steps,
+  which a chunk of slow steps spreads past 32 bits): 4 bytes a value;
 - the int64 values as they are: 8 bytes a value.
 
 The column reads like a sequence of ints (``len``, ``col[k]``, iteration) and as a numpy array
@@ -32,7 +34,7 @@ _MASK = CHUNK - 1
 NULL = -(2**63)
 _I32_NULL = -(2**31)
 _I64_MAX = 2**63 - 1
-_CONST, _RANGE, _I32, _I64, _SPARSE = range(5)
+_CONST, _RANGE, _I32, _I64, _SPARSE, _LINE = range(6)
 
 
 def _seal(tail: array.array) -> tuple:
@@ -59,6 +61,16 @@ def _seal(tail: array.array) -> tuple:
             offsets = (a - base).astype(np.int32)
         offsets[nulls] = _I32_NULL
         return _I32, array.array("i", offsets.tobytes()), base
+    if not nulls.any():  # a line: first + k·slope, each value within 32 bits of it (times of steps)
+        slope = (int(a[-1]) - first) // (len(a) - 1)
+        if abs(slope) * len(a) < 2**62:
+            line = first + np.arange(len(a), dtype=np.int64) * slope  # between first and last: no overflow
+            with np.errstate(over="ignore"):  # a wrapped difference reads back wrong: checked below
+                residuals = a - line
+            if int(residuals.min()) > -(2**31) and int(residuals.max()) < 2**31:
+                narrow = residuals.astype(np.int32)
+                if np.array_equal(narrow + line, a):
+                    return _LINE, array.array("i", narrow.tobytes()), (first, slope)
     return _I64, tail, None
 
 
@@ -75,6 +87,9 @@ def _chunk_array(kind: int, data, base, n: int):
         out = offsets.astype(np.int64) + base
         out[offsets == _I32_NULL] = NULL
         return out
+    if kind == _LINE:
+        first, slope = base
+        return np.frombuffer(data, dtype=np.int32) + (first + np.arange(n, dtype=np.int64) * slope)
     if kind == _SPARSE:
         out = np.full(n, base, dtype=np.int64)
         out[np.frombuffer(data[0], dtype=np.uint16)] = np.frombuffer(data[1], dtype=np.int64)
@@ -141,6 +156,8 @@ class IntColumn:
             if kind == _I32:
                 v = data[j]
                 return NULL if v == _I32_NULL else base + v
+            if kind == _LINE:
+                return base[0] + j * base[1] + data[j]
             if kind == _SPARSE:
                 at = bisect.bisect_left(data[0], j)
                 return data[1][at] if at < len(data[0]) and data[0][at] == j else base
@@ -157,19 +174,29 @@ class IntColumn:
                 yield from range(data, data + CHUNK)
             elif kind == _I32:
                 yield from (NULL if v == _I32_NULL else base + v for v in data)
-            elif kind == _SPARSE:
+            elif kind in (_SPARSE, _LINE):
                 yield from _chunk_array(kind, data, base, CHUNK).tolist()
             else:
                 yield from data
         yield from self._tail
 
-    def numpy(self):
-        """All values as a new int64 numpy array (``NULL`` for null)."""
+    def numpy(self, start: int = 0, stop: int | None = None):
+        """The values of rows ``start`` to ``stop`` (default: all; clipped to the column) as a new
+        int64 numpy array (``NULL`` for null); only the chunks holding them are expanded."""
         import numpy as np
 
-        parts = [_chunk_array(kind, data, base, CHUNK) for kind, data, base in self._sealed]
-        parts.append(np.frombuffer(self._tail, dtype=np.int64))
-        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        n = len(self)
+        stop = n if stop is None else min(stop, n)
+        start = max(0, start)
+        if start >= stop:
+            return np.zeros(0, np.int64)
+        first, last = start >> CHUNK_BITS, (stop - 1) >> CHUNK_BITS
+        parts = [_chunk_array(*self._sealed[c], CHUNK) for c in range(first, min(last + 1, len(self._sealed)))]
+        if last >= len(self._sealed):
+            parts.append(np.frombuffer(self._tail, dtype=np.int64))
+        whole = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        out = whole[start - (first << CHUNK_BITS):stop - (first << CHUNK_BITS)]
+        return out.copy() if len(parts) == 1 else out
 
     def position(self, value: int) -> int | None:
         """The index of ``value`` in a column whose values increase (row numbers), or None."""
@@ -180,7 +207,7 @@ class IntColumn:
                 j = 0 if data == value else -1
             elif kind == _RANGE:
                 j = value - data if value - data < CHUNK else -1
-            elif kind == _SPARSE:
+            elif kind in (_SPARSE, _LINE):
                 chunk = _chunk_array(kind, data, base, CHUNK)
                 j = int(chunk.searchsorted(value))
                 j = j if j < CHUNK and chunk[j] == value else -1
@@ -192,12 +219,24 @@ class IntColumn:
         j = bisect.bisect_left(self._tail, value)
         return (len(self._sealed) << CHUNK_BITS) + j if j < len(self._tail) and self._tail[j] == value else None
 
+    def bisect_left(self, value: int) -> int:
+        """In a column whose values increase (row numbers): the index of the first value
+        ``>= value`` (``len`` when none); one chunk is expanded."""
+        import numpy as np
+
+        if self._tail and value >= self._tail[0]:
+            return (len(self._sealed) << CHUNK_BITS) + bisect.bisect_left(self._tail, value)
+        c = bisect.bisect_right(self._firsts, value) - 1
+        if c < 0:
+            return 0
+        return (c << CHUNK_BITS) + int(np.searchsorted(_chunk_array(*self._sealed[c], CHUNK), value))
+
     @property
     def nbytes(self) -> int:
         """Bytes of the values held (chunks and tail; the list of chunks not counted)."""
         held = self._tail.itemsize * len(self._tail) + 8 * len(self._firsts)
         for kind, data, _ in self._sealed:
-            if kind in (_I32, _I64):
+            if kind in (_I32, _I64, _LINE):
                 held += data.itemsize * len(data)
             elif kind == _SPARSE:
                 held += sum(part.itemsize * len(part) for part in data)

@@ -143,6 +143,8 @@ class StepTable:
         self.boundary = array.array("b")
         self.profiled = array.array("b")
         self.lite = array.array("b")
+        # GPU ms per row (NaN: not measured), made at the first ``gpu_step``: empty until then, then
+        # one per row (a CPU run's day of steps held 8 MB of NaN)
         self.gpu_ms = array.array("d")
         # all steps' ph pairs (phase code, µs offset), concatenated, each packed into one value
         # (:func:`_packed`): a day of full step records holds 8 million pairs, 4 bytes each; an
@@ -170,19 +172,26 @@ class StepTable:
             out[f] = col
         return out
 
-    def dense(self, key: str):
-        """The column of a field every row has, as a new int64 numpy array (:data:`NULL_INT` for
-        null), or None for a field of full steps only (:meth:`full_values`)."""
+    def dense(self, key: str, start: int = 0, stop: int | None = None):
+        """The column of a field every row has, rows ``start`` to ``stop`` (default: all), as a
+        new int64 numpy array (:data:`NULL_INT` for null), or None for a field of full steps only
+        (:meth:`full_values`)."""
         self._settle()
         col = self._cols.get(key)
-        return None if col is None else col.numpy()
+        return None if col is None else col.numpy(start, stop)
 
-    def full_values(self, key: str) -> tuple:
-        """``(rows, values)`` of a field only fully recorded steps have, as new int64 numpy arrays:
-        their row numbers (increasing) and the field's values (:data:`NULL_INT` for null);
-        KeyError for another."""
+    def full_values(self, key: str, start: int = 0, stop: int | None = None) -> tuple:
+        """``(rows, values)`` of a field only fully recorded steps have, among rows ``start`` to
+        ``stop`` (default: all), as new int64 numpy arrays: their row numbers (increasing) and the
+        field's values (:data:`NULL_INT` for null); KeyError for another."""
         self._settle()
-        return self._full_rows.numpy(), self._full[key].numpy()
+        values = self._full[key]
+        if start <= 0 and stop is None:
+            return self._full_rows.numpy(), values.numpy()
+        rows = self._full_rows
+        lo = rows.bisect_left(start) if start > 0 else 0
+        hi = len(rows) if stop is None else rows.bisect_left(stop)
+        return rows.numpy(lo, hi), values.numpy(lo, hi)
 
     @property
     def nbytes(self) -> int:
@@ -239,7 +248,8 @@ class StepTable:
         self.boundary.append(1 if boundary else 0)
         self.profiled.append(1 if profiled else 0)
         self.lite.append(1 if lite else 0)
-        self.gpu_ms.append(math.nan)
+        if self.gpu_ms:
+            self.gpu_ms.append(math.nan)
         if ph:
             packed = _packed(ph[0::2], ph[1::2])
             try:
@@ -304,7 +314,8 @@ class StepTable:
             self.boundary.append(1 if row[12] else 0)
             self.profiled.append(0)
             self.lite.append(1)
-            self.gpu_ms.append(math.nan)
+            if self.gpu_ms:
+                self.gpu_ms.append(math.nan)
             self.ph_end.append(len(self.ph))
             self._index(values[0])
         return bad
@@ -333,7 +344,8 @@ class StepTable:
         zeros = array.array("b", [0]) * n
         self.profiled.extend(zeros)
         self.lite.extend(array.array("b", [1]) * n)
-        self.gpu_ms.extend(array.array("d", [math.nan]) * n)
+        if self.gpu_ms:
+            self.gpu_ms.extend(array.array("d", [math.nan]) * n)
         self.ph_end.extend(array.array("q", [len(self.ph)]) * n)
         self._index_rows(len(self.by) - n, i)
         return True
@@ -370,7 +382,8 @@ class StepTable:
         self.by.extend(array.array("b", [_BY_CODE.get(b, 2) if type(b) is str else 2 for b in columns[n_int]]))
         for flags, col in zip((self.boundary, self.profiled, self.lite), columns[n_int + 1:n_int + 4]):
             flags.extend(array.array("b", [1 if v else 0 for v in col]))
-        self.gpu_ms.extend(array.array("d", [math.nan]) * n)
+        if self.gpu_ms:
+            self.gpu_ms.extend(array.array("d", [math.nan]) * n)
         ends = itertools.accumulate((k >> 1 for k in lens), initial=len(ph))
         next(ends)
         self.ph_end.extend(array.array("q", ends))
@@ -403,8 +416,14 @@ class StepTable:
         if gpu_ms is not None and not math.isfinite(gpu_ms):
             return False
         if row is not None and gpu_ms is not None:
-            self.gpu_ms[row] = gpu_ms
+            self.set_gpu_ms(row, gpu_ms)
         return True
+
+    def set_gpu_ms(self, row: int, ms: float) -> None:
+        """Sets the GPU time (ms) of ``row`` (``IndexError`` past the end)."""
+        if not self.gpu_ms:
+            self.gpu_ms = array.array("d", [math.nan]) * len(self)
+        self.gpu_ms[row] = ms
 
     def mark_profiled(self, spans: list[tuple[int, int]]) -> int:
         """Marks ``profiled`` the steps inside one of ``spans`` (``(t0, t1)`` monotonic ns: the deep
@@ -422,24 +441,29 @@ class StepTable:
         return len(rows)
 
     def rows(self, which=None) -> "StepRows":
-        """The rows ``which`` (row numbers: an iterable or an ``array("q")``; default all, in file
-        order) as :class:`StepView` objects (:class:`StepRows`)."""
+        """The rows ``which`` (row numbers: an iterable, an ``array("q")`` or an
+        :class:`IntColumn`; default all, in file order) as :class:`StepView` objects
+        (:class:`StepRows`)."""
         self._settle()
-        if not isinstance(which, array.array):
-            which = array.array("q", range(len(self)) if which is None else which)
+        if not isinstance(which, IntColumn):
+            column = IntColumn()
+            column.extend(which if isinstance(which, array.array) else
+                          array.array("q", range(len(self)) if which is None else which))
+            which = column
         return StepRows(self, which)
 
 
 class StepRows(collections.abc.Sequence):
     """Rows of one table as a read-only sequence of :class:`StepView` objects, each made when it
-    is read: a million steps cost their 8-byte row numbers (``positions``), not a million objects
-    (~90 bytes each with their row number), and their columns are gathered without visiting each
-    row (:class:`whyidle.analysis.stepcols.StepCols`). Indexing, slicing (another ``StepRows``),
+    is read: a million steps cost their row numbers (``positions``, an :class:`IntColumn`: a run
+    of consecutive rows takes no bytes a row, others 4 or 8), not a million objects (~90 bytes
+    each with their row number), and their columns are gathered without visiting each row
+    (:class:`whyidle.analysis.stepcols.StepCols`). Indexing, slicing (another ``StepRows``),
     iteration, ``len`` and ``+`` (a list) work as on a list of the rows."""
 
     __slots__ = ("table", "positions")
 
-    def __init__(self, table: StepTable, positions: array.array) -> None:
+    def __init__(self, table: StepTable, positions: IntColumn) -> None:
         self.table = table
         self.positions = positions
 
@@ -448,7 +472,7 @@ class StepRows(collections.abc.Sequence):
 
     def __getitem__(self, k):
         if isinstance(k, slice):
-            return StepRows(self.table, self.positions[k])
+            return self.table.rows(array.array("q", self.positions.numpy()[k].tobytes()))
         return StepView(self.table, self.positions[k])
 
     def __iter__(self):
@@ -512,7 +536,7 @@ class StepView(collections.abc.Mapping):
         if key == "lite":
             return bool(t.lite[r])
         if key == "gpu_ms":
-            v = t.gpu_ms[r]
+            v = t.gpu_ms[r] if t.gpu_ms else math.nan
             return None if math.isnan(v) else v
         if key == "ph":
             start = t.ph_end[r - 1] if r else 0

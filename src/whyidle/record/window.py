@@ -94,5 +94,5 @@ def _table_slice(table: StepTable, t0: int, t1: int) -> StepTable:
                 out.lite[-1] = 1
             out.profiled[-1] = 1 if row["profiled"] else 0
             if row["gpu_ms"] is not None:
-                out.gpu_ms[-1] = row["gpu_ms"]
+                out.set_gpu_ms(len(out) - 1, row["gpu_ms"])
     return out

@@ -23,6 +23,7 @@ import pkgutil
 
 import numpy as np
 
+from whyidle.analysis.series import LEFT_OUT_REASONS
 from whyidle.report.windows import over_time_lines
 from markupsafe import escape
 
@@ -202,12 +203,17 @@ def minmax_indices(y, max_points: int = MAX_POINTS) -> np.ndarray:
         return np.arange(n)
     k = math.ceil(n / max(1, (max_points - 2) // 2))  # points per bin
     nb = math.ceil(n / k)
-    pad = nb * k - n
-    lo = np.concatenate([np.where(np.isnan(y), np.inf, y), np.full(pad, np.inf)]).reshape(nb, k)
-    hi = np.concatenate([np.where(np.isnan(y), -np.inf, y), np.full(pad, -np.inf)]).reshape(nb, k)
-    base = np.arange(nb) * k
-    idx = np.concatenate([base + lo.argmin(axis=1), base + hi.argmax(axis=1), [0, n - 1]])
-    return np.unique(np.clip(idx, 0, n - 1))
+    step = max(1, (1 << 18) // k)  # bins read at once: a few MB whatever the run's length
+    idx = [np.array([0, n - 1])]
+    for b0 in range(0, nb, step):
+        b1 = min(nb, b0 + step)
+        part = y[b0 * k:b1 * k]
+        pad = (b1 - b0) * k - len(part)
+        lo = np.concatenate([np.where(np.isnan(part), np.inf, part), np.full(pad, np.inf)]).reshape(b1 - b0, k)
+        hi = np.concatenate([np.where(np.isnan(part), -np.inf, part), np.full(pad, -np.inf)]).reshape(b1 - b0, k)
+        base = np.arange(b0, b1) * k
+        idx += [base + lo.argmin(axis=1), base + hi.argmax(axis=1)]
+    return np.unique(np.clip(np.concatenate(idx), 0, n - 1))
 
 
 def bin_reduce(x, columns: dict, max_points: int = MAX_POINTS, how: dict | None = None):
@@ -348,14 +354,24 @@ def _y_top(step_ms: np.ndarray, analyzed: np.ndarray) -> float | None:
     return top * 1.15 if step_ms.max() > LEFT_OUT_AXIS_FACTOR * top else None
 
 
-def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No training steps were recorded.") -> Plot:
+def _left_out(left_out, n: int) -> np.ndarray:
+    """Each step's left-out reason as an int8 index into ``LEFT_OUT_REASONS`` (0: None, an
+    analyzed step), from :func:`whyidle.analysis.series.left_out_codes` (an int array) or
+    :func:`~whyidle.analysis.series.left_out_steps` (a list)."""
+    if isinstance(left_out, np.ndarray) and left_out.dtype.kind in "iu":
+        return left_out
+    return np.fromiter((LEFT_OUT_REASONS.index(r) if r in LEFT_OUT_REASONS else 4 for r in left_out),
+                       dtype=np.int8, count=n)
+
+
+def step_time_plot(steps: dict, left_out, why: str = "No training steps were recorded.") -> Plot:
     """Step time and data wait per step (ms) over the step index, marking left-out steps.
 
     Args:
         steps: :func:`whyidle.analysis.series.step_columns` (or ``step_series``) of all the primary
             trainer's steps.
         left_out: per step, why the metrics leave it out (``"warm-up"``, ``"boundary"``,
-            ``"profiled"``) or None.
+            ``"profiled"``) or None; or those as :func:`whyidle.analysis.series.left_out_codes`.
         why: the sentence shown when there are no steps.
     """
     plot = Plot("steps", "Step time and data wait per step",
@@ -368,7 +384,7 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
         plot.why = why
         return plot
     i = np.asarray(steps["i"])
-    reasons = np.asarray(left_out, dtype=object)
+    codes = _left_out(left_out, n)
     step_ms = np.asarray(steps["step_s"], float) * 1000
     fig = _Figure()
     keep_s = minmax_indices(step_ms)
@@ -384,7 +400,7 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
                  "name": "data wait", "line": {"color": PHASES["data_wait"][1]}, "fill": "tozeroy",
                  "hovertemplate": "%{y:.1f} ms"})
     for reason, colour in LEFT_OUT.items():
-        rows = np.flatnonzero(reasons == reason)
+        rows = np.flatnonzero(codes == LEFT_OUT_REASONS.index(reason))
         if not len(rows):
             continue
         if len(rows) > MAX_POINTS:
@@ -393,7 +409,7 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
                  "name": f"left out: {reason}", "marker": {"color": colour, "size": 7, "symbol": "x"},
                  "hovertemplate": "%{y:.1f} ms"})
     yaxis = {"title": _title("ms"), "rangemode": "tozero"}
-    top = _y_top(step_ms, reasons == None)  # noqa: E711 (elementwise)
+    top = _y_top(step_ms, codes == 0)
     if top is not None:
         yaxis["range"] = [0, top]
         plot.notes.append("Left-out steps taller than the axis are cut off at the top: double-click the plot to "
@@ -402,14 +418,15 @@ def step_time_plot(steps: dict, left_out: list[str | None], why: str = "No train
     return plot
 
 
-def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
+def phase_plot(steps: dict, left_out, shares: dict | None,
                why: str = "No training steps were recorded.") -> Plot:
     """Step time by phase: the overall shares (one 100 % bar) and a stacked bar per step (ms).
 
     Args:
         steps: :func:`whyidle.analysis.series.step_columns` (or ``step_series``) of all the primary
             trainer's steps.
-        left_out: per step, why it is left out of the metrics, or None.
+        left_out: per step, why it is left out of the metrics, or None (or its codes, as for
+            :func:`step_time_plot`).
         shares: ``metrics.shares`` (fractions of summed step time over the analyzed steps).
         why: the sentence shown when there are no steps.
     Long runs are binned into at most :data:`MAX_BARS` bars, each the mean step of the bin's
@@ -424,15 +441,18 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
         plot.why = why
         return plot
     phases = [p for p in PHASES if p in steps.get("has", []) and p != "other_host"] + ["other_host"]
-    cols = {p: np.asarray(steps[p], float) * 1000 for p in phases}
+    def ms(p: str, sel=slice(None)) -> np.ndarray:  # a phase's steps in ms (float64), only those of sel
+        return np.asarray(np.asarray(steps[p])[sel], float) * 1000
+
     i = np.asarray(steps["i"])
-    keep = np.asarray(left_out, dtype=object) == None  # noqa: E711 (elementwise)
+    codes = _left_out(left_out, n)
+    keep = codes == 0
     if n <= MAX_BARS:
         x = i.tolist()
-        values = cols
+        values = {p: ms(p) for p in phases}
         opacity = [1.0 if k else 0.35 for k in keep]
         width = None
-        hover = [f"step {s}" + (f" (left out: {r})" if r else "") for s, r in zip(x, left_out)]
+        hover = [f"step {s}" + (f" (left out: {LEFT_OUT_REASONS[c]})" if c else "") for s, c in zip(x, codes.tolist())]
     else:
         k = math.ceil(n / MAX_BARS)
         x, values, opacity, hover = [], {p: [] for p in phases}, [], []
@@ -442,7 +462,7 @@ def phase_plot(steps: dict, left_out: list[str | None], shares: dict | None,
             use = sel[keep[a:b]] if keep[a:b].any() else sel
             x.append(float(i[a] + i[b - 1]) / 2)
             for p in phases:
-                values[p].append(float(cols[p][use].mean()))
+                values[p].append(float(ms(p, use).mean()))
             opacity.append(1.0 if keep[a:b].any() else 0.35)
             hover.append(f"steps {i[a]}–{i[b - 1]}: mean of {len(use)} step(s)")
         width = k * 0.9
