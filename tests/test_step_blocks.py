@@ -74,3 +74,13 @@ def test_field_percentile_of_rows_skips_nulls(tmp_path, monkeypatch):
     monkeypatch.setattr(stepcols, "STEP_BLOCK", 16)
     assert field_percentile(rows, "samples", 50) == percentile_of(np.array(samples), 50)
     assert field_percentile(rows[:0], "samples", 50) is None
+
+
+@pytest.mark.parametrize("block", [3, 1 << 18])
+def test_among_is_isin_of_the_step_ids(monkeypatch, block):
+    monkeypatch.setattr(stepcols, "STEP_BLOCK", block)
+    rng = np.random.default_rng(1)
+    rows = [{"i": int(i), "t0": 0, "t1": 1} for i in np.cumsum(rng.integers(1, 3, 40))]
+    for others in ([], rows[:1], rows[5:30:2], rows, [{"i": -4}, {"i": 10**6}], rows[::-1][:7]):
+        want = np.isin([r["i"] for r in rows], [r["i"] for r in others])
+        assert series.among(rows, others).tolist() == want.tolist()

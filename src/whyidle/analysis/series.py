@@ -66,6 +66,24 @@ def step_ids(steps: list) -> np.ndarray:
     return StepCols(steps).ints("i")
 
 
+def among(steps: list, others: list) -> np.ndarray:
+    """Bool per step of ``steps``: its ``i`` is one of ``others``' (``np.isin`` of the step ids),
+    a block of steps at a time when ``others``' ids increase (steps in order, as analyzed steps
+    are: a day of steps otherwise sorts 50 MB)."""
+    theirs = step_ids(others)
+    if len(theirs) > 1 and not bool((np.diff(theirs) > 0).all()):
+        return np.isin(step_ids(steps), theirs)
+    cols = StepCols(steps)
+    out = np.zeros(cols.n, bool)
+    if not len(theirs):
+        return out
+    for a, b in cols.blocks():
+        mine = b.ints("i")
+        at = np.minimum(np.searchsorted(theirs, mine), len(theirs) - 1)
+        out[a:a + b.n] = theirs[at] == mine
+    return out
+
+
 #: Columns of :func:`step_columns`.
 STEP_COLUMNS = ("i", "t0", "t1", "t0_s", "step_s") + tuple(name for name, _ in STEP_PHASES) + (
     "other_host", "samples", "boundary", "profiled", "gpu_ms")
@@ -272,7 +290,7 @@ def left_out_codes(rows: list, analyzed: list, warmup: int = 0) -> np.ndarray:
     code[cols["profiled"]] = 3
     code[cols["boundary"]] = 2
     code[:warmup] = 1
-    code[np.isin(step_ids(rows), step_ids(analyzed))] = 0
+    code[among(rows, analyzed)] = 0
     return code
 
 

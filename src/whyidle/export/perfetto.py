@@ -292,7 +292,7 @@ class _Timeline:
         # whole: what the plan and the windows' bounds read; the other columns are made one at a
         # time (a day of steps is 8 MB a column) and only their detailed steps' values kept
         cols = series.step_columns(steps, self.origin, ("t0", "t1", "step_s", "boundary", "profiled"))
-        is_analyzed = np.isin(series.step_ids(steps), series.step_ids(analyzed))
+        is_analyzed = series.among(steps, analyzed)
         has = cols["has"]
         plan = timeline_law.plan_steps(cols["step_s"], warmup, cols["boundary"], ~is_analyzed | cols["profiled"])
         tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)

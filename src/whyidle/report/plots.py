@@ -197,7 +197,7 @@ def _floats(values) -> np.ndarray:
 def minmax_indices(y, max_points: int = MAX_POINTS) -> np.ndarray:
     """Indices of ``y`` to draw so at most ``max_points`` remain: per bin of consecutive points its
     minimum and maximum (in order), plus the first and last point. All indices when short enough."""
-    y = _floats(y)
+    y = y if isinstance(y, np.ndarray) and y.dtype.kind in "fiub" else _floats(y)  # a slab at a time below
     n = len(y)
     if n <= max_points:
         return np.arange(n)
@@ -207,7 +207,7 @@ def minmax_indices(y, max_points: int = MAX_POINTS) -> np.ndarray:
     idx = [np.array([0, n - 1])]
     for b0 in range(0, nb, step):
         b1 = min(nb, b0 + step)
-        part = y[b0 * k:b1 * k]
+        part = _floats(y[b0 * k:b1 * k])
         pad = (b1 - b0) * k - len(part)
         lo = np.concatenate([np.where(np.isnan(part), np.inf, part), np.full(pad, np.inf)]).reshape(b1 - b0, k)
         hi = np.concatenate([np.where(np.isnan(part), -np.inf, part), np.full(pad, -np.inf)]).reshape(b1 - b0, k)
@@ -346,12 +346,13 @@ def cpu_plot(cpu: dict, window_s=None, interval_s: float | None = None) -> Plot:
 LEFT_OUT_AXIS_FACTOR = 1.5
 
 
-def _y_top(step_ms: np.ndarray, analyzed: np.ndarray) -> float | None:
-    """Top of the y axis (ms) when left-out steps would squash the analyzed ones, else None."""
+def _y_top(step: np.ndarray, analyzed: np.ndarray, scale: float = 1.0) -> float | None:
+    """Top of the y axis (ms) when left-out steps would squash the analyzed ones, else None;
+    ``step``: step times in ms, or in s with ``scale`` 1000."""
     if not analyzed.any() or analyzed.all():
         return None
-    top = float(step_ms[analyzed].max())
-    return top * 1.15 if step_ms.max() > LEFT_OUT_AXIS_FACTOR * top else None
+    top = float(np.float64(step[analyzed].max()) * scale)
+    return top * 1.15 if float(np.float64(step.max()) * scale) > LEFT_OUT_AXIS_FACTOR * top else None
 
 
 def _left_out(left_out, n: int) -> np.ndarray:
@@ -385,18 +386,24 @@ def step_time_plot(steps: dict, left_out, why: str = "No training steps were rec
         return plot
     i = np.asarray(steps["i"])
     codes = _left_out(left_out, n)
-    step_ms = np.asarray(steps["step_s"], float) * 1000
+    # the points are picked on the seconds as stored (float32 for a long run: x1000 keeps their
+    # order); only the drawn ones are made ms (float64), as a whole float64 copy would be made
+    step_s = np.asarray(steps["step_s"])
+
+    def ms(values: np.ndarray, sel) -> np.ndarray:
+        return np.asarray(values[sel], float) * 1000
+
     fig = _Figure()
-    keep_s = minmax_indices(step_ms)
+    keep_s = minmax_indices(step_s)
     if len(keep_s) < n:
         plot.notes.append(f"{n:,} steps reduced to at most {MAX_POINTS:,} points per line (minimum and maximum of "
                           "each bin of consecutive steps).")
-    fig.add({"type": "scatter", "x": i[keep_s].tolist(), "y": _clean(step_ms[keep_s], 3), "mode": "lines",
+    fig.add({"type": "scatter", "x": i[keep_s].tolist(), "y": _clean(ms(step_s, keep_s), 3), "mode": "lines",
              "name": "step time", "line": {"color": "#1f77b4"}, "hovertemplate": "%{y:.1f} ms"})
     if "data_wait" in steps.get("has", []):
-        wait_ms = np.asarray(steps["data_wait"], float) * 1000
-        keep_w = minmax_indices(wait_ms)
-        fig.add({"type": "scatter", "x": i[keep_w].tolist(), "y": _clean(wait_ms[keep_w], 3), "mode": "lines",
+        wait_s = np.asarray(steps["data_wait"])
+        keep_w = minmax_indices(wait_s)
+        fig.add({"type": "scatter", "x": i[keep_w].tolist(), "y": _clean(ms(wait_s, keep_w), 3), "mode": "lines",
                  "name": "data wait", "line": {"color": PHASES["data_wait"][1]}, "fill": "tozeroy",
                  "hovertemplate": "%{y:.1f} ms"})
     for reason, colour in LEFT_OUT.items():
@@ -404,12 +411,12 @@ def step_time_plot(steps: dict, left_out, why: str = "No training steps were rec
         if not len(rows):
             continue
         if len(rows) > MAX_POINTS:
-            rows = rows[minmax_indices(step_ms[rows])]
-        fig.add({"type": "scatter", "x": i[rows].tolist(), "y": _clean(step_ms[rows], 3), "mode": "markers",
+            rows = rows[minmax_indices(step_s[rows])]
+        fig.add({"type": "scatter", "x": i[rows].tolist(), "y": _clean(ms(step_s, rows), 3), "mode": "markers",
                  "name": f"left out: {reason}", "marker": {"color": colour, "size": 7, "symbol": "x"},
                  "hovertemplate": "%{y:.1f} ms"})
     yaxis = {"title": _title("ms"), "rangemode": "tozero"}
-    top = _y_top(step_ms, codes == 0)
+    top = _y_top(step_s, codes == 0, 1000)
     if top is not None:
         yaxis["range"] = [0, top]
         plot.notes.append("Left-out steps taller than the axis are cut off at the top: double-click the plot to "
