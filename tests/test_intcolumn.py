@@ -23,7 +23,7 @@ runs = st.one_of(
                                                                                     st.just(None)), max_size=20)),
     st.tuples(st.just("wide"), st.just(0), st.lists(st.one_of(I64, st.just(NULL)), max_size=20)),
     st.tuples(st.just("line"), st.tuples(st.integers(-(2**62), 2**62), st.integers(-(2**40), 2**40)),
-              st.lists(st.integers(-(2**31), 2**31), max_size=20)),
+              st.one_of(st.lists(st.integers(-(2**31), 2**31), max_size=20), st.lists(st.just(0), max_size=20))),
 )
 
 
@@ -33,7 +33,7 @@ def _values(spec) -> list[int]:
         return [start] * n
     if kind == "range":
         return list(range(start, start + n))
-    if kind == "line":  # start + k·slope + jitter (the times of steps), clipped to int64
+    if kind == "line":  # start + k·slope + jitter (the times of steps; no jitter: a stride), clipped to int64
         (first, slope), jitter = start, n
         return [max(-(2**63) + 1, min(2**63 - 1, first + k * slope + j)) for k, j in enumerate(jitter)]
     if kind == "narrow":
@@ -99,7 +99,7 @@ def test_narrow_chunks_take_less_memory():
     steps.extend(range(3 * intcolumn.CHUNK))  # a range: no bytes a value
     zeros, ns = IntColumn(), IntColumn()
     zeros.extend([0] * 3 * intcolumn.CHUNK)
-    ns.extend(np.arange(3 * intcolumn.CHUNK, dtype=np.int64) * 7919 % 2_000_000_000)  # under 2**31: 4 bytes
+    ns.extend(np.arange(3 * intcolumn.CHUNK, dtype=np.int64) * 7919 % 1_000_003)  # under 2**31, no line: 4 bytes
     assert steps.nbytes < 100 and zeros.nbytes < 100
     every_20th = IntColumn()  # a 1 kHz run's phase times: null but on the full steps
     every_20th.extend([k * 1000 if k % 20 == 0 else NULL for k in range(3 * intcolumn.CHUNK)])
@@ -111,6 +111,9 @@ def test_narrow_chunks_take_less_memory():
     t0.extend(array.array("q", starts.tobytes()))
     assert t0.numpy().tolist() == starts.tolist() and t0[70_000] == int(starts[70_000])
     assert t0.nbytes < 4.1 * 3 * intcolumn.CHUNK
+    ends = IntColumn()  # the ends of the rows' phase pairs in a steady loop: 8 a row, no bytes
+    ends.extend(array.array("q", range(8, 8 * 3 * intcolumn.CHUNK + 1, 8)))
+    assert ends.nbytes < 100 and ends[70_000] == 8 * 70_001 and ends.numpy()[-1] == 8 * 3 * intcolumn.CHUNK
     with pytest.raises(OverflowError):
         steps.extend([2**63])
     assert len(steps) == 3 * intcolumn.CHUNK

@@ -13,7 +13,8 @@ through a tail array; every :data:`CHUNK` values the tail is sealed into the nar
   ~0.5 bytes a value;
 - 32-bit offsets from a base, :data:`NULL` as a reserved offset: 4 bytes a value;
 - a line: 32-bit offsets from ``first + k·slope`` (no nulls; the start and end times of steps,
-  which a chunk of slow steps spreads past 32 bits): 4 bytes a value;
+  which a chunk of slow steps spreads past 32 bits): 4 bytes a value, none when every value is on
+  the line (a steady stride);
 - the int64 values as they are: 8 bytes a value.
 
 The column reads like a sequence of ints (``len``, ``col[k]``, iteration) and as a numpy array
@@ -47,6 +48,10 @@ def _seal(tail: array.array) -> tuple:
         return _CONST, first, None
     if first != NULL and int(a[-1]) - first == len(a) - 1 and (np.diff(a) == 1).all():
         return _RANGE, first, None
+    slope = int(a[1]) - first if len(a) > 1 else 0
+    last = first + (len(a) - 1) * slope
+    if first != NULL and -(2**63) < last < 2**63 and (a == first + np.arange(len(a), dtype=np.int64) * slope).all():
+        return _LINE, None, (first, slope)  # a steady stride (a row's end of its phase pairs): no bytes
     nulls = a == NULL
     for common in (nulls, a == first):  # sparse: all but an eighth of the values the same
         others = np.flatnonzero(~common)
@@ -89,7 +94,8 @@ def _chunk_array(kind: int, data, base, n: int):
         return out
     if kind == _LINE:
         first, slope = base
-        return np.frombuffer(data, dtype=np.int32) + (first + np.arange(n, dtype=np.int64) * slope)
+        line = first + np.arange(n, dtype=np.int64) * slope
+        return line if data is None else np.frombuffer(data, dtype=np.int32) + line
     if kind == _SPARSE:
         out = np.full(n, base, dtype=np.int64)
         out[np.frombuffer(data[0], dtype=np.uint16)] = np.frombuffer(data[1], dtype=np.int64)
@@ -157,7 +163,7 @@ class IntColumn:
                 v = data[j]
                 return NULL if v == _I32_NULL else base + v
             if kind == _LINE:
-                return base[0] + j * base[1] + data[j]
+                return base[0] + j * base[1] + (data[j] if data is not None else 0)
             if kind == _SPARSE:
                 at = bisect.bisect_left(data[0], j)
                 return data[1][at] if at < len(data[0]) and data[0][at] == j else base
@@ -236,7 +242,7 @@ class IntColumn:
         """Bytes of the values held (chunks and tail; the list of chunks not counted)."""
         held = self._tail.itemsize * len(self._tail) + 8 * len(self._firsts)
         for kind, data, _ in self._sealed:
-            if kind in (_I32, _I64, _LINE):
+            if kind in (_I32, _I64) or (kind == _LINE and data is not None):
                 held += data.itemsize * len(data)
             elif kind == _SPARSE:
                 held += sum(part.itemsize * len(part) for part in data)

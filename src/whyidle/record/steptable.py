@@ -150,7 +150,9 @@ class StepTable:
         # (:func:`_packed`): a day of full step records holds 8 million pairs, 4 bytes each; an
         # offset past 2**28 µs widens the column to int64
         self.ph = array.array("i")
-        self.ph_end = array.array("q")  # row → end of its pairs in ``ph`` (start = previous end)
+        # row → end of its pairs in ``ph`` (start = previous end): a steady loop's rows hold the same
+        # number of pairs, a line without bytes
+        self.ph_end = IntColumn()
         # row of a step ``i`` (for ``gpu_step``): ``i - _first`` as steps come in order, else in
         # ``_moved`` (no dict entry per step: 1,000,000 of them took ~100 MB)
         self._first: int | None = None
@@ -198,8 +200,8 @@ class StepTable:
         """Bytes the table's values take (its columns and arrays)."""
         self._settle()
         cols = list(self._cols.values()) + list(self._full.values()) + [self._full_rows]
-        arrays = (self.by, self.boundary, self.profiled, self.lite, self.gpu_ms, self.ph, self.ph_end)
-        return sum(c.nbytes for c in cols) + sum(a.itemsize * len(a) for a in arrays)
+        arrays = (self.by, self.boundary, self.profiled, self.lite, self.gpu_ms, self.ph)
+        return sum(c.nbytes for c in cols) + self.ph_end.nbytes + sum(a.itemsize * len(a) for a in arrays)
 
     def _settle(self) -> None:
         """Moves the staged rows' int fields into the columns (a strided copy per column)."""
