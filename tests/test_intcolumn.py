@@ -92,6 +92,11 @@ def test_position_finds_a_value_of_an_increasing_column(values, probe):
         col.extend(values)
         assert col.position(probe) == (values.index(probe) if probe in values else None)
         assert col.bisect_left(probe) == bisect.bisect_left(values, probe)
+        run = values == list(range(values[0], values[0] + len(values))) if values else True
+        assert col.consecutive() == ((values[0] if values else 0) if run else None)
+        steps = IntColumn()
+        steps.extend(range(probe + 2, probe + 2 + 3 * len(values)))
+        assert steps.consecutive() == probe + 2 or not values
 
 
 def test_narrow_chunks_take_less_memory():

@@ -32,17 +32,26 @@ class StepCols:
     def __init__(self, steps: list) -> None:
         self.steps = steps
         if type(steps) is StepRows:
+            first = steps.positions.consecutive()
+            if first is not None:  # one run of rows (a process's steps, as usual): no row numbers made
+                self._on(steps.table, None, len(steps), first)
+                return
             table, rows = steps.table, steps.positions.numpy()
         else:
             table, rows = _table_rows(steps)
         self._on(table, rows, len(steps))
 
-    def _on(self, table, rows, n: int) -> None:
+    def _on(self, table, rows, n: int, first: int | None = None) -> None:
+        """``rows``: the steps' row numbers (an int64 array), or None with ``first``: rows
+        ``first`` to ``first + n``."""
         self.table, self.rows, self.n = table, rows, n
         # consecutive rows (the usual analyzed steps: after the warm-up, before the end) are a slice
         # of each column, not a gathered copy (a day of steps: 8 MB a column)
         self._span = None
-        if self.table is not None and self.n:
+        if self.table is not None and self.n and rows is None:
+            self._lo, self._hi = first, first + n
+            self._span = slice(first, first + n)
+        elif self.table is not None and self.n:
             self._lo, self._hi = int(self.rows[0]), int(self.rows[-1]) + 1
             if self._hi - self._lo == self.n and (self.n < 3 or bool((np.diff(self.rows) == 1).all())):
                 self._span = slice(self._lo, self._hi)
@@ -54,7 +63,11 @@ class StepCols:
             return StepCols(self.steps[a:b])
         part = object.__new__(StepCols)
         part.steps = None
-        part._on(self.table, self.rows[a:b], len(self.rows[a:b]))
+        if self.rows is None:
+            a, b = min(a, self.n), min(b, self.n)
+            part._on(self.table, None, b - a, (self._lo if self.n else 0) + a)
+        else:
+            part._on(self.table, self.rows[a:b], len(self.rows[a:b]))
         return part
 
     def blocks(self):
@@ -155,10 +168,13 @@ def _table_rows(steps: list) -> tuple:
 def take(steps: list, keep: np.ndarray) -> list:
     """The steps where the bool array ``keep`` is true, in order; rows of one table stay
     :class:`~whyidle.record.steptable.StepRows` (their columns are gathered without a loop)."""
-    picked = np.flatnonzero(keep)
-    if type(steps) is StepRows:
-        return steps.table.rows(positions(steps.positions.numpy()[picked]))
-    return [steps[j] for j in picked.tolist()]
+    if type(steps) is StepRows:  # a block of rows at a time: a day of steps' rows is 25 MB
+        out, rows = IntColumn(), steps.positions
+        for a in range(0, len(rows), STEP_BLOCK):
+            picked = rows.numpy(a, a + STEP_BLOCK)[keep[a:a + STEP_BLOCK]]
+            out.extend(array.array("q", picked.tobytes()))
+        return steps.table.rows(out)
+    return [steps[j] for j in np.flatnonzero(keep).tolist()]
 
 
 def positions(rows: np.ndarray) -> IntColumn:

@@ -225,6 +225,23 @@ class IntColumn:
         j = bisect.bisect_left(self._tail, value)
         return (len(self._sealed) << CHUNK_BITS) + j if j < len(self._tail) and self._tail[j] == value else None
 
+    def consecutive(self) -> int | None:
+        """The first value when the values are ``first, first + 1, ...`` (rows of one run, an
+        empty column's first being 0), else None; reads no chunk."""
+        first = self._firsts[0] if self._sealed else (self._tail[0] if self._tail else 0)
+        for c, (kind, data, _) in enumerate(self._sealed):
+            if kind != _RANGE or data != first + (c << CHUNK_BITS):
+                return None
+        tail, start = self._tail, first + (len(self._sealed) << CHUNK_BITS)
+        if tail and (tail[0] != start or tail[-1] != start + len(tail) - 1):
+            return None
+        if len(tail) > 2:
+            import numpy as np
+
+            if not (np.diff(np.frombuffer(tail, dtype=np.int64)) == 1).all():
+                return None
+        return first
+
     def bisect_left(self, value: int) -> int:
         """In a column whose values increase (row numbers): the index of the first value
         ``>= value`` (``len`` when none); one chunk is expanded."""
