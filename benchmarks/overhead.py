@@ -4,8 +4,16 @@ Cases (``--cases``, comma-separated; default all):
 
 - ``10ms``: a CPU training loop with ~10 ms steps (in-memory TensorDataset behind a DataLoader,
   one intra-op thread). Goal: ratio of median step times ≤ 1.02.
-- ``2ms``: the same loop with a smaller MLP and batch (~2 ms steps), where a fixed per-step cost
-  shows. Goal ≤ 1.05.
+- ``2ms``: the same loop with a smaller MLP and batch (~2 ms steps when written; ~0.7 ms on this
+  box on 2026-12-05), where a fixed per-step cost shows. Goal ≤ 1.03 (issue 35), judged with at
+  least 5 interleaved pairs (``--rounds 5``): each pair's ratio is printed as it ends, then the
+  ratio of medians, the pairs' median and range (their spread), the 20th percentiles, the means
+  and the CPU time per step. 2026-12-05 (``--cases 2ms --rounds 5``, 0.70-0.76 ms steps, load
+  1.1-1.7 from other engineers' work): before issue 35's changes (the agent of commit 0b7de30),
+  1.054 (pairs 1.045-1.059) and 1.068 (pairs 0.96-1.45; 20th percentiles 1.042); after them,
+  1.051 (pairs 1.021-1.066; 20th percentiles 1.034) and 1.058 (pairs 1.037-1.085; 1.038): the
+  goal is missed by ~+25 µs per step on the uncontended steps, of which whyidle's hooks and full
+  steps inside the process are ~11 µs (``overhead_inproc.py``); see the README's overhead paragraph.
 - ``deep``: the same loop with a deep, narrow model (``--deep-blocks`` blocks of
   ``Sequential(Linear, ReLU)``, width 64, batch 32: 64 blocks are 194 module calls per forward, steps
   of a few ms), where a cost per module call shows (whyidle's ``Module.__call__`` wrapper runs on
@@ -29,7 +37,8 @@ Cases (``--cases``, comma-separated; default all):
   (the worst case for a fixed per-step cost; one run each).
 
 Each step-time case runs alternately plain and under ``whyidle run -q --no-html [--whyidle-args]``
-(A B A B ..., so machine drift hits both alike), ``--rounds`` pairs. Each run reports its own
+(A B, B A, A B, ...: each kind first in every other pair, so machine drift and a place in the
+sequence hit both alike), ``--rounds`` pairs. Each run reports its own
 median step time after a warm-up (the goal metric), its 20th percentile (the uncontended steps:
 steadier when other jobs share the cores) and its mean step time over the same steps (what
 samples/s sees: rare slow steps such as a flush or a stack sample move the mean, not the median).
@@ -178,7 +187,7 @@ CASE_NAMES = ("10ms", "2ms", "deep", "compiled", "lightning", "ddp", "memory")
 #: this box's two virtual CPUs run the same code at speeds up to 1.5× apart, which alone swamps a
 #: few-percent difference. whyidle's own process is not pinned.
 PIN: list[str] = []
-GOALS = {"10ms": 1.02, "2ms": 1.05, "deep": 1.05, "compiled": 1.02, "lightning": 1.03, "ddp": 1.02}
+GOALS = {"10ms": 1.02, "2ms": 1.03, "deep": 1.05, "compiled": 1.02, "lightning": 1.03, "ddp": 1.02}
 
 #: How the ``ddp`` case launches its workload (instead of the CPU pin).
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -279,8 +288,10 @@ def ab_case(name: str, script: str, args: list, rounds: int, workdir: str, extra
     plain, watched = [], []
     print(f"[{name}] {machine_state()}", flush=True)
     for r in range(rounds):
-        plain.append(run_once(script, args, False, workdir, extra, launch=launch)[0])
-        watched.append(run_once(script, args, True, workdir, extra, launch=launch)[0])
+        # A B, B A, A B, ...: each kind runs first in every other pair, so what comes with a place in
+        # the sequence (a box that warms up or calms down, another job's rhythm) hits both alike
+        for observed in ((False, True) if r % 2 == 0 else (True, False)):
+            (watched if observed else plain).append(run_once(script, args, observed, workdir, extra, launch=launch)[0])
         p, w = plain[-1], watched[-1]
         print(f"[{name}] round {r + 1}: plain median {p['median_s'] * 1e3:.3f} ms mean {p['mean_s'] * 1e3:.3f} ms | "
               f"whyidle median {w['median_s'] * 1e3:.3f} ms mean {w['mean_s'] * 1e3:.3f} ms "
@@ -296,7 +307,7 @@ def ab_case(name: str, script: str, args: list, rounds: int, workdir: str, extra
           f"ratio of medians {ratio:.3f}{verdict}   (+{(wm - pm) * 1e6:.0f} µs/step)")
     print(f"[{name}]   per run medians: {ms(plain, 'median_s')} vs {ms(watched, 'median_s')} ms")
     pairs = sorted(w["median_s"] / p["median_s"] for p, w in zip(plain, watched))
-    print(f"[{name}]   pair ratios (whyidle / the plain run just before): median {statistics.median(pairs):.3f}, "
+    print(f"[{name}]   pair ratios (whyidle / the plain run of its pair): median {statistics.median(pairs):.3f}, "
           f"range {pairs[0]:.3f}..{pairs[-1]:.3f}")
     pp20 = statistics.median(x["p20_s"] for x in plain)
     wp20 = statistics.median(x["p20_s"] for x in watched)

@@ -20,7 +20,10 @@ Two modes, read from the instrument (``inst``) on each call:
   (``inst.tracking``) or the calls mark the steps (``inst.marker == "forward"``). A nested call
   costs one Python frame and a few attribute reads (~0.3 µs, ``benchmarks/hook_cost.py``); on the
   lite steps of short CPU steps PyTorch's own ``__call__`` is put back (the switch :func:`install`
-  returns), so they cost nothing, until the program compiles (:func:`pin`).
+  returns), so they cost nothing, until the program compiles (:func:`pin`), unless the model is
+  small enough that passing its calls through costs less than the switch
+  (``inst.fwd_resident``, ``TorchInstrument._forward_residency``): assigning ``Module.__call__``
+  walks every ``Module`` subclass and slows the steps around it by ~0.4 ms.
 
 Under TorchDynamo tracing (``torch.compile``) the wrapper is traced too: it calls
 ``is_dynamo_compiling()`` first, which Dynamo folds to True, so it reads none of whyidle's state
@@ -128,7 +131,7 @@ def install(torch, inst):
     Args:
         torch: the program's ``torch`` module.
         inst: the :class:`whyidle.instrument.torch.TorchInstrument` whose attributes ``off``,
-            ``tid``, ``depth``, ``learning``, ``tracking``, ``marker`` the wrapper reads and
+            ``tid``, ``depth``, ``learning``, ``tracking``, ``marker`` (and ``fwd_resident``) the wrapper reads and
             whose ``on_forward_pre`` / ``on_forward_post`` / ``fail`` it calls.
     Returns:
         ``switch(on)``: between steps, puts the wrapper in where it has work (learning, phase-tracked
@@ -148,9 +151,9 @@ def install(torch, inst):
 
     def __call__(self, *args, **kwargs):
         __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
-        if is_compiling() or (inst.depth and not inst.learning) or inst.off or get_ident() != inst.tid:
-            return call(self, *args, **kwargs)
-        if not (inst.learning or inst.tracking or inst.marker == "forward"):
+        if is_compiling() or not (inst.tracking or inst.learning or inst.marker == "forward"):
+            return call(self, *args, **kwargs)  # (the second test first: a lite step's calls pass here)
+        if (inst.depth and not inst.learning) or inst.off or get_ident() != inst.tid:
             return call(self, *args, **kwargs)
         try:
             inst.on_forward_pre(self, args, sys._getframe(1))
@@ -179,7 +182,8 @@ def install(torch, inst):
     def switch(on: bool) -> None:
         if _PINNED or module_cls.__dict__.get("__call__") not in (__call__, call):
             return
-        needed = not inst.off and (inst.learning or inst.tracking or inst.marker == "forward")
+        needed = not inst.off and (inst.learning or inst.tracking or inst.marker == "forward"
+                                   or getattr(inst, "fwd_resident", False))
         patches.assign(module_cls, "__call__", __call__ if needed else call)
 
     return switch

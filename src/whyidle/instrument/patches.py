@@ -25,15 +25,19 @@ _MISSING = object()
 
 def assign(owner, name: str, value) -> None:
     """``setattr(owner, name, value)``, remembering what ``owner`` itself held before whyidle's
-    first change of that attribute (``owner`` a class or a module). Errors: those of ``setattr``."""
+    first change of that attribute (``owner`` a class or a module). No ``setattr`` when ``owner``
+    holds ``value`` already: assigning a class attribute, even the same one, invalidates the
+    attribute caches of the class and of every subclass (``torch.nn.Module``: hundreds, ~0.4 ms of a
+    training step, ``instrument/torch.py`` ``FORWARD_SWITCH_NS``). Errors: those of ``setattr``."""
     with _LOCK:
         key = (id(owner), name)
+        own = _own(owner)
         entry = _ASSIGNED.get(key)
         if entry is None:
-            own = _own(owner)
             entry = _ASSIGNED[key] = [owner, name, name in own, own.get(name), value]
         entry[4] = value
-    setattr(owner, name, value)
+    if own.get(name, _MISSING) is not value:
+        setattr(owner, name, value)
 
 
 def on_restore(undo) -> None:

@@ -98,6 +98,23 @@ LOWP_MATMUL_N = 32
 #: few µs (benchmarks/hook_cost.py): one full step per 20 ms keeps whyidle near 1 % of a run.
 FULL_DETAIL_PERIOD_S = 0.020
 
+#: What whyidle's ``Module.__call__`` wrapper costs a module call on a lite step, passing it through
+#: (ns; ~0.3-0.4 µs on this project's 2-core box, benchmarks/hook_cost.py's noop family).
+FORWARD_PASS_NS = 400
+
+#: What one assignment of ``torch.nn.Module.__call__`` costs the training loop (ns): the assignment
+#: walks every subclass of ``Module`` (~350 after ``import torch``, thousands with ``transformers``)
+#: and invalidates their attribute caches (and the interpreter's specialized instructions that read
+#: them), so the step that makes it is ~350 µs slower on a 0.7 ms CPU loop and, the assignment made
+#: every 26 steps, the median step ~14 µs slower (measured on this project's 2-core box by assigning
+#: the same ``__call__`` every 26 steps of ``benchmarks/overhead.py``'s 2ms loop, 2026-12-05).
+FORWARD_SWITCH_NS = 400_000
+
+#: Most of a step's time that passing its module calls through the wrapper on a lite step may cost
+#: for the wrapper to stay in over the lite steps (``TorchInstrument._forward_residency``): the lite
+#: steps are most of a short-step run, so this is about what the median step pays.
+FORWARD_RESIDENT_SHARE = 0.005
+
 #: Steps in a row of one other optimizer, with no step of the primary between them, after which
 #: that optimizer becomes the primary one: the program replaced its optimizer (a second
 #: ``trainer.fit`` builds a new one). Alternating optimizers (a GAN's generator and discriminator)
@@ -256,6 +273,11 @@ class TorchInstrument:
         self.data_calls = 0  # open module calls inside a DataLoader fetch (transforms): data, not forward
         self.roots: dict[int, object] = {}  # the top-level modules called while learning
         self.learning = True  # every module call is seen (see ROOT_LEARNING_STEPS)
+        self.learn_calls = 0  # module calls (nested ones included) of the training thread while learning
+        self.learn_steps = (0, 0)  # (step, module calls) where the current learning began
+        self.calls_per_step = 0.0  # mean module calls per step of the last learning steps
+        self.step_s = 0.0  # mean step time of the last STRIDE_WINDOW steps (s; 0 until known)
+        self.fwd_resident = False  # the forward wrapper stays in over lite steps (see _forward_residency)
         self.learn_until = (ROOT_LEARNING_STEPS, MAX_AUDITED_BATCHES)  # (optimizer steps, steps) ending it
         self.root_refs: dict[int, object] = {}  # id → weak reference of the roots learnt (for _part, _root_parameters)
         self.graph_counted: set[int] = set()
@@ -289,7 +311,7 @@ class TorchInstrument:
         self._is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         self._grad_enabled = torch.is_grad_enabled
         self.pending_first: int | None = None  # id() of a new DataLoader iterator before its first batch
-        self.switch_next = None  # callable(on): the DataLoader __next__ wrapper in or out (install())
+        self.switch_next = None  # callable(on): the DataLoader __next__ wrapper working or passing batches through (install())
         self.module_calls = ModuleCalls(self.site_of)  # repeated submodule calls (module_calls.py)
         self.regions = region_mod.get(agent)  # evaluation / checkpoint / logging time (regions.py)
         self.hooks = HookTimer(self.site_of, os.path.dirname(torch.__file__), self.regions)  # the program's hooks
@@ -341,6 +363,8 @@ class TorchInstrument:
                 tl.mark("other", "step", self.step)
 
     def enter(self, phase: str) -> None:
+        if not self.tracking and self.t0 is not None:  # a lite step: no phases (no clock read either)
+            return
         now = monotonic_ns()
         if self.t0 is None:  # the first training activity: start the step clock and the samplers
             self._begin_step(now)
@@ -385,13 +409,40 @@ class TorchInstrument:
             return
         if now >= self.trace_due:  # a deep-trace request to look for, or its window open (deep_trace.py)
             now = self.deep.boundary(now)
+        step = self.step
+        if (not self.tracking and step + 1 < self.next_full and not self.learning and self.transfers is None
+                and not self.colls.enabled):
+            # a lite step followed by another (most steps of short ones, hooks out, no audit): what
+            # the general path below does then, without its tests and calls (~2 µs of each step)
+            self.hooks.ns = 0  # the hooks' time is kept for full steps only
+            self.lite_rows.append((step, self.t0, now, _BY_CODE.get(by, 2), None, None, None, None, None,
+                                   self.batches if self.marker == "loader" else None, None, self.loader_key,
+                                   1 if self.boundary else 0))
+            if by in ("optimizer", "backward"):
+                self.opt_steps += 1
+            self.step = step = step + 1
+            if step % STRIDE_WINDOW == 0:
+                self._update_stride(now)
+            stacks = self.stacks
+            if stacks is not None and stacks._pending:
+                stacks.maybe_reinstall()
+            # _begin_step of a lite step after a lite one: tracking and auditing stay off
+            self.t0 = self.t_phase = now
+            self.phase = "lite"
+            self.batches = self.samples = self.micro = self.calls = self.syncs_in_step = 0
+            self.samples_known = True
+            self.boundary = False
+            self.loader_key = None
+            return
         # the main thread's CPU time when this step or the next is recorded in full: this step's
         # ``cpu`` ends and the next step's ``wi`` (below) starts here
         cpu_now = thread_time_ns() if self.full or self.step + 1 >= self.next_full else None
         acc = self.acc
         if self.tracking:
             acc[self.phase] += now - self.t_phase
-        hooks_ns = self.hooks.take()
+        hooks = self.hooks  # the ns in the program's timed hooks since the last step (HookTimer.take)
+        hooks_ns = hooks.ns
+        hooks.ns = 0
         if self.full:
             if self.lite_rows:  # keep the file in step order
                 self.flush_lite()
@@ -426,8 +477,9 @@ class TorchInstrument:
             self._update_stride(now)
         if self.learning and (self.opt_steps >= self.learn_until[0] or self.step >= self.learn_until[1]):
             self._end_learning()
-        if self.stacks is not None:
-            self.stacks.maybe_reinstall()  # a library reset the sampler's SIGURG handler (stacks.py)
+        stacks = self.stacks
+        if stacks is not None and stacks._pending:  # a library reset the sampler's SIGURG handler (stacks.py)
+            stacks.maybe_reinstall()
         self._begin_step(now)
         # this boundary's own cost, inside the next step's [t0, t1], as main-thread CPU time: the
         # boundary's CPU-time reads are where the kernel's scheduler catches up on a busy host
@@ -440,8 +492,10 @@ class TorchInstrument:
     def _track(self, on: bool) -> None:
         """Puts the phase hooks in (``on``) or takes them out for lite steps (see
         ``FULL_DETAIL_PERIOD_S``): the backward wrapper, the ``Module.__call__`` wrapper once the
-        top-level modules are learnt and, when optimizer steps mark the steps, the DataLoader
-        ``__next__`` wrapper. Between steps only."""
+        top-level modules are learnt (unless :attr:`fwd_resident`) and, when optimizer steps mark
+        the steps, the DataLoader ``__next__`` wrapper's work (that wrapper stays in place, passing
+        batches through: assigning a class attribute slows the program's code that uses the class,
+        see ``FORWARD_SWITCH_NS``). Between steps only."""
         self.tracking = on
         self.depth = self.data_calls = 0
         for switch in self.switches:
@@ -686,6 +740,8 @@ class TorchInstrument:
             self.depth += 1
             return
         calls = self.module_calls
+        if self.learning:
+            self.learn_calls += 1
         if calls is not None and self.learning:
             try:
                 calls.pre(module, args, frame)
@@ -811,7 +867,8 @@ class TorchInstrument:
         self.enter("optimizer")
 
     def on_optimizer_post(self, optimizer) -> None:
-        self.leave()
+        if self.tracking:
+            self.leave()
         key = id(optimizer)
         part = self.parts.get(key)
         if part is None and len(self.parts) < MAX_PARTS:
@@ -832,6 +889,7 @@ class TorchInstrument:
             self.primary_opt = key
             self.learn_until = (self.opt_steps + ROOT_LEARNING_STEPS, self.step + MAX_AUDITED_BATCHES)
             self.learning = True  # a new training stage: its top-level modules are learnt too
+            self.learn_steps = (self.step, self.learn_calls)
         self.other_opt_steps = 0
         if self.opt_steps < DEVICE_AUDIT_STEPS:
             self._audit_step(p for group in optimizer.param_groups for p in group["params"])
@@ -994,6 +1052,9 @@ class TorchInstrument:
                 self.agent.record({"k": "detail", "t": now, "step": self.step, "stride": stride,
                                    "step_s": round(mean_s, 6)})
                 self.stride = stride
+            self.step_s = mean_s
+            if not self.learning:
+                self._forward_residency()
         self._stride_ref = (self.step, now)
 
     def on_sync(self, frame, explicit: str | None) -> None:
@@ -1076,9 +1137,27 @@ class TorchInstrument:
             self.root_refs[key] = weakref.ref(module)  # nn.Module has __weakref__
         self.roots = {}
         self.learning = False
+        step0, calls0 = self.learn_steps
+        self.calls_per_step = (self.learn_calls - calls0) / max(1, self.step - step0)
+        self.learn_steps = (self.step, self.learn_calls)
+        self._forward_residency()
         for switch in self.switches:  # the forward wrapper may come out of the lite steps now
             switch(self.tracking)
         self.record_parts()
+
+    def _forward_residency(self) -> None:
+        """Whether the ``Module.__call__`` wrapper stays in over the lite steps
+        (:attr:`fwd_resident`, read by the forward switch of :mod:`whyidle.instrument.forward`):
+        yes when passing a lite step's module calls through it (``calls_per_step ×
+        FORWARD_PASS_NS``, the calls counted while learning) costs at most
+        :data:`FORWARD_RESIDENT_SHARE` of the step time, and the ``stride - 1`` lite steps' calls
+        cost less than taking it out after a full step and putting it back before the next
+        (``2 × FORWARD_SWITCH_NS``): a small model's short steps keep it (~2 µs per step instead of
+        ~1 ms per full step), a deep model's (whose every step it would slow) take it out."""
+        per_step = self.calls_per_step * FORWARD_PASS_NS
+        lite = max(0, self.stride - 1)
+        self.fwd_resident = (per_step <= FORWARD_RESIDENT_SHARE * self.step_s * 1e9
+                             and per_step * lite < 2 * FORWARD_SWITCH_NS)
 
     def _part(self, optimizer) -> list:
         """A new optimizer's entry in :attr:`parts`: ``[name, class, parameters, steps, backward
@@ -1333,11 +1412,15 @@ def install(agent, torch) -> TorchInstrument:
     agent.on_exit.append(hooks_record)
 
     orig_next = dl._BaseDataLoaderIter.__next__
+    # whether __next__ below does its work (switch_next): it stays in place either way, since
+    # assigning _BaseDataLoaderIter.__next__ around every full step would invalidate the attribute
+    # caches of the iterator classes and slow every batch fetch (~5 µs on a 0.7 ms step)
+    next_on = [True]
 
     @functools.wraps(orig_next)
     def __next__(self):
         __tracebackhide__ = True  # IPython and pytest leave whyidle's frame out of the program's tracebacks
-        if inst.off or agent.disabled or get_ident() != inst.tid:
+        if not next_on[0] or inst.off or agent.disabled or get_ident() != inst.tid:
             return orig_next(self)
         try:
             inst.on_fetch_start(self)
@@ -1486,7 +1569,18 @@ def install(agent, torch) -> TorchInstrument:
     def opt_pre(optimizer, args, kwargs):
         if inst.off or agent.disabled or (inst.marker == "optimizer" and get_ident() != inst.tid):
             return None
-        _safe(inst, inst.on_optimizer_pre, optimizer)
+        if not inst.tracking and inst.marker == "optimizer" and not inst.loop_open and inst.t0 is not None:
+            # a lite step (most steps of short ones): what on_optimizer_pre does there, without its calls
+            inst.trained = True
+            inst.train_loader = inst.loader_key
+            regions = region_mod._REGIONS
+            if regions is not None and regions.eval_module is not None:
+                region_mod.optimizer_stepped()
+            return None
+        try:  # _safe inlined: this runs on every step
+            inst.on_optimizer_pre(optimizer)
+        except Exception as exc:
+            inst.fail("on_optimizer_pre", exc)
         if not inst.tracking:  # a lite step: no phases, the closure runs as it is
             return None
         # step(closure): the closure's work (Lightning's training_step and backward) is the step's
@@ -1503,7 +1597,20 @@ def install(agent, torch) -> TorchInstrument:
     def opt_post(optimizer, args, kwargs):
         if inst.off or agent.disabled or get_ident() != inst.tid:
             return None
-        _safe(inst, inst.on_optimizer_post, optimizer)
+        key = id(optimizer)
+        if not inst.tracking and key == inst.primary_opt and inst.opt_steps >= DEVICE_AUDIT_STEPS and key in inst.parts:
+            # the primary optimizer on a lite step: what on_optimizer_post does there, without its call
+            inst.bwd_since_opt = 0
+            inst.other_opt_steps = 0
+            try:
+                inst.end_step("optimizer")
+            except Exception as exc:
+                inst.fail("on_optimizer_post", exc)
+            return None
+        try:  # _safe inlined: this runs on every step
+            inst.on_optimizer_post(optimizer)
+        except Exception as exc:
+            inst.fail("on_optimizer_post", exc)
         return None
 
     switch_forward = forward_mod.install(torch, inst)
@@ -1525,11 +1632,8 @@ def install(agent, torch) -> TorchInstrument:
 
     def switch_next(on: bool) -> None:
         # where batches mark the steps (or may start to, after forward-marked ones) the wrapper
-        # stays; a new iterator's first batch is timed whatever the step's detail (TorchInstrument.on_iter)
-        want = (__next__ if on or inst.marker in ("loader", "forward") or inst.pending_first is not None
-                else orig_next)
-        if dl._BaseDataLoaderIter.__dict__.get("__next__") in (__next__, orig_next):
-            patches.assign(dl._BaseDataLoaderIter, "__next__", want)
+        # works; a new iterator's first batch is timed whatever the step's detail (TorchInstrument.on_iter)
+        next_on[0] = bool(on or inst.marker in ("loader", "forward") or inst.pending_first is not None)
 
     inst.switches = [switch_backward, switch_next, switch_forward]
     inst.switch_next = switch_next
