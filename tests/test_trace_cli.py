@@ -220,6 +220,20 @@ def test_reader_cuts_blocks_anywhere(tmp_path):
     assert ref.device_properties[0]["computeMajor"] == 8
 
 
+def test_an_event_with_infinity_or_nan_is_skipped_and_the_rest_read(tmp_path):
+    """Python's JSON writer puts NaN and Infinity in a file (not standard JSON): the event holding
+    one is counted as skipped and the events after it are read, at any block size (the fuzz case
+    that read the rest of the file as cut short)."""
+    doc = synthetic_trace(steps=10)
+    n = len(doc["traceEvents"])
+    doc["traceEvents"].insert(n // 2, {"ph": "X", "cat": "kernel", "name": "k", "ts": float("inf"), "dur": None})
+    doc["traceEvents"].insert(n // 3, {"ph": "X", "cat": "kernel", "name": "k", "ts": 5, "dur": float("nan")})
+    path = write(tmp_path / "t.json", doc)
+    for block in (64, 257, 1 << 20):
+        t = read_trace(path, block_bytes=block)
+        assert (t.events, t.skipped, t.cut) == (n + 2, 2, None), block
+
+
 @pytest.mark.slow
 @needs_shared
 def test_every_shared_trace_gives_a_report():

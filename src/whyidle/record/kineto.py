@@ -143,26 +143,33 @@ def _decode_array(text, fast: bool = True) -> list:
     reader accepts beyond the standard (NaN, Infinity) or invalid UTF-8, is read leniently
     (:func:`_lenient`). Errors: ``msgspec.DecodeError`` when it is not JSON at all (the block
     cutter then tries another cut)."""
+    error = None
     if fast:
         try:
             return _FAST_DECODER.decode(text)
         except msgspec.ValidationError:  # a field out of its checked type or range: the checks below
             pass
-    try:
-        return _DECODER.decode(text)
-    except msgspec.ValidationError:  # an event of another shape (the typed decoder stops there)
+        except msgspec.DecodeError as exc:  # not standard JSON: maybe NaN or Infinity (below)
+            error = exc.with_traceback(None)  # kept without its traceback: no cycle through this frame
+    if error is None:
         try:
-            return _lenient(msgspec.json.decode(text))
-        except msgspec.DecodeError as exc:  # and beyond standard JSON further on
-            error = exc
-    except msgspec.DecodeError as exc:
-        error = exc
+            return _DECODER.decode(text)
+        except msgspec.ValidationError:  # an event of another shape (the typed decoder stops there)
+            try:
+                return _lenient(msgspec.json.decode(text))
+            except msgspec.DecodeError as exc:  # and beyond standard JSON further on
+                error = exc.with_traceback(None)
+        except msgspec.DecodeError as exc:
+            error = exc.with_traceback(None)
     import json
 
     try:
         items = json.loads(bytes(text).decode("utf-8", "replace"))
     except (ValueError, RecursionError):
-        raise error from None  # not JSON
+        try:
+            raise error from None  # not JSON
+        finally:  # no cycle (error → its traceback → this frame → error) keeps the caller's buffer
+            del error, text  # exported while the collector is paused (a bytearray it resizes next)
     return _lenient(items if isinstance(items, list) else [])
 
 
