@@ -375,8 +375,10 @@ def test_the_program_starting_its_profiler_in_whyidles_window_gets_a_complete_tr
 def test_each_rank_of_a_gloo_job_traces_with_its_rank(tmp_path):
     from whyidle.record.kineto import read_trace
 
+    # 4,000 steps of ~2 ms: ~9 s of training, so the request lands while both ranks still step (400
+    # steps trained in 1.1 s, and under a loaded CI the request could come after the last one)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           os.path.join(SCENARIOS, "ddp_straggler.py"), "--kind", "loader", "--fixed", "--steps", "400"]
+           os.path.join(SCENARIOS, "ddp_straggler.py"), "--kind", "loader", "--fixed", "--steps", "4000"]
     proc, run_dir = _launch(tmp_path, cmd, name="ddp")
     try:
         _wait_for(lambda: len({r["_file"] for r in _records(run_dir, "step")}) == 2, what="both ranks' steps")
