@@ -234,6 +234,17 @@ def test_an_event_with_infinity_or_nan_is_skipped_and_the_rest_read(tmp_path):
         assert (t.events, t.skipped, t.cut) == (n + 2, 2, None), block
 
 
+def test_a_negative_numeric_thread_id_is_kept_as_it_is(tmp_path):
+    """A thread id that is a negative number (the fuzz case: -717870110) is that thread's id, not
+    a named thread's index: read without a table as long as its value (5 GB there)."""
+    doc = {"traceEvents": [{"ph": "X", "cat": "cuda_runtime", "name": "", "ts": 0, "dur": 1, "pid": 0,
+                            "tid": -717870110},
+                           {"ph": "X", "cat": "cuda_runtime", "name": "", "ts": 2, "dur": 1, "pid": 0,
+                            "tid": "stream 7"}]}
+    t = read_trace(write(tmp_path / "t.json", doc))
+    assert t.events == 2 and sorted(t.runtime["tid"].tolist())[0] == -717870110
+
+
 @pytest.mark.slow
 @needs_shared
 def test_every_shared_trace_gives_a_report():

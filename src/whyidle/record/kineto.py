@@ -668,19 +668,18 @@ def _assemble(path: str, head: bytes, tail: bytes, parts: list[dict]) -> TraceDa
     cut = None
     for part in parts:
         ids = np.asarray([index.setdefault(x, len(index)) for x in part["strings"]], dtype=np.int64)
-        tid_map = {}
+        tid_map = {}  # a part's ids of named threads ("stream 7": negative, per part) -> the trace's
         for key, local in part["tids"].items():
-            if local < 0:
+            if local < 0 and isinstance(key, str):  # a negative number is a thread id as it is
                 tid_map[local] = tid_ids.setdefault(key, -(len(tid_ids) + 1))
         for g in merged:
             for k, v in part[g].items():
                 if k in ("name", "cat") and len(v):
                     v = ids[v]
                 elif k == "tid" and len(v) and tid_map and (v < 0).any():
-                    lut = np.zeros(max(-x for x in tid_map) + 1, dtype=np.int64)
-                    for local, glob in tid_map.items():
-                        lut[-local] = glob
-                    v = np.where(v < 0, lut[np.clip(-v, 0, len(lut) - 1)], v)
+                    local = np.array(sorted(tid_map), dtype=np.int64)
+                    at = np.clip(np.searchsorted(local, v), 0, len(local) - 1)
+                    v = np.where(local[at] == v, np.array([tid_map[x] for x in local.tolist()])[at], v)
                 merged[g].setdefault(k, []).append(v)
         pageable.append(part["pageable"])
         steps.extend(part["steps"])
