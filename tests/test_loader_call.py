@@ -300,6 +300,14 @@ def test_cheaper_samples_are_estimated_for_a_stated_cost(cause_share):
     assert [o["text"] for o in ranked] == ["workers", "cheaper"]
 
 
+def test_estimates_within_the_tie_keep_the_rules_order():
+    opts = [rules.fix_option("workers", 1.64), rules.fix_option("cheaper", 1.70), rules.fix_option("slow", 1.05)]
+    assert [o["text"] for o in rules.rank_options(opts)] == ["workers", "cheaper", "slow"]
+    # outside the tie the larger estimate leads
+    opts[0] = rules.fix_option("workers", 1.55)
+    assert [o["text"] for o in rules.rank_options(opts)] == ["cheaper", "workers", "slow"]
+
+
 def test_the_pasted_fix_compiles_at_the_statements_indentation():
     code = "\n".join(worker_fix(imagenet_call())[1])
     compile(textwrap.indent(code, "        ").join(["def f():\n    if True:\n", "\n"]), "<fix>", "exec")

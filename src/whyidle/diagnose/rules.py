@@ -303,12 +303,16 @@ def rank_options(options: list[dict]) -> list[dict]:
     """Fix options, the one that gains most *here* first: options estimated at ≥
     ``VERDICT_MIN_SPEEDUP`` by their estimate, then those that cannot be estimated, or only under an
     assumption (``assumed``: their gain depends on how much cheaper the work gets), then those
-    estimated below it."""
+    estimated below it. Estimates within ``ESTIMATE_TIE`` of the best one's are a tie, kept in the
+    rule's order (its first option is the plainest change: a setting before a rewrite)."""
+    estimates = [o["est_speedup"] for o in options if o["est_speedup"] is not None and not o.get("assumed")]
+    best = max(estimates, default=0.0)
+
     def key(o: dict) -> tuple[int, float]:
         est = o["est_speedup"]
         if est is None or o.get("assumed"):
             return (1, 0.0)
-        return (0 if est >= T.VERDICT_MIN_SPEEDUP else 2, -est)
+        return (0 if est >= T.VERDICT_MIN_SPEEDUP else 2, -(best if est * T.ESTIMATE_TIE >= best else est))
     return sorted(options, key=key)
 
 

@@ -129,6 +129,10 @@ SMALL_BATCH_TARGET = 32
 
 #: A fix worth a warning gains at least 10 % (``no_mixed_precision``).
 VERDICT_MIN_SPEEDUP = 1.10
+#: Two fix options' estimates closer than this factor are a tie (``rank_options`` keeps the rule's
+#: order): the input model's estimates of different fixes differ by ±5 % between repeats of one
+#: job on a shared machine (hf_trainer_input: workers 1.62-1.76x, cheaper sample 1.68-1.70x).
+ESTIMATE_TIE = 1.05
 #: A warning/critical finding becomes the verdict when the cause it names holds at least this
 #: fraction of the step (its ``bound``), whatever its fix can give on this machine: removing it
 #: would gain 1/(1 − 0.10) = 1.11×, the noise of a shared machine (as ``DATA_WAIT_WARN``). Below
