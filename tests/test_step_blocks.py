@@ -84,3 +84,43 @@ def test_among_is_isin_of_the_step_ids(monkeypatch, block):
     for others in ([], rows[:1], rows[5:30:2], rows, [{"i": -4}, {"i": 10**6}], rows[::-1][:7]):
         want = np.isin([r["i"] for r in rows], [r["i"] for r in others])
         assert series.among(rows, others).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("block", [3, 1 << 18])
+def test_among_rows_of_one_table_is_isin_of_the_step_ids(tmp_path, monkeypatch, block):
+    import load_run as synthetic
+    from whyidle.analysis.steps import select_steps
+    from whyidle.record.steptable import StepRows
+    monkeypatch.setattr(stepcols, "STEP_BLOCK", block)
+    run = load_run(synthetic.write_run(str(tmp_path / "r"), 500, 1.0, False))
+    rows = steps_of(next(iter(run.steps.values())))
+    analyzed, _ = select_steps(rows)
+    assert type(rows) is StepRows and type(analyzed) is StepRows and analyzed.table is rows.table
+    for others in (analyzed, rows[3:40], rows[:0], rows[10:11], rows):
+        want = np.isin([r["i"] for r in rows], [r["i"] for r in others])
+        assert 0 < len(want)
+        assert series.among(rows, others).tolist() == want.tolist()
+    part = rows[100:200]  # rows that are not the table's whole: only those of ``part`` are marked
+    assert series.among(part, analyzed).tolist() == np.isin([r["i"] for r in part], [r["i"] for r in analyzed]).tolist()
+
+
+@pytest.mark.parametrize("bars", [1, 7, 300, 10_000])
+def test_phase_bars_are_the_mean_step_of_each_bins_analyzed_steps(tmp_path, bars):
+    import load_run as synthetic
+    a = pipeline.analyze_run(synthetic.write_run(str(tmp_path / "r"), 2000, 1.0, True))  # lite steps: NaN phases
+    rows = a.facts.step_rows
+    codes = series.left_out_codes(rows, a.facts.analyzed_steps, a.facts.steps_info["warmup"])
+    assert 0 < (codes == 0).sum() < len(rows)
+    got = series.phase_bars(rows, 0, codes, bars)
+    cols = series.step_columns(rows, 0, dtype=np.float32)
+    k = -(-len(rows) // bars)
+    assert got["k"] == k and len(got["start"]) == -(-len(rows) // k)
+    assert set(got["ms"]) == set(cols["has"]) | {"other_host"}
+    for j, (lo, hi) in enumerate(zip(got["start"], got["stop"])):
+        use = np.arange(lo, hi)
+        if (codes[lo:hi] == 0).any():
+            use = use[codes[lo:hi] == 0]
+        assert got["used"][j] == len(use) and got["analyzed"][j] == bool((codes[lo:hi] == 0).any())
+        for name, values in got["ms"].items():
+            want = float((cols[name][use].astype(float) * 1000).mean())
+            assert values[j] == want or (np.isnan(want) and np.isnan(values[j])), (name, j)

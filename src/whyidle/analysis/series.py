@@ -20,6 +20,7 @@ import numpy as np
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.steps import COMPUTE_KEY, PHASE_KEYS
+from whyidle.analysis import stepcols
 from whyidle.analysis.stepcols import StepCols
 from whyidle.record.steptable import NULL_INT
 
@@ -69,7 +70,18 @@ def step_ids(steps: list) -> np.ndarray:
 def among(steps: list, others: list) -> np.ndarray:
     """Bool per step of ``steps``: its ``i`` is one of ``others``' (``np.isin`` of the step ids),
     a block of steps at a time when ``others``' ids increase (steps in order, as analyzed steps
-    are: a day of steps otherwise sorts 50 MB)."""
+    are: a day of steps otherwise sorts 50 MB). When ``steps`` are one run of rows of a step table
+    and ``others`` rows of the same table (:class:`~whyidle.record.steptable.StepRows`, as a
+    trainer's steps and its analyzed steps are), by row number, a block of ``others`` at a time:
+    the same where a table's ids are unique, without gathering a day of ids (~100 MB at once)."""
+    first = _first_row(steps, others)
+    if first is not None:
+        out = np.zeros(len(steps), bool)
+        at, block = others.positions, stepcols.STEP_BLOCK
+        for a in range(0, len(at), block):
+            pos = at.numpy(a, a + block) - first
+            out[pos[(pos >= 0) & (pos < len(out))]] = True
+        return out
     theirs = step_ids(others)
     if len(theirs) > 1 and not bool((np.diff(theirs) > 0).all()):
         return np.isin(step_ids(steps), theirs)
@@ -82,6 +94,15 @@ def among(steps: list, others: list) -> np.ndarray:
         at = np.minimum(np.searchsorted(theirs, mine), len(theirs) - 1)
         out[a:a + b.n] = theirs[at] == mine
     return out
+
+
+def _first_row(rows, others) -> int | None:
+    """The first row number when ``rows`` are consecutive rows of the step table that ``others``'
+    rows are of (both :class:`~whyidle.record.steptable.StepRows`), else None."""
+    table = getattr(rows, "table", None)
+    if table is None or getattr(others, "table", None) is not table:
+        return None
+    return rows.positions.consecutive()
 
 
 #: Columns of :func:`step_columns`.
@@ -272,7 +293,7 @@ def gpu_series(records: list[dict], origin_ns: int) -> list[dict]:
 
 
 def left_out_steps(rows: list, analyzed: list, warmup: int = 0) -> list[str | None]:
-    """Why each step of ``rows`` is not among the ``analyzed`` steps (matched by ``i``), one entry per
+    """Why each step of ``rows`` is not among the ``analyzed`` steps (:func:`among`), one entry per
     row: ``"warm-up"`` (the first ``warmup`` rows, see :func:`whyidle.analysis.steps.select_steps`),
     ``"boundary"`` (holds an epoch boundary or evaluation), ``"profiled"`` (ran under whyidle's
     TensorFlow profiler window), ``"other"``; None for an analyzed step."""
@@ -298,6 +319,57 @@ def left_out_codes(rows: list, analyzed: list, warmup: int = 0) -> np.ndarray:
 LEFT_OUT_REASONS = (None, "warm-up", "boundary", "profiled", "other")
 
 
+#: Most bars of the page's per-step phase plot: beyond a few hundred, bars get thinner than a pixel.
+PHASE_BARS = 300
+#: The phase columns of the page (:func:`phase_bars`), in the order of :data:`STEP_PHASES`, then
+#: the rest of the step.
+PAGE_PHASES = tuple(name for name, _ in STEP_PHASES) + ("other_host",)
+
+
+def phase_bars(rows: list, origin_ns: int, codes: np.ndarray, max_bars: int = PHASE_BARS) -> dict:
+    """The per-step phase plot's bars of a run with more than ``max_bars`` steps: consecutive steps
+    binned ``k = ceil(n / max_bars)`` to a bar, each bar the mean step of its analyzed steps (all
+    of its steps when none is), made one phase column at a time (a whole run's phases as float32
+    are 12 MB a column for 3 million steps; the page holds the bars, not the columns).
+
+    Args:
+        rows: the primary trainer's steps (records or ``StepView`` rows), n of them.
+        origin_ns: the run's origin (:func:`run_origin`).
+        codes: :func:`left_out_codes` of ``rows`` (int8, n).
+    Returns:
+        ``{"k": k, "start": [first step position of each bar], "stop": [one past its last],
+        "used": [steps each bar's mean is of], "analyzed": [whether it has an analyzed step],
+        "ms": {phase: [mean ms of each bar]}}`` for each of :data:`PAGE_PHASES` measured (``has``
+        of :func:`step_columns`; ``other_host`` always), seconds as float32 (as the page draws
+        them) averaged in float64; NaN where a bar holds a lite step whose phases were not tracked.
+    """
+    n = len(rows)
+    k = max(1, math.ceil(n / max_bars))
+    start = np.arange(0, n, k)
+    stop = np.minimum(start + k, n)
+    keep = codes == 0
+    analyzed = np.add.reduceat(keep, start) > 0 if n else np.zeros(0, bool)
+    out = {"k": k, "start": start.tolist(), "stop": stop.tolist(), "analyzed": analyzed.tolist(), "used": [], "ms": {}}
+    has = None
+    for name in PAGE_PHASES:
+        if has is not None and name not in has and name != "other_host":
+            continue
+        col = step_columns(rows, origin_ns, (name,), np.float32)
+        has = col["has"]
+        if name not in has and name != "other_host":
+            continue
+        values = col[name]
+        means, used = [], []
+        for a, b, any_kept in zip(start.tolist(), stop.tolist(), analyzed.tolist()):
+            part = values[a:b]
+            if any_kept:
+                part = part[keep[a:b]]
+            means.append(float((np.asarray(part, float) * 1000).mean()))
+            used.append(len(part))
+        out["ms"][name], out["used"] = means, used
+    return out
+
+
 @dataclasses.dataclass
 class RunSeries:
     """The time series a report's plots draw, computed once from a loaded run and its facts
@@ -305,9 +377,10 @@ class RunSeries:
 
     Fields: ``origin_ns`` (the run's origin, monotonic ns, :func:`run_origin`); ``window_s``
     (the analyzed steps' ``(start, end)`` in s since the origin, or None); ``steps``
-    (:func:`step_columns` of every step of the primary trainer: ``i``, ``step_s``,
-    ``other_host`` and each phase, seconds as float32); ``left_out`` (:func:`left_out_codes`, one int8
-    per step, an index into :data:`LEFT_OUT_REASONS`); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
+    (:func:`step_columns` of every step of the primary trainer: ``i``, ``step_s`` and
+    ``data_wait``, seconds as float32); ``left_out`` (:func:`left_out_codes`, one int8
+    per step, an index into :data:`LEFT_OUT_REASONS`); ``phase_bars`` (:func:`phase_bars`: the
+    phases of every step, or of bins of steps in a long run); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
     (:func:`cpu_series`); ``gpu_notices`` (texts of the sampler's ``gpu_notice`` records, why
     no GPU was sampled); ``interval_s`` (the host sampling period, s, or None).
     """
@@ -316,6 +389,7 @@ class RunSeries:
     window_s: tuple[float, float] | None
     steps: dict
     left_out: np.ndarray
+    phase_bars: dict
     gpus: list[dict]
     cpu: dict
     gpu_notices: list[str]
@@ -329,11 +403,13 @@ def run_series(run, facts: RunFacts) -> RunSeries:
     origin = run_origin(meta, run.host, run.gpu)
     window = (facts.step or {}).get("window")
     rows = facts.step_rows or []
+    codes = left_out_codes(rows, facts.analyzed_steps or [], (facts.steps_info or {}).get("warmup") or 0)
     return RunSeries(
         origin_ns=origin,
         window_s=((window[0] - origin) / 1e9, (window[1] - origin) / 1e9) if window else None,
-        steps=step_columns(rows, origin, ("i", "step_s", "other_host") + tuple(n for n, _ in STEP_PHASES), np.float32),
-        left_out=left_out_codes(rows, facts.analyzed_steps or [], (facts.steps_info or {}).get("warmup") or 0),
+        steps=step_columns(rows, origin, ("i", "step_s", "data_wait"), np.float32),
+        left_out=codes,
+        phase_bars=phase_bars(rows, origin, codes),
         gpus=gpu_series(run.gpu, origin),
         cpu=cpu_series(run.host, facts.trainers or [], meta.get("whyidle_pid"), origin),
         gpu_notices=[r["msg"] for r in run.gpu if r.get("k") == "gpu_notice" and r.get("msg")],

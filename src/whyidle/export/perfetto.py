@@ -377,17 +377,20 @@ class _Timeline:
         out = {"steps": n_steps, "steps_with_phases": with_ph, "phase_slices": n_phase, "phase_stride": 1,
                "step_slices": n_step_slices, "step_group": plan.window if plan.summarized else 1}
         if plan.summarized:
-            out["summary"] = self._summary_note(series.step_ids(steps), plan, len(w_starts), n_summary_phase)
+            out["summary"] = self._summary_note(detail["i"], detail_idx, plan, len(w_starts), n_summary_phase)
         out["_bounds"] = (cols["t0"], cols["t1"], plan.detail) if plan.summarized and stream else None
         return out
 
     @staticmethod
-    def _summary_note(ids: np.ndarray, plan, windows: int, phase_slices: int) -> dict:
+    def _summary_note(ids: np.ndarray, detail_idx: np.ndarray, plan, windows: int, phase_slices: int) -> dict:
         """What ``otherData.counts.trainers[pid].summary`` says of a summarized trainer: the steps
-        kept in full (how many, why, as ranges of step numbers) and the windows of the rest."""
+        kept in full (how many, why, as ranges of step numbers) and the windows of the rest.
+        ``ids``: the ``i`` of the detailed steps, whose positions are ``detail_idx``."""
         d = plan.detail
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], d.view(np.int8), [0]))))
-        first, last = edges[0::2], edges[1::2] - 1
+        edge = np.zeros(1, np.int8)
+        edges = np.flatnonzero(np.diff(np.concatenate((edge, d.view(np.int8), edge))))
+        first = np.searchsorted(detail_idx, edges[0::2])  # as indexes into ids
+        last = np.searchsorted(detail_idx, edges[1::2] - 1)
         return {"detailed_steps": int(d.sum()), "summarized_steps": int(len(d) - d.sum()),
                 "windows": windows, "window_steps": plan.window, "phase_share_slices": phase_slices,
                 "detailed_by_reason": plan.reasons, "slow_step_ms": plan.slow_ms,
@@ -413,37 +416,49 @@ class _Timeline:
         stay in numpy arrays (a few MB) until a slice is made. ``cols``: the whole ``t0``, ``t1``,
         ``step_s``, ``boundary`` and ``profiled`` columns; ``column(name)``: any column of
         :func:`series.step_columns`, asked for one at a time."""
-        detail = plan.detail
-        idx = np.flatnonzero(~detail)
-        pos = np.searchsorted(idx, plan.starts)
         count = plan.ends - plan.starts
-        step_s = cols["step_s"][idx]
+        step_s = cols["step_s"]
+        # each window is a run of consecutive summarized steps: reduced over [start, end) of the
+        # whole columns (the same elements in the same order as a gathered copy of the summarized
+        # steps, so the same sums, without three day-long copies); the odd results, over the
+        # detailed steps between windows, are dropped
+        bounds = np.empty(2 * len(count), np.int64)
+        bounds[0::2], bounds[1::2] = plan.starts, plan.ends
+        if len(bounds) and bounds[-1] >= len(step_s):
+            bounds = bounds[:-1]
 
-        def per_window(x: np.ndarray, how=np.add) -> np.ndarray:
-            return how.reduceat(x, pos)
+        def per_window(x: np.ndarray, how=np.add, dtype=None) -> np.ndarray:
+            return how.reduceat(x, bounds, dtype=dtype)[0::2]
+
+        step_sum = per_window(step_s)
 
         def mean(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # mean over measured steps; their step time
             measured = ~np.isnan(x)
             with np.errstate(invalid="ignore", divide="ignore"):
-                k = per_window(measured.astype(np.int64))
+                if measured.all():  # no copies: the same sums as of the copies below
+                    return per_window(x) / count, step_sum / count
+                if not measured.any():  # (a CPU run's gpu_ms) 0 / 0 below
+                    return np.full(len(count), np.nan), np.full(len(count), np.nan)
+                k = per_window(measured, dtype=np.int64)
                 return (per_window(np.where(measured, x, 0.0)) / k,
                         per_window(np.where(measured, step_s, 0.0)) / k)
 
         phases = [(key, name) for key, name in phase_names] + [("other_host_ms", "other_host")]
         means = []
         for key, name in phases:
-            m, base = mean(column(name)[idx])
+            m, base = mean(column(name))
             means.append((key, name, m, base))
         slow_limit = (plan.slow_ms or math.inf) / 1e3
         ids = column("i")
-        columns = [count, per_window(step_s) / count, per_window(step_s, np.minimum), per_window(step_s, np.maximum),
-                   mean(column("gpu_ms")[idx])[0], per_window(is_analyzed[idx].astype(np.int64)),
-                   per_window((step_s > slow_limit).astype(np.int64)),
-                   per_window(cols["boundary"][idx].astype(np.int64)), per_window(cols["profiled"][idx].astype(np.int64)),
-                   ids[plan.starts], ids[plan.ends - 1], cols["t0"][plan.starts], cols["t1"][plan.ends - 1],
+        first_ids, last_ids = ids[plan.starts], ids[plan.ends - 1]
+        del ids
+        columns = [count, step_sum / count, per_window(step_s, np.minimum), per_window(step_s, np.maximum),
+                   mean(column("gpu_ms"))[0], per_window(is_analyzed, dtype=np.int64),
+                   per_window(step_s > slow_limit, dtype=np.int64),
+                   per_window(cols["boundary"], dtype=np.int64), per_window(cols["profiled"], dtype=np.int64),
+                   first_ids, last_ids, cols["t0"][plan.starts], cols["t1"][plan.ends - 1],
                    self._starved_per_window(cols, plan, ranges)]
         columns += [c for _, _, m, base in means for c in (m, base)]
-        del ids
         us = self.clock.us
         tid_s, tid_p = _vtid(pid, STEPS), _vtid(pid, PHASES)
         block: list = [-1, []]  # the windows' values as Python lists, STEP_CHUNK windows at a time

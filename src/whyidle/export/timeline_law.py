@@ -86,7 +86,7 @@ def slow_limit(step_s: np.ndarray) -> float:
     """The slow-step threshold in seconds: median + ``MAD_K`` × max(MAD, ``MAD_FLOOR`` × median)
     of ``step_s`` (seconds), the rolling diagnosis's rule (:mod:`whyidle.diagnose.departure`)."""
     med = float(np.median(step_s))
-    mad = float(np.median(np.abs(step_s - med)))
+    mad = float(np.median(np.abs(step_s - med), overwrite_input=True))  # its own copy: partitioned in place
     return med + MAD_K * max(mad, MAD_FLOOR * med)
 
 
@@ -145,7 +145,8 @@ def plan_steps(step_s: np.ndarray, warmup: int, boundary: np.ndarray, left_out: 
     detail[tail_start:] = True
     reasons["tail"] = n - tail_start
     budget = max(0, DETAIL_STEPS - int(detail.sum()))
-    rest = np.arange(n) >= head_end
+    rest = np.zeros(n, bool)
+    rest[head_end:] = True
     for name, share, centers in (
             ("left_out", LEFT_OUT_SHARE, np.flatnonzero(left_out & rest & ~boundary)),
             ("boundary", BOUNDARY_SHARE, np.flatnonzero(boundary & rest))):
@@ -163,15 +164,17 @@ def plan_steps(step_s: np.ndarray, warmup: int, boundary: np.ndarray, left_out: 
         centers = np.linspace(head_end + half, tail_start - half - 1, stretches + 2)[1:-1].astype(np.int64)
         reasons["sample"] = _take(detail, np.unique(centers), half, budget)
     window = -(-n // SUMMARY_SLICES)
-    idx = np.flatnonzero(~detail)
-    if len(idx):
-        new = np.ones(len(idx), bool)
-        new[1:] = (idx[1:] != idx[:-1] + 1) | (idx[1:] // window != idx[:-1] // window)
-        first = np.flatnonzero(new)
-        starts = idx[first]
-        ends = np.append(idx[first[1:] - 1], idx[-1]) + 1
-    else:
-        starts = ends = np.zeros(0, np.int64)
+    # the windows: runs of summarized steps, cut where a multiple of ``window`` starts (bool masks
+    # of the steps: a day's index arrays and their shifted copies were 50 MB at once)
+    summarized = ~detail
+    cut = np.zeros(n + 1, bool)
+    cut[::window] = True
+    cut[n] = True
+    first = summarized.copy()
+    first[1:] &= detail[:-1] | cut[1:n]
+    last = summarized.copy()
+    last[:-1] &= detail[1:] | cut[1:n]
+    starts, ends = np.flatnonzero(first), np.flatnonzero(last) + 1
     return StepPlan(detail=detail, window=window, starts=starts, ends=ends, reasons=reasons,
                     slow_ms=round(limit * 1e3, 3))
 

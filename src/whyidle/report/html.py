@@ -250,7 +250,8 @@ def build_plots(report: dict, series: RunSeries) -> list[plots.Plot]:
         ("cpu", "CPU and memory", lambda: plots.cpu_plot(cpu, window_s, series.interval_s)),
         ("steps", "Step time and data wait per step", lambda: plots.step_time_plot(steps, left_out, no_steps)),
         ("phases", "Step time by phase",
-         lambda: plots.phase_plot(steps, left_out, (report.get("metrics") or {}).get("shares"), no_steps)),
+         lambda: plots.phase_plot(steps, left_out, series.phase_bars, (report.get("metrics") or {}).get("shares"),
+                                  no_steps)),
         ("idle", "GPU idle by cause", lambda: plots.idle_cause_plot(gpu, idle_why)),
     ]
     out = []

@@ -23,15 +23,15 @@ import pkgutil
 
 import numpy as np
 
-from whyidle.analysis.series import LEFT_OUT_REASONS
+from whyidle.analysis.series import LEFT_OUT_REASONS, PHASE_BARS
 from whyidle.report.windows import over_time_lines
 from markupsafe import escape
 
 #: Most points one trace of a time series holds: ~5,000 keeps a page with a few long traces at a few
 #: MB and plotly's drawing under a second, still finer than a 1920 px wide plot can show.
 MAX_POINTS = 5000
-#: Most bars of the per-step phase plot: beyond a few hundred, bars get thinner than a pixel.
-MAX_BARS = 300
+#: Most bars of the per-step phase plot (:func:`whyidle.analysis.series.phase_bars`).
+MAX_BARS = PHASE_BARS
 
 #: Phase → (label, colour), in the order a step runs them (the terminal report's order).
 PHASES = {
@@ -425,53 +425,42 @@ def step_time_plot(steps: dict, left_out, why: str = "No training steps were rec
     return plot
 
 
-def phase_plot(steps: dict, left_out, shares: dict | None,
+def phase_plot(steps: dict, left_out, bars: dict | None, shares: dict | None,
                why: str = "No training steps were recorded.") -> Plot:
     """Step time by phase: the overall shares (one 100 % bar) and a stacked bar per step (ms).
 
     Args:
-        steps: :func:`whyidle.analysis.series.step_columns` (or ``step_series``) of all the primary
-            trainer's steps.
-        left_out: per step, why it is left out of the metrics, or None (or its codes, as for
-            :func:`step_time_plot`).
+        steps: :func:`whyidle.analysis.series.step_columns` of all the primary trainer's steps
+            (``i`` is read).
+        left_out: each step's :func:`whyidle.analysis.series.left_out_codes`.
+        bars: :func:`whyidle.analysis.series.phase_bars` of the same steps (a step a bar up to
+            :data:`MAX_BARS` steps; longer runs binned into at most that many bars, each the mean
+            step of the bin's analyzed steps, all of its steps when none is analyzed).
         shares: ``metrics.shares`` (fractions of summed step time over the analyzed steps).
         why: the sentence shown when there are no steps.
-    Long runs are binned into at most :data:`MAX_BARS` bars, each the mean step of the bin's
-    analyzed steps (all of its steps when none is analyzed).
     """
     plot = Plot("phases", "Step time by phase",
                 "Top: shares of the summed step time of the analyzed steps (the report’s shares). Below: "
                 "each step split into its phases, in milliseconds; “other host” is the rest of the step "
                 "(logging, metrics, copies, syncs). Faded bars are steps left out of the metrics.")
     n = len(steps.get("i", ()))
-    if not n:
+    if not n or not bars:
         plot.why = why
         return plot
-    phases = [p for p in PHASES if p in steps.get("has", []) and p != "other_host"] + ["other_host"]
-    def ms(p: str, sel=slice(None)) -> np.ndarray:  # a phase's steps in ms (float64), only those of sel
-        return np.asarray(np.asarray(steps[p])[sel], float) * 1000
-
+    phases = [p for p in PHASES if p in bars["ms"]]
+    values = bars["ms"]
     i = np.asarray(steps["i"])
-    codes = _left_out(left_out, n)
-    keep = codes == 0
-    if n <= MAX_BARS:
+    opacity = [1.0 if kept else 0.35 for kept in bars["analyzed"]]
+    k = bars["k"]
+    if k == 1:
         x = i.tolist()
-        values = {p: ms(p) for p in phases}
-        opacity = [1.0 if k else 0.35 for k in keep]
         width = None
-        hover = [f"step {s}" + (f" (left out: {LEFT_OUT_REASONS[c]})" if c else "") for s, c in zip(x, codes.tolist())]
+        hover = [f"step {s}" + (f" (left out: {LEFT_OUT_REASONS[c]})" if c else "")
+                 for s, c in zip(x, _left_out(left_out, n).tolist())]
     else:
-        k = math.ceil(n / MAX_BARS)
-        x, values, opacity, hover = [], {p: [] for p in phases}, [], []
-        for a in range(0, n, k):
-            b = min(n, a + k)
-            sel = np.arange(a, b)
-            use = sel[keep[a:b]] if keep[a:b].any() else sel
-            x.append(float(i[a] + i[b - 1]) / 2)
-            for p in phases:
-                values[p].append(float(ms(p, use).mean()))
-            opacity.append(1.0 if keep[a:b].any() else 0.35)
-            hover.append(f"steps {i[a]}–{i[b - 1]}: mean of {len(use)} step(s)")
+        first, last = i[bars["start"]], i[np.asarray(bars["stop"]) - 1]
+        x = [float(a + b) / 2 for a, b in zip(first.tolist(), last.tolist())]
+        hover = [f"steps {a}–{b}: mean of {u} step(s)" for a, b, u in zip(first.tolist(), last.tolist(), bars["used"])]
         width = k * 0.9
         plot.notes.append(f"{n:,} steps binned into {len(x)} bars of {k} steps; each bar is the mean step of its "
                           "analyzed steps.")
