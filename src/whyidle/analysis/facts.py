@@ -384,6 +384,8 @@ class RunFacts:
       order; ``deep_traces``: the deep traces taken during the run and their analyses.
     - ``threads``: the primary trainer's background Python threads and their CPU seconds
       (:mod:`whyidle.instrument.thread_cpu`: ``{name, module, cpu_s}``).
+    - ``loader_workers``: the DataLoader workers' own batch times and busy shares
+      (:func:`whyidle.analysis.loader_workers.worker_facts`), or None.
     """
 
     framework: str | None = None
@@ -442,6 +444,7 @@ class RunFacts:
     hooks: dict | None = None
     notebook: NotebookFacts | None = None
     worker_start: WorkerStart | None = None
+    loader_workers: dict | None = None
 
     def replace(self, **changes) -> RunFacts:
         """A copy with ``changes`` (field → value); unknown names raise ``TypeError``."""

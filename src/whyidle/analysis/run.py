@@ -16,6 +16,7 @@ from whyidle.analysis import gpu as gpu_analysis
 from whyidle.analysis import gpu_idle as gpu_idle_analysis
 from whyidle.analysis import host as host_analysis
 from whyidle.analysis import keras as keras_analysis
+from whyidle.analysis import loader_workers
 from whyidle.analysis import logged as logged_analysis
 from whyidle.analysis import loop as loop_analysis
 from whyidle.analysis import notebook as notebook_analysis
@@ -194,7 +195,8 @@ def analyze(run: RunData) -> RunFacts:
     ``step_rows`` (all steps of the primary trainer, warm-up and boundaries included) and
     ``analyzed_steps`` (those the metrics are over) — step records or ``StepView`` rows; ``notebook``
     and ``worker_start`` (:mod:`whyidle.analysis.notebook`: the trainer ran in a notebook kernel, the
-    start method of its DataLoader's workers).
+    start method of its DataLoader's workers); ``loader_workers`` (the workers' own batch times:
+    :func:`whyidle.analysis.loader_workers.worker_facts`).
     """
     procs, summaries = run.procs, run.summaries
     step_lists = {pid: step_analysis.steps_of(run.steps.get(pid, recs)) for pid, recs in procs.items()}
@@ -347,6 +349,7 @@ def analyze(run: RunData) -> RunFacts:
         hooks=_hooks(_last(recs, "hooks"), analyzed, step),
         notebook=notebook_analysis.notebook_facts(recs, run.meta, loader),
         worker_start=notebook_analysis.worker_start(loader, proc),
+        loader_workers=loader_workers.worker_facts(run.loader_workers),
     )
 
 

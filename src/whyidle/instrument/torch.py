@@ -57,6 +57,7 @@ from whyidle.instrument import collectives as coll_mod
 from whyidle.instrument import dataset_code
 from whyidle.instrument import deep_trace
 from whyidle.instrument import forward as forward_mod
+from whyidle.instrument import loader_workers
 from whyidle.instrument import patches
 from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
@@ -1454,6 +1455,7 @@ def install(agent, torch) -> TorchInstrument:
             return orig_iter(self)
         t0 = monotonic_ns()
         _safe(inst, inst.enter, "data")
+        loader_workers.set_loader(id(self))  # the workers forked now record it
         it = None
         try:
             it = orig_iter(self)
@@ -1493,6 +1495,7 @@ def install(agent, torch) -> TorchInstrument:
     patches.assign(dl.DataLoader, "__iter__", __iter__)
     patches.assign(dl.DataLoader, "__init__", __init__)
     patches.assign(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", _shutdown_workers)
+    loader_workers.install(torch, agent.run_dir, agent)  # the workers' own batch timing
 
     orig_backward = torch.autograd.backward
 

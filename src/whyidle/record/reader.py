@@ -18,6 +18,7 @@ import re
 
 from whyidle.cmdline import program_and_script
 from whyidle.record import cells, compact, marks, schema, stepdecode
+from whyidle.record.loader_workers import read_loader_files
 from whyidle.record.steptable import StepTable
 from whyidle.redact import redact_argv
 
@@ -43,6 +44,8 @@ class RunData:
         summaries: pid → the :class:`~whyidle.record.rank_summary.RankSummary` read instead of
             its ``proc-<pid>.jsonl`` (a merge of node runs, :mod:`whyidle.record.merge`); its
             ``procs`` entry holds the records the summary kept, and ``steps`` has none.
+        loader_workers: pid → :class:`~whyidle.record.loader_workers.WorkerTally` of each
+            DataLoader worker's ``loader-<pid>.jsonl`` (its batches, summed).
     """
 
     path: str
@@ -55,6 +58,7 @@ class RunData:
     windows: list = dataclasses.field(default_factory=list)
     deep_traces: list = dataclasses.field(default_factory=list)
     summaries: dict = dataclasses.field(default_factory=dict)
+    loader_workers: dict = dataclasses.field(default_factory=dict)
 
 
 #: Most ``host`` ticks a report reads of one run (~83 minutes of the sampler's 4 Hz). A longer run
@@ -380,10 +384,12 @@ def load_run(path: str, read_proc=None, samples: bool = True) -> RunData:
     windows = sorted((r for r in read(os.path.join(path, "windows.jsonl")) if r.get("k") == "window"),
                      key=lambda r: r["t0"]) if samples else []
     deep_traces = [r for r in read(os.path.join(path, "traces.jsonl")) if r.get("k") == "deep_trace"] if samples else []
+    workers, worker_problems = read_loader_files(path)
+    problems.extend(worker_problems)
     redact_run(meta, host, procs)
     cells.name_cells(meta, procs)  # a notebook kernel's cell files named "cell N" (record/cells.py)
     return RunData(path=path, meta=meta, host=host, gpu=gpu, procs=procs, problems=problems, steps=steps,
-                   windows=windows, deep_traces=deep_traces)
+                   windows=windows, deep_traces=deep_traces, loader_workers=workers)
 
 
 def traced_spans(records: list[dict]) -> list[tuple[int, int]]:

@@ -285,6 +285,7 @@ def build_report(facts: RunFacts, verdict: str, findings: list[dict], problems: 
         "time": time_of(facts),
         "loop": loop_of(facts),
         "compile": compile_of(facts),
+        "loader_workers": facts.loader_workers,
     }
     metrics["goodput"] = goodput(metrics)
     return _r({

@@ -1,0 +1,88 @@
+"""The DataLoader workers' own time: per worker process, how long its batches took (p50/p95/p99)
+and which share of its life it was building one, from the tallies of
+:mod:`whyidle.record.loader_workers` (issue 36, part 1).
+
+A worker's *busy share* is the time spent building batches (Σ t1 − t0 of its batches) over the
+span from its first batch's start to its last batch's end; the rest it waited — for an index to
+fetch, which the training loop hands out only as it takes batches (``prefetch_factor ×
+num_workers`` outstanding at most): workers busy near 100 % with the loop waiting for data are the
+producer that holds the job; idle workers while the loop waits point elsewhere (the main process's
+own part: receiving, collating in the main process, pinning).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from whyidle.record.loader_workers import BINS_PER_OCTAVE, WorkerTally
+
+#: Batch-latency quantiles reported per worker.
+QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
+#: Slowest samples listed in the report.
+SLOWEST_LISTED = 5
+
+
+def _quantile_ms(bins: np.ndarray, q: float) -> float | None:
+    """The ``q`` quantile (milliseconds) of a latency histogram (:class:`WorkerTally` bins): the
+    geometric middle of the bin that holds it (within ~4.4 %, half a bin)."""
+    total = int(bins.sum())
+    if not total:
+        return None
+    b = int(np.searchsorted(np.cumsum(bins), q * total, side="left"))
+    return float(2.0 ** ((b + 0.5) / BINS_PER_OCTAVE)) / 1e6
+
+
+def _sample_quantile_ms(hist: dict, q: float) -> float | None:
+    """The ``q`` quantile (milliseconds) of the samples' power-of-two histogram (bucket b ≥ 1:
+    [2^(b+9), 2^(b+10)) ns, instrument/loader_workers.py ``HIST_SHIFT``): the bucket's geometric
+    middle (within a factor √2); bucket 0 (under ~1 µs) as 0.5 µs."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for b in sorted(hist):
+        seen += hist[b]
+        if seen >= q * total:
+            return (2.0 ** (b + 9.5) if b else 512.0) / 1e6
+    return None
+
+
+def worker_facts(tallies: dict[int, WorkerTally]) -> dict | None:
+    """``metrics.loader_workers`` (docs/report.md) from the run's worker tallies (pid → tally);
+    None when no worker recorded a batch.
+
+    Returns ``{workers, batches, sample_ms, slowest}`` (times in milliseconds: a sample often takes microseconds): ``workers`` one entry per worker process,
+    by loader then worker id: ``loader``, ``worker``, ``pid``, ``batches``, ``samples``,
+    ``batch_ms`` (``{p50, p95, p99}``: how long a batch took in the worker; within ~4.4 %), ``busy_share`` (0–1, see
+    the module's docstring), ``fetch_share``, ``collate_share`` (of the busy time: the samples'
+    ``dataset[index]``/``next()`` and ``collate_fn``), ``cpu_share`` (the worker thread's CPU ÷
+    its busy time: low means it waited on I/O or a lock while building batches);
+    ``batches`` (all workers); ``sample_ms`` (``{p50, p99}`` of one sample, all workers; within a
+    factor √2); ``slowest`` (the slowest samples: ``{index, ms, worker, loader}``; ``index`` as the
+    sampler gave it, text when it is not an int)."""
+    rows = []
+    hist: dict = {}
+    slowest = []
+    for tally in sorted(tallies.values(), key=lambda t: (t.loader or 0, t.worker, t.pid)):
+        if not tally.batches:
+            continue
+        span = max(1, (tally.last_t1 or 0) - (tally.first_t0 or 0))
+        busy = max(1, tally.busy_ns)
+        rows.append({
+            "loader": tally.loader, "worker": tally.worker, "pid": tally.pid, "batches": tally.batches,
+            "samples": tally.samples,
+            "batch_ms": {name: _quantile_ms(tally.latency_bins, q) for name, q in QUANTILES},
+            "busy_share": min(1.0, tally.busy_ns / span),
+            "fetch_share": min(1.0, tally.samples_ns / busy), "collate_share": min(1.0, tally.collate_ns / busy),
+            "cpu_share": min(1.0, tally.cpu_ns / busy),
+        })
+        for b, n in tally.sample_hist.items():
+            hist[b] = hist.get(b, 0) + n
+        slowest += [{"index": index, "ms": ns / 1e6, "worker": tally.worker, "loader": tally.loader}
+                    for index, ns in tally.slowest]
+    if not rows:
+        return None
+    slowest.sort(key=lambda e: -e["ms"])
+    return {"workers": rows, "batches": sum(r["batches"] for r in rows),
+            "sample_ms": {"p50": _sample_quantile_ms(hist, 0.5), "p99": _sample_quantile_ms(hist, 0.99)},
+            "slowest": slowest[:SLOWEST_LISTED]}
