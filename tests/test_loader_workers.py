@@ -113,6 +113,25 @@ def test_report_names_the_worker_that_holds_the_batches(watched, tmp_path):
     assert {e["index"] for e in lw["slowest"][:4]} == {7, 71, 135, 199}
     assert all(e["worker"] == 0 and 15 < e["ms"] < 200 for e in lw["slowest"][:4])
     assert lw["sample_ms"]["p99"] >= 10
+    timeline = json.load(open(os.path.join(tmp_path, "timeline.json")))["traceEvents"]
+    batches = [e for e in timeline if e.get("cat") == "loader_worker"]
+    assert len(batches) == 16 and {e["pid"] for e in batches} == {w0["pid"], w1["pid"]}
+    assert sorted(e["args"]["samples"] for e in batches) == [16] * 16
+    names = {e["pid"]: e["args"]["name"] for e in timeline if e.get("name") == "process_name"}
+    assert names[w0["pid"]] == f"DataLoader worker 0 ({w0['pid']})"
+    slow = [e for e in batches if e["pid"] == w0["pid"] and e["dur"] >= 15_000]  # µs
+    assert len(slow) == 4
+    from whyidle.report.plots import workers_plot
+    from whyidle.analysis.series import worker_batches
+    from whyidle.record.reader import load_run
+
+    rows = worker_batches(load_run(str(tmp_path)).loader_workers, 0)
+    plot = workers_plot(rows)
+    assert [t["name"] for t in plot.figure["data"]] == [f"worker 0 ({w0['pid']})", f"worker 1 ({w1['pid']})"]
+    assert [len(t["x"]) for t in plot.figure["data"]] == [8, 8] and not plot.notes
+    assert sum(d >= 0.015 for d in plot.figure["data"][0]["x"]) == 4
+    assert "DataLoader workers: which worker built which batch" in open(os.path.join(tmp_path, "report.html")).read()
+    assert workers_plot([]).why
 
 
 def test_iterable_unbatched_and_getitems_datasets(watched, tmp_path):

@@ -2,7 +2,7 @@
 JPEG images for every batch.
 
 Stages: ``KERAS_BACKEND`` = ``--backend`` (``torch``, default, or ``jax``) before ``import keras``;
-1,280 photo files (64 synthetic 320x320 RGB photos encoded as JPEG, quality 90, repeated) in
+1,280 photo files (64 synthetic 400x400 RGB photos encoded as JPEG, quality 90, repeated) in
 memory, as a reader would hand them over; the user's ``Photos(keras.utils.PyDataset)`` with the
 default ``workers=1`` (so Keras calls ``__getitem__`` in the training thread, one batch at a time); per batch: each image decoded
 with PIL and resized to 128x128, then a random 112x112 crop, a random flip and scaling to [0, 1]
@@ -74,7 +74,7 @@ from PIL import Image  # noqa: E402
 from keras_common import StepTimer  # noqa: E402
 
 BATCH = 32
-PHOTO = 320  # the stored photos' side
+PHOTO = 400  # the stored photos' side (320 until 2026-12-05: the JAX faulty run waited 45-49 % on an AVX2 EPYC VM)
 SIDE = 128   # decoded and resized to this side
 CROP = 112
 

@@ -382,7 +382,8 @@ class RunSeries:
     per step, an index into :data:`LEFT_OUT_REASONS`); ``phase_bars`` (:func:`phase_bars`: the
     phases of every step, or of bins of steps in a long run); ``gpus`` (:func:`gpu_series`, one dict per GPU, empty without one); ``cpu``
     (:func:`cpu_series`); ``gpu_notices`` (texts of the sampler's ``gpu_notice`` records, why
-    no GPU was sampled); ``interval_s`` (the host sampling period, s, or None).
+    no GPU was sampled); ``interval_s`` (the host sampling period, s, or None);
+    ``worker_batches`` (:func:`worker_batches`: each DataLoader worker's last batches).
     """
 
     origin_ns: int
@@ -394,6 +395,27 @@ class RunSeries:
     cpu: dict
     gpu_notices: list[str]
     interval_s: float | None
+    worker_batches: list = dataclasses.field(default_factory=list)
+
+
+#: Batches of one DataLoader worker the page draws at most (its last ones).
+WORKER_BARS = 2000
+
+
+def worker_batches(tallies: dict, origin: int) -> list[dict]:
+    """Each DataLoader worker's last :data:`WORKER_BARS` batches (the reader's
+    :class:`~whyidle.record.loader_workers.WorkerTally` spans), by loader then worker id:
+    ``{worker, pid, loader, start_s, dur_s, samples, i}`` (seconds since ``origin``, float32 arrays;
+    ``samples`` and ``i`` int arrays). [] without worker records."""
+    out = []
+    for t in sorted(tallies.values(), key=lambda t: (t.loader or 0, t.worker, t.pid)):
+        spans = t.spans[-WORKER_BARS:]
+        if not len(spans):
+            continue
+        out.append({"worker": t.worker, "pid": t.pid, "loader": t.loader, "i": spans[:, 0],
+                    "start_s": ((spans[:, 1] - origin) / 1e9).astype(np.float32),
+                    "dur_s": ((spans[:, 2] - spans[:, 1]) / 1e9).astype(np.float32), "samples": spans[:, 3]})
+    return out
 
 
 def run_series(run, facts: RunFacts) -> RunSeries:
@@ -414,4 +436,5 @@ def run_series(run, facts: RunFacts) -> RunSeries:
         cpu=cpu_series(run.host, facts.trainers or [], meta.get("whyidle_pid"), origin),
         gpu_notices=[r["msg"] for r in run.gpu if r.get("k") == "gpu_notice" and r.get("msg")],
         interval_s=meta.get("interval_s"),
+        worker_batches=worker_batches(run.loader_workers, origin),
     )

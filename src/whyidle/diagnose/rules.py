@@ -597,7 +597,8 @@ def input_bound(facts: RunFacts) -> dict | None:
         "cores": cores, "cores_limit_by": host.get("cores_limit_by"), "pin_memory": loader.get("pin_memory"),
         "persistent_workers": loader.get("persistent_workers"), "prefetch_factor": loader.get("prefetch_factor"),
         "fetch_s_per_batch": model["fetch_s"] if model else None,
-        "est_speedup_if_removed": removed, "est_terms": "step", "batch_tensors": tensors or None,
+        "est_speedup_if_removed": round(removed, 3),  # as est_speedup: never below it once rounded
+        "est_terms": "step", "batch_tensors": tensors or None,
         "batch_bytes": (facts.devices or {}).get("batch_bytes"), "ipc_share_of_wait": ipc,
     })
     evidence["hotspots"] = hot

@@ -239,7 +239,7 @@ def input_bound(facts: RunFacts) -> dict | None:
         "cause": cause, "data_wait_share": share, "data_wait_s_per_step": wait, "step_time_s_mean": mean,
         "cores": cores, "predicted_step_s": model["predicted_step_s"], "fetch_s_per_step": model["fetch_s"],
         "load_cpu_share": model["load_cpu_share"], "parallel_gain": model["parallel"], "cpu_floor_s": model["cpu_floor_s"],
-        "est_speedup_if_removed": removed,
+        "est_speedup_if_removed": round(removed, 3),  # as est_speedup: never below it once rounded
     })
     evidence.update(_round(extra))
     evidence["fit_input"] = fit_input

@@ -84,7 +84,9 @@ def _cpu(facts: RunFacts, devices: dict, shares: dict, step_s: float | None) -> 
     probe = devices.get("shape_probe") or {}
     if dtype not in ("bfloat16", "float16"):
         return None
-    if probe.get("dtype") == dtype and probe.get("slowdown"):
+    lowp_covered = probe.get("lowp_covered")
+    if probe.get("dtype") == dtype and probe.get("slowdown") and (
+            lowp_covered is None or lowp_covered >= T.PROBE_MIN_COVER or not bench.get("slowdown")):
         slowdown, basis = probe["slowdown"], "model_shapes"
     elif bench.get("dtype") == dtype and bench.get("slowdown"):
         slowdown, basis = bench["slowdown"], "square_matmul"

@@ -238,6 +238,13 @@ MP_MIN_COMPUTE_SHARE = 0.5
 #: measured 12–13× here; 2× leaves room for noise on both sides.
 EMULATED_MIN_SLOWDOWN = 2.0
 
+#: The model-shape probe's slowdown stands for the model when the shapes it timed in the autocast
+#: dtype hold at least half of the layers' forward time; below that the square matmul's does (an
+#: emulated dtype is timed at small shapes only, instrument/shape_probe.py ``MAX_FLOPS_EMULATED``:
+#: a CNN's convolutions are skipped and its last small Linear, ~0.5 % of the time, measured 1.7×
+#: against 4.3× for the 32×32 matmul and 11.8× for the whole step on an AVX2 EPYC, 2026-12-05).
+PROBE_MIN_COVER = 0.5
+
 #: ``small_workload`` needs a GPU that nearly always has queued work: starved for less than 10 %
 #: of the step time, which is less than removing it could gain (1.11×, as ``DATA_WAIT_WARN``).
 SMALL_WORK_MAX_STARVED = 0.10

@@ -270,6 +270,7 @@ class _Timeline:
         for pid in run.procs:
             if pid not in self.trainers:
                 self._host_regions(pid, run.procs[pid])
+        self.counts["loader_worker_batches"] = yield from self._loader_workers()
         self.counts["notices"] = yield from self._notices()
         self.counts["cpu_intervals"] = yield from self._cpu_counters()
         self.counts["gpus"] = yield from self._gpu_counters()
@@ -596,6 +597,19 @@ class _Timeline:
                     pid, _vtid(pid, TF), clock.us(r["t0"]), clock.us(r["t1"]), "TensorFlow profiler window",
                     "tf_profiler", args))
 
+    def _loader_workers(self):
+        """One track per DataLoader worker process: its last batches (``WorkerTally.spans``), each a
+        slice from the fetch's start to the collated batch; returns how many."""
+        clock = self.clock
+        n = 0
+        for tally in self.run.loader_workers.values():
+            track = self.track(tally.pid, tally.pid)
+            for i, t0, t1, samples, fetch_ns, collate_ns in tally.spans.tolist():
+                n += 1
+                yield track.put(_slice(tally.pid, tally.pid, clock.us(t0), clock.us(t1), f"batch {i}", "loader_worker",
+                                       {"samples": samples, "fetch_ms": _ms(fetch_ns), "collate_ms": _ms(collate_ns)}))
+        return n
+
     def _startup(self, pid: int, records: list, steps: list) -> None:
         """The start-up on the ``outside the step`` track: one ``start-up`` slice (the command's
         start to the first step's end, args: ``metrics.time.parts.startup.split``) holding
@@ -728,13 +742,19 @@ class _Timeline:
         processes, then the machine, then the GPUs."""
         framework = self.facts.framework or "none"
         trainers, primary = self.trainers, self.primary
+        workers = {t.pid: t for t in self.run.loader_workers.values() if t.spans.size}
         pids = trainers + sorted(p for p in self.run.procs if p not in trainers)
+        pids += sorted((p for p in workers if p not in pids), key=lambda p: (workers[p].loader or 0, workers[p].worker, p))
         for order, pid in enumerate(pids):
             role = "trainer" if pid in trainers else "python"
             label = f"{role} {pid}" + (f" ({framework})" if pid == primary and framework != "none" else "")
+            if pid in workers and pid not in trainers:
+                label = f"DataLoader worker {workers[pid].worker} ({pid})"
             yield _meta_event("process_name", pid, pid, {"name": label})
             yield _meta_event("process_sort_index", pid, pid, {"sort_index": order})
         for pid in pids:
+            if pid in workers:  # a worker's batches (_loader_workers)
+                yield _meta_event("thread_name", pid, pid, {"name": "DataLoader batches"})
             for k, tname in enumerate(TRACKS):
                 t = self.tracks.get((pid, _vtid(pid, k)))
                 if t is not None and t.used:

@@ -187,9 +187,10 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
 
     Returns ``{"dtype", "batch", "target", "shapes": [{"kind", "in", "w", "calls", "float32_s", "lowp_s",
     "float32_target_s", "lowp_target_s"}], "float32_s", "lowp_s", "slowdown", "float32_target_s",
-    "lowp_target_s", "growth", "covered", "slowdown_target", "probe_s", "cpu_flags"}`` (seconds per
-    call, the fastest of ``reps``; the totals are per step: summed over the shapes timed in that key × their calls;
+    "lowp_target_s", "growth", "covered", "lowp_covered", "slowdown_target", "probe_s", "cpu_flags"}``
+    (seconds per call, the fastest of ``reps``; the totals are per step: summed over the shapes timed in that key × their calls;
     ``covered``: the probed shapes' share of the layers' forward time in the first steps (0–1);
+    ``lowp_covered``: the same for the shapes also timed in ``dtype``, which ``slowdown`` is over;
     ``slowdown`` = lowp_s / float32_s over the shapes timed in both, None without ``dtype`` or when
     no shape was (an emulated dtype is timed up to :data:`MAX_FLOPS_EMULATED` only); ``cpu_flags``:
     :func:`lowp_cpu_flags`; ``slowdown_target``: the same at ``target`` over the shapes timed
@@ -209,7 +210,7 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
             seen[key] = [layer, ns, calls]
     chosen = sorted(seen.values(), key=lambda e: -e[1])[:MAX_SHAPES]
     all_ns = sum(ns for _, ns, _ in seen.values())
-    timed_ns = 0
+    timed_ns = lowp_ns = 0
     grow = batch is not None and 0 < batch <= SMALL_BATCH_MAX and target > batch
     flags = lowp_cpu_flags()
     native = dtype is not None and flags is not None and any(f in flags for f in LOWP_FLAGS[dtype])
@@ -237,6 +238,7 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
                     row["lowp_target_s"] = _best(torch, _call(torch, layer, big), dtype, reps)
             rows.append(row)
             timed_ns += ns
+            lowp_ns += ns if row["lowp_s"] is not None else 0
     except Exception:
         pass  # a shape the functional call refuses: what was timed stays
     if not rows:
@@ -254,6 +256,7 @@ def probe(torch, layers: list[tuple[dict, int]], dtype: str | None, batch: int |
             "float32_target_s": _total(rows, "float32_target_s"),
             "lowp_target_s": _total(rows, "lowp_target_s"),
             "growth": growth, "covered": timed_ns / all_ns if all_ns else None,
+            "lowp_covered": lowp_ns / all_ns if all_ns else None,
             "slowdown_target": _ratio([r for r in rows if r["lowp_target_s"] is not None]),
             "probe_s": perf_counter() - t_start}
 

@@ -27,6 +27,10 @@ N_BINS = 64 * BINS_PER_OCTAVE
 SLOWEST_KEPT = 8
 #: Lines decoded at once.
 BLOCK_LINES = 65_536
+#: A worker's last batches kept one by one (the timeline's track of that worker): ~0.2 MB each.
+SPANS_KEPT = 5_000
+#: Columns of :attr:`WorkerTally.spans`.
+SPAN_COLUMNS = ("i", "t0", "t1", "n", "s", "c")
 #: How the worker's writer starts each line (compact JSON, ``k`` first).
 PREFIX = b'{"k":"wbatch",'
 
@@ -64,7 +68,9 @@ class WorkerTally:
     over its batches); ``first_t0``, ``last_t1`` (monotonic ns); ``latency_bins`` (histogram of
     t1 − t0: bin ``floor(BINS_PER_OCTAVE · log2(ns))``, int64 array of :data:`N_BINS`);
     ``sample_hist`` (power-of-two bucket → samples, instrument/loader_workers.py ``HIST_SHIFT``);
-    ``slowest`` (the :data:`SLOWEST_KEPT` slowest samples: ``[index, ns]``, slowest first).
+    ``slowest`` (the :data:`SLOWEST_KEPT` slowest samples: ``[index, ns]``, slowest first);
+    ``spans`` (its last :data:`SPANS_KEPT` batches one by one: int64 array, one row per batch in
+    file order, columns :data:`SPAN_COLUMNS`).
     """
 
     pid: int
@@ -81,11 +87,15 @@ class WorkerTally:
     latency_bins: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(N_BINS, np.int64))
     sample_hist: dict = dataclasses.field(default_factory=dict)
     slowest: list = dataclasses.field(default_factory=list)
+    spans: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, len(SPAN_COLUMNS)), np.int64))
 
     def add(self, batches: list[_Batch]) -> None:
         """Folds a block of this worker's records in."""
         if not batches:
             return
+        kept = batches[-SPANS_KEPT:]
+        block = np.array([(b.i, b.t0, b.t1, b.n, b.s, b.c) for b in kept], np.int64).reshape(-1, len(SPAN_COLUMNS))
+        self.spans = np.concatenate([self.spans, block])[-SPANS_KEPT:]
         t0 = np.fromiter((b.t0 for b in batches), np.int64, len(batches))
         t1 = np.fromiter((b.t1 for b in batches), np.int64, len(batches))
         lat = np.maximum(t1 - t0, 1)

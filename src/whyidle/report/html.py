@@ -253,6 +253,8 @@ def build_plots(report: dict, series: RunSeries) -> list[plots.Plot]:
          lambda: plots.phase_plot(steps, left_out, series.phase_bars, (report.get("metrics") or {}).get("shares"),
                                   no_steps)),
         ("idle", "GPU idle by cause", lambda: plots.idle_cause_plot(gpu, idle_why)),
+        *([("workers", "DataLoader workers", lambda: plots.workers_plot(series.worker_batches, window_s))]
+          if series.worker_batches else []),
     ]
     out = []
     for key, title, build in builders:

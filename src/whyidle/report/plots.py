@@ -616,3 +616,36 @@ def windows_plot(report: dict) -> Plot:
     plot.figure = fig.done(height=400, barmode="overlay", bargap=0, hovermode="closest")
     plot.notes = [f"{label} {text}" if label.strip() else f"· {text}" for label, text in over_time_lines(report)]
     return plot
+
+
+def workers_plot(workers: list[dict], window_s=None) -> Plot:
+    """Which DataLoader worker built which batch, when: one row per worker process, one bar per
+    batch from the fetch's start to the collated batch (:func:`whyidle.analysis.series.worker_batches`:
+    each worker's last batches). A worker whose bars are long while the others' rows stay empty is
+    holding the loop back (a few slow samples: head-of-line blocking)."""
+    plot = Plot("workers", "DataLoader workers: which worker built which batch, when",
+                "Each row is a DataLoader worker process, each bar a batch it built (from fetching its first "
+                "sample to the collated batch), measured inside the workers. Gaps are the worker waiting for "
+                "the next index: the loop hands out at most prefetch_factor × num_workers at once.")
+    if not workers:
+        plot.why = "No DataLoader worker recorded a batch (no workers, or a framework other than PyTorch)."
+        return plot
+    fig = _Figure()
+    labels = [f"worker {w['worker']} ({w['pid']})" for w in workers]
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+    for k, (w, label) in enumerate(zip(workers, labels)):
+        dur_ms = _clean(np.asarray(w["dur_s"], dtype=np.float64) * 1e3, 3)
+        fig.add({"type": "bar", "orientation": "h", "name": label, "y": [label] * len(dur_ms),
+                 "base": _clean(w["start_s"], 4), "x": _clean(w["dur_s"], 6),
+                 "customdata": [[int(i), int(n), d] for i, n, d in zip(w["i"], w["samples"], dur_ms)],
+                 "marker": {"color": palette[k % len(palette)]}, "showlegend": False,
+                 "hovertemplate": "batch %{customdata[0]}: %{customdata[1]} samples, %{customdata[2]} ms"
+                                  "<extra>" + str(escape(label)) + "</extra>"})
+    if any(len(w["i"]) and int(w["i"][0]) > 0 for w in workers):
+        plot.notes.append("Each worker's last batches are drawn; the report's metrics.loader_workers covers all of "
+                          "them.")
+    fig.shade_window(window_s)
+    layout = {"xaxis": {"title": _title(_TIME_AXIS)}, "yaxis": {"autorange": "reversed"},
+              "bargap": 0.3, "hovermode": "closest", "showlegend": False}
+    plot.figure = fig.done(height=90 + 36 * len(workers), **layout)
+    return plot
