@@ -132,6 +132,12 @@ def test_report_names_the_worker_that_holds_the_batches(watched, tmp_path):
     assert sum(d >= 0.015 for d in plot.figure["data"][0]["x"]) == 4
     assert "DataLoader workers: which worker built which batch" in open(os.path.join(tmp_path, "report.html")).read()
     assert workers_plot([]).why
+    from whyidle.report.terminal import workers_line
+
+    line = workers_line(lw)
+    assert line.startswith("2 (their own time per batch: p50 ") and "busy " in line
+    assert "(worker 0)" in line and f"index {lw['slowest'][0]['index']} " in line
+    assert workers_line(None) is None and workers_line({"workers": []}) is None
 
 
 def test_iterable_unbatched_and_getitems_datasets(watched, tmp_path):
