@@ -202,3 +202,50 @@ def test_reader_folds_batches_and_leaves_damage_out(tmp_path):
     assert abs(row["busy_share"] - 1 / 3) < 0.01 and row["fetch_share"] == pytest.approx(0.5, abs=0.01)
     assert facts["slowest"][0]["ms"] == pytest.approx(lat.max() // 3 / 1e6, rel=1e-6)
     assert worker_facts({}) is None
+    from whyidle.analysis.loader_workers import queue_facts
+
+    q = queue_facts([{"counts": [[5, 4, 0, 4, 3], [5, 4, 4, 4, 1], ["bad"], [6, 2, 1, 2, 1]]}, {"counts": None}])
+    assert q == {"loader": 5, "cap": 4, "samples": 4, "ready_mean": 1.0, "empty_share": 0.75, "full_share": 0.25,
+                 "outstanding_mean": 4.0}
+    assert queue_facts([]) is None and worker_facts({}, [{"counts": [[5, 4, 0, 4, 3]]}])["queue"]["samples"] == 3
+
+
+class Costly(Dataset):
+    def __init__(self, cost_s):
+        self.cost_s = cost_s
+
+    def __len__(self):
+        return 320
+
+    def __getitem__(self, i):
+        time.sleep(self.cost_s)
+        return torch.full((4,), float(i))
+
+
+@pytest.mark.parametrize("sample_s, loop_s, ahead", [(0.0001, 0.03, True), (0.003, 0.0, False)])
+def test_the_queue_says_which_side_waits(tmp_path, sample_s, loop_s, ahead):
+    """Workers far faster than the loop: nearly every fetch finds all prefetched batches ready;
+    workers far slower: nearly none (the producer/consumer reading of issue 36, part 2)."""
+    agent = wagent.start(str(tmp_path), 0)
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x in DataLoader(Costly(sample_s), batch_size=16, num_workers=2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(loop_s)
+    finally:
+        agent.stop()
+    from whyidle.pipeline import report_run
+
+    lw = report_run(str(tmp_path))["metrics"]["loader_workers"]
+    q = lw["queue"]
+    assert q["cap"] == 4 and q["samples"] >= 5  # prefetch_factor 2 × 2 workers; every step detailed at ≥ 20 ms
+    assert 0 <= q["outstanding_mean"] <= 4 and 0 <= q["ready_mean"] <= 4
+    if ahead:
+        assert q["full_share"] >= 0.6 and q["empty_share"] <= 0.3 and q["ready_mean"] >= 2.5
+        assert max(w["busy_share"] for w in lw["workers"]) < 0.5
+    else:
+        assert q["empty_share"] >= 0.7 and q["full_share"] <= 0.1
+        assert min(w["busy_share"] for w in lw["workers"]) > 0.8

@@ -47,9 +47,39 @@ def _sample_quantile_ms(hist: dict, q: float) -> float | None:
     return None
 
 
-def worker_facts(tallies: dict[int, WorkerTally]) -> dict | None:
-    """``metrics.loader_workers`` (docs/report.md) from the run's worker tallies (pid → tally);
-    None when no worker recorded a batch.
+def queue_facts(records: list[dict]) -> dict | None:
+    """The training loop's view of its multi-worker DataLoader's queue, from the trainer's
+    ``loader_queue`` records (:mod:`whyidle.instrument.loader_queue`), for the loader sampled most:
+    ``loader``, ``cap`` (``prefetch_factor × num_workers``), ``samples`` (fetches sampled),
+    ``ready_mean`` (batches ready when the loop asked), ``empty_share`` (0–1: none was ready, the loop
+    waited on the workers), ``full_share`` (0–1: ``cap`` were: the loader was as far ahead as it can
+    be), ``outstanding_mean`` (tasks handed to the workers and not yet taken by the loop). None
+    without samples."""
+    by_loader: dict = {}
+    for rec in records:
+        for row in rec.get("counts") or []:
+            if not (isinstance(row, list) and len(row) == 5 and all(isinstance(v, int) for v in row[1:])):
+                continue
+            loader, cap, ready, outstanding, n = row
+            by_loader.setdefault(loader, []).append((cap, ready, outstanding, n))
+    if not by_loader:
+        return None
+    loader, rows = max(by_loader.items(), key=lambda kv: sum(r[3] for r in kv[1]))
+    n = sum(r[3] for r in rows)
+    if n <= 0:
+        return None
+    cap = max(r[0] for r in rows)
+    return {"loader": loader, "cap": cap, "samples": n,
+            "ready_mean": sum(r[1] * r[3] for r in rows) / n,
+            "empty_share": sum(r[3] for r in rows if r[1] == 0) / n,
+            "full_share": sum(r[3] for r in rows if r[1] >= r[0] > 0) / n,
+            "outstanding_mean": sum(r[2] * r[3] for r in rows) / n}
+
+
+def worker_facts(tallies: dict[int, WorkerTally], queue_records: list[dict] = ()) -> dict | None:
+    """``metrics.loader_workers`` (docs/report.md) from the run's worker tallies (pid → tally) and
+    the trainer's ``loader_queue`` records; None when no worker recorded a batch and no queue was
+    sampled.
 
     Returns ``{workers, batches, sample_ms, slowest}`` (times in milliseconds: a sample often takes microseconds): ``workers`` one entry per worker process,
     by loader then worker id: ``loader``, ``worker``, ``pid``, ``batches``, ``samples``,
@@ -59,7 +89,7 @@ def worker_facts(tallies: dict[int, WorkerTally]) -> dict | None:
     its busy time: low means it waited on I/O or a lock while building batches);
     ``batches`` (all workers); ``sample_ms`` (``{p50, p99}`` of one sample, all workers; within a
     factor √2); ``slowest`` (the slowest samples: ``{index, ms, worker, loader}``; ``index`` as the
-    sampler gave it, text when it is not an int)."""
+    sampler gave it, text when it is not an int); ``queue`` (:func:`queue_facts`, or None)."""
     rows = []
     hist: dict = {}
     slowest = []
@@ -80,9 +110,10 @@ def worker_facts(tallies: dict[int, WorkerTally]) -> dict | None:
             hist[b] = hist.get(b, 0) + n
         slowest += [{"index": index, "ms": ns / 1e6, "worker": tally.worker, "loader": tally.loader}
                     for index, ns in tally.slowest]
-    if not rows:
+    queue = queue_facts(list(queue_records))
+    if not rows and queue is None:
         return None
     slowest.sort(key=lambda e: -e["ms"])
     return {"workers": rows, "batches": sum(r["batches"] for r in rows),
             "sample_ms": {"p50": _sample_quantile_ms(hist, 0.5), "p99": _sample_quantile_ms(hist, 0.99)},
-            "slowest": slowest[:SLOWEST_LISTED]}
+            "slowest": slowest[:SLOWEST_LISTED], "queue": queue}

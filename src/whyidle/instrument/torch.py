@@ -63,6 +63,7 @@ from whyidle.instrument import regions as region_mod
 from whyidle.instrument import startup
 from whyidle.instrument.cells import cell_files
 from whyidle.instrument.hooks import HookTimer
+from whyidle.instrument.loader_queue import QueueTally
 from whyidle.instrument import shape_probe
 from whyidle.instrument.module_calls import ModuleCalls
 from whyidle.instrument.cuda import (
@@ -325,6 +326,7 @@ class TorchInstrument:
         self.rebuilt: set[int] = set()  # id() of a recorded DataLoader that a new one built at its line took over
         self.deep = None  # on-demand profiler windows (deep_trace.py), once installed
         self.trace_due = 1 << 62  # monotonic ns from which end_step calls self.deep.boundary
+        self.queue = QueueTally()  # a multi-worker DataLoader's batches ready at the timed fetches
 
     # -- phase accounting ------------------------------------------------------------------------
     def _begin_step(self, now: int) -> None:
@@ -563,6 +565,8 @@ class TorchInstrument:
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_fetch_start(self, it=None) -> None:
+        if it is not None:
+            self.queue.sample(it, self.iter_loader.get(id(it)))  # batches ready ahead (loader_queue.py)
         if self.loop_open and self.iter_loader.get(id(it)) == self.train_loader:
             self._end_loop()  # training resumes: the evaluation loop ended before this batch
         if self.marker == "loader" and self.batches >= 1:
@@ -1496,6 +1500,7 @@ def install(agent, torch) -> TorchInstrument:
     patches.assign(dl.DataLoader, "__init__", __init__)
     patches.assign(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", _shutdown_workers)
     loader_workers.install(torch, agent.run_dir, agent)  # the workers' own batch timing
+    agent.collectors.append(inst.queue.drain)
 
     orig_backward = torch.autograd.backward
 

@@ -195,24 +195,28 @@ def loop_text(loop: dict) -> str | None:
 
 
 def workers_line(lw: dict | None) -> str | None:
-    """One line on the DataLoader workers' own batches (``metrics.loader_workers``): how many, the
-    range of their batch p50s and the largest p95 (ms), the range of their busy shares, the
-    slowest sample; None without worker records."""
+    """One line on the DataLoader workers (``metrics.loader_workers``): how many, the range of
+    their batch p50s and the largest p95 (ms), the range of their busy shares, the batches ready when
+    the loop asked (``queue``), the slowest sample; None without worker records or queue samples."""
     rows = (lw or {}).get("workers") or []
     p50s = sorted(r["batch_ms"]["p50"] for r in rows if (r.get("batch_ms") or {}).get("p50") is not None)
-    if not p50s:
-        return None
-    p95 = max((r["batch_ms"].get("p95") or 0.0) for r in rows if r.get("batch_ms"))
-    busy = [r["busy_share"] for r in rows if r.get("busy_share") is not None]
-    spread = f"{p50s[0]:.1f}" + (f"–{p50s[-1]:.1f}" if p50s[-1] - p50s[0] >= 0.05 else "")
-    parts = [f"{len(rows)} (their own time per batch: p50 {spread} ms, p95 up to {p95:.1f} ms)"]
-    if busy:
-        lo, hi = min(busy), max(busy)
-        parts.append(f"busy {lo:.0%}" + (f"–{hi:.0%}" if hi - lo >= 0.005 else "") + " of their time")
-    slow = (lw.get("slowest") or [None])[0]
+    queue = (lw or {}).get("queue")
+    parts = []
+    if p50s:
+        p95 = max((r["batch_ms"].get("p95") or 0.0) for r in rows if r.get("batch_ms"))
+        spread = f"{p50s[0]:.1f}" + (f"–{p50s[-1]:.1f}" if p50s[-1] - p50s[0] >= 0.05 else "")
+        parts.append(f"{len(rows)} (their own time per batch: p50 {spread} ms, p95 up to {p95:.1f} ms)")
+        busy = [r["busy_share"] for r in rows if r.get("busy_share") is not None]
+        if busy:
+            lo, hi = min(busy), max(busy)
+            parts.append(f"busy {lo:.0%}" + (f"–{hi:.0%}" if hi - lo >= 0.005 else "") + " of their time")
+    if queue:
+        parts.append(f"when the loop asked: {queue['ready_mean']:.1f} of {queue['cap']} batches ready on average, "
+                     f"none in {queue['empty_share']:.0%} of the fetches")
+    slow = ((lw or {}).get("slowest") or [None])[0]
     if slow:
         parts.append(f"slowest sample: index {slow['index']} {slow['ms']:.1f} ms (worker {slow['worker']})")
-    return " · ".join(parts)
+    return " · ".join(parts) or None
 
 
 def rank_lines(report: dict) -> list[str]:
