@@ -135,7 +135,7 @@ def test_report_names_the_worker_that_holds_the_batches(watched, tmp_path):
     from whyidle.report.terminal import workers_line
 
     line = workers_line(lw)
-    assert line.startswith("2 (their own time per batch: p50 ") and "busy " in line
+    assert line.startswith("2 processes (their own time per batch: p50 ") and "building batches " in line
     assert "(worker 0)" in line and f"index {lw['slowest'][0]['index']} " in line
     assert workers_line(None) is None and workers_line({"workers": []}) is None
 

@@ -13,11 +13,10 @@ In a worker, for each batch: when the worker started and finished it (``CLOCK_MO
 clock of every whyidle record, shared by the processes of a machine), the samples' own time (each
 ``dataset[index]``, or each ``next()`` of an ``IterableDataset``), ``collate_fn``'s time, the
 worker thread's CPU time, a histogram of the sample times (powers of two) and the slowest samples'
-indices. One JSON line per batch (:data:`RECORD_KIND`, docs/run-format.md) goes to
-``RUN_DIR/loader-<pid>.jsonl``, kept in memory and written at the end of a batch at most every
-:data:`FLUSH_S` seconds (or :data:`FLUSH_BATCHES` batches), and at the worker's exit
-(``multiprocessing``'s exit finalizers; a persistent worker terminated at the program's exit loses
-the batches of its last :data:`FLUSH_S`): no thread, no lock, no synchronization on the worker's path. A ``Dataset`` with ``__getitems__`` is timed as one
+indices. One JSON line per batch (:data:`RECORD_KIND`, docs/run-format.md) is appended to
+``RUN_DIR/loader-<pid>.jsonl`` at the batch's end, one ``write`` (a persistent worker is a daemon,
+terminated at the program's exit without running anything: a buffer would lose its last batches).
+No thread, no lock, no signal on the worker's path. A ``Dataset`` with ``__getitems__`` is timed as one
 call (no per-sample times).
 
 The timing versions do what PyTorch 2.x's fetchers do, line for line (the same calls in the same
@@ -34,11 +33,6 @@ import time
 
 #: The record of one batch built by a worker (``loader-<pid>.jsonl``).
 RECORD_KIND = "wbatch"
-#: Seconds between two writes of a worker's buffered records (at a batch's end): what a worker
-#: killed at the program's exit loses at most (persistent workers are daemons, terminated then).
-FLUSH_S = 0.1
-#: Buffered records at most between two writes (a fast loader's memory).
-FLUSH_BATCHES = 64
 #: Slowest samples kept per batch (index and ns).
 SLOWEST_PER_BATCH = 2
 #: Histogram bucket of a sample's ns: ``max(0, ns.bit_length() - HIST_SHIFT)``; bucket b ≥ 1 holds
@@ -59,47 +53,29 @@ _AT_FORK = False  # the fork hook is registered (os.register_at_fork has no way 
 
 
 class _WorkerLog:
-    """One worker process's buffered ``wbatch`` records and its file."""
+    """One worker process's ``loader-<pid>.jsonl``: a record appended per batch."""
 
     def __init__(self, run_dir: str, worker: int, loader: int | None) -> None:
         self.pid = os.getpid()
         self.path = os.path.join(run_dir, f"loader-{self.pid}.jsonl")
         self.worker = worker
         self.loader = loader
-        self.lines: list[str] = []
-        self.last = _monotonic_ns()
         self.fd: int | None = None
         self.seq = 0  # batches this worker built
-        try:  # the worker's exit (multiprocessing's Process._bootstrap runs the exit finalizers)
-            from multiprocessing import util
-
-            util.Finalize(None, self.flush, exitpriority=0)
-        except Exception:
-            pass
 
     def add(self, t0: int, t1: int, n: int, samples_ns: int, collate_ns: int, cpu_ns: int,
             hist: dict, slow: list) -> None:
-        self.lines.append(json.dumps({
+        """Appends one batch's record (one ``write``); an error stops this worker's recording."""
+        global _ON
+        line = json.dumps({
             "k": RECORD_KIND, "t": t1, "w": self.worker, "ld": self.loader, "i": self.seq, "t0": t0, "t1": t1,
             "n": n, "s": samples_ns, "c": collate_ns, "cpu": cpu_ns,
-            "h": sorted(hist.items()) if hist else None, "slow": slow or None}, separators=(",", ":")))
+            "h": sorted(hist.items()) if hist else None, "slow": slow or None}, separators=(",", ":"))
         self.seq += 1
-        if t1 - self.last >= FLUSH_S * 1e9 or len(self.lines) >= FLUSH_BATCHES:
-            self.flush()
-
-    def flush(self) -> None:
-        """Appends the buffered lines to the file; an error stops this worker's recording."""
-        global _ON
-        if not self.lines or os.getpid() != self.pid:
-            return
-        data, self.lines = ("\n".join(self.lines) + "\n").encode(), []
-        self.last = _monotonic_ns()
         try:
             if self.fd is None:
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
+            os.write(self.fd, (line + "\n").encode())
         except OSError:
             _ON = False
 

@@ -205,11 +205,12 @@ def workers_line(lw: dict | None) -> str | None:
     if p50s:
         p95 = max((r["batch_ms"].get("p95") or 0.0) for r in rows if r.get("batch_ms"))
         spread = f"{p50s[0]:.1f}" + (f"–{p50s[-1]:.1f}" if p50s[-1] - p50s[0] >= 0.05 else "")
-        parts.append(f"{len(rows)} (their own time per batch: p50 {spread} ms, p95 up to {p95:.1f} ms)")
+        parts.append(f"{len(rows)} process{'es' if len(rows) > 1 else ''} (their own time per batch: p50 {spread} ms, "
+                     f"p95 up to {p95:.1f} ms)")
         busy = [r["busy_share"] for r in rows if r.get("busy_share") is not None]
         if busy:
             lo, hi = min(busy), max(busy)
-            parts.append(f"busy {lo:.0%}" + (f"–{hi:.0%}" if hi - lo >= 0.005 else "") + " of their time")
+            parts.append(f"building batches {lo:.0%}" + (f"–{hi:.0%}" if hi - lo >= 0.005 else "") + " of the time")
     if queue:
         parts.append(f"when the loop asked: {queue['ready_mean']:.1f} of {queue['cap']} batches ready on average, "
                      f"none in {queue['empty_share']:.0%} of the fetches")
