@@ -179,7 +179,8 @@ def test_lightning_validation_every_few_steps_is_eval_bound_in_trainer_terms(tmp
     assert "val_check_interval=40" in f["fix"]["code"] and "# was 10" in f["fix"]["code"]
 
 
-@needs("keras")
+@pytest.mark.timing  # its verdict reads measured shares: with 3 test processes on 2 cores a CI run's was
+@needs("keras")      # cpu_contention (correctly: others held the cores), so it runs in the serial tier
 def test_keras_epoch_end_callback_predicting_per_image_is_eval_bound(tmp_path):
     proc, report, _ = observe(tmp_path, [sys.executable, os.path.join(SCENARIOS, "keras_eval_callback.py"),
                                          "--epochs", "3"], timeout=240, name="keras-callback")
