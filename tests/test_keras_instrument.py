@@ -266,6 +266,7 @@ def steps_of_fit(records, call):
     return [s for s in kinds(records, "step") if s["by"] == "keras" and call["t0"] <= s["t0"] <= call["t1"]]
 
 
+@pytest.mark.timing  # measured shares: 0.77-0.96 alone, 0.25 in a CI run whose 3 test processes shared 2 cores
 @pytest.mark.parametrize("backend", ["torch", pytest.param("jax", marks=needs("jax"))])
 def test_each_batch_fit_takes_is_timed_on_the_torch_and_jax_backends(tmp_path, backend):
     """PyDataset (with validation data), a Python generator and, on torch, a torch DataLoader:
@@ -311,9 +312,7 @@ def test_each_batch_fit_takes_is_timed_on_the_torch_and_jax_backends(tmp_path, b
     assert not [r for r in kinds(records, "region") if r.get("entry") in ("Module.eval", "exit")
                 and r["t1"] - r["t0"] > 0.5e9], kinds(records, "region")
     assert report["keras"]["input_wait"]["method"] == "fit_input"
-    # the report's mean wait per step holds the inputs' own sleep (measured 11.2-12.7 ms alone); its share
-    # of the step is load-dependent (0.77-0.96 alone, 0.25 in a CI run whose 3 test processes shared 2 cores)
-    assert report["metrics"]["data_wait_s_per_step"] >= 0.8 * 0.012, report["metrics"]["data_wait_s_per_step"]  # SLEEP
+    assert report["metrics"]["shares"]["data_wait"] > 0.3
     assert {s["by"] for s in kinds(records, "step")} == {"keras"}
     assert not kinds(records, "loader") or backend == "torch" and all(
         r["dataset"] == "Rows" for r in kinds(records, "loader"))  # the program's own DataLoader, built outside fit
