@@ -900,8 +900,11 @@ def test_cheaper_samples_advice_follows_what_the_data_phase_ran():
     from whyidle.analysis.facts import RunFacts
     from whyidle.diagnose.rules import _cheaper_sample
 
-    images = RunFacts(framework="torch", hotspots={"data": [{"leaf": "PIL/Image.py:900 convert"}]})
+    images = RunFacts(framework="torch", hotspots={"data": [{"leaf": "PIL/ImageFile.py:300 load"}]})
     assert "Image.draft" in _cheaper_sample(images)
+    # an innermost Image.convert is an in-memory conversion (ImageEnhance.Color): augmentation advice
+    augmented = RunFacts(framework="torch", hotspots={"data": [{"leaf": "PIL/Image.py:900 convert"}]})
+    assert "whole batches as tensor ops" in _cheaper_sample(augmented)
     tensors = RunFacts(framework="torch", loader={"dataset": "TensorDataset"},
                        hotspots={"data": [{"leaf": "torch/utils/data/dataset.py:206 <genexpr>"}]})
     text = _cheaper_sample(tensors)

@@ -58,6 +58,9 @@ def test_decoding_lines_stay_and_unlisted_lines_of_a_decoding_function_do_not_co
     assert sample_cost.measured_cost(plain, 0.6, None).removed == pytest.approx(1.0)
     assert [h.site for h in cost.lines] == ["ds.py:22 __getitem__"]
     assert sample_cost.decodes("PIL/Image.py:3300 open") and not sample_cost.decodes("PIL/Image.py:2440 resize")
+    # ImageEnhance.Color converts each in-memory sample: a conversion, not decoding (which runs under
+    # ImageFile.load); the randaugment scenario's estimate once ranked as assumed by this leaf
+    assert not sample_cost.decodes("PIL/Image.py:1100 convert") and sample_cost.decodes("PIL/ImageFile.py:300 load")
 
 
 def test_input_bound_prints_the_measured_cheaper_sample_first_when_it_gains_most():
