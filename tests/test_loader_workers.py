@@ -206,7 +206,13 @@ def test_reader_folds_batches_and_leaves_damage_out(tmp_path):
 
     q = queue_facts([{"counts": [[5, 4, 0, 4, 3], [5, 4, 4, 4, 1], ["bad"], [6, 2, 1, 2, 1]]}, {"counts": None}])
     assert q == {"loader": 5, "cap": 4, "samples": 4, "ready_mean": 1.0, "empty_share": 0.75, "full_share": 0.25,
-                 "outstanding_mean": 4.0}
+                 "outstanding_mean": 4.0, "wait_ms": None, "behind_share": None, "behind_wait_share": None,
+                 "empty_wait_share": None}  # rows of 5 (before the fetches' waits were counted)
+    # [loader, cap, ready, outstanding, behind, n, wait_ns]: 3 fetches found none ready (6 ms), one
+    # found 2 ready and then waited 30 ms behind a slow batch
+    q = queue_facts([{"counts": [[5, 4, 0, 4, 0, 3, 6_000_000], [5, 4, 2, 4, 1, 1, 30_000_000]]}])
+    assert q["wait_ms"] == pytest.approx(9.0) and q["behind_share"] == 0.25
+    assert q["behind_wait_share"] == pytest.approx(30 / 36) and q["empty_wait_share"] == pytest.approx(6 / 36)
     assert queue_facts([]) is None and worker_facts({}, [{"counts": [[5, 4, 0, 4, 3]]}])["queue"]["samples"] == 3
 
 
@@ -249,3 +255,41 @@ def test_the_queue_says_which_side_waits(tmp_path, sample_s, loop_s, ahead):
     else:
         assert q["empty_share"] >= 0.7 and q["full_share"] <= 0.1
         assert min(w["busy_share"] for w in lw["workers"]) > 0.8
+
+
+class OneSlow(Dataset):
+    """Worker 0's batches each hold one 60 ms read; the other samples cost nothing."""
+
+    def __len__(self):
+        return 480
+
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info().id == 0 and i % 16 == 0:
+            time.sleep(0.06)
+        return torch.full((4,), float(i))
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_the_queue_says_when_the_loop_waits_behind_a_slow_batch(tmp_path, in_order):
+    """Head-of-line blocking (issue 36, part 3): in order, the loop waits for worker 0's slow batch
+    with the other workers' batches received and held, so most of its wait is 'behind'; with
+    in_order=False it takes those batches instead and never waits behind one."""
+    agent = wagent.start(str(tmp_path), 0)
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x in DataLoader(OneSlow(), batch_size=16, num_workers=3, in_order=in_order):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.005)
+    finally:
+        agent.stop()
+    from whyidle.pipeline import report_run
+
+    q = report_run(str(tmp_path))["metrics"]["loader_workers"]["queue"]
+    assert q["samples"] >= 5 and q["wait_ms"] is not None
+    if in_order:
+        assert q["behind_wait_share"] >= 0.6
+    else:
+        assert q["behind_share"] == 0.0

@@ -37,6 +37,8 @@ from whyidle.instrument.torch import batch_size_of
     (42, None),
     ("a string", None),  # not a list: no batch dimension to read
     ([[[]]], 1),  # a list holding one (empty) per-sample item
+    ({"input_ids": [[1, 2, 3], [4, 5, 6]], "labels": [0, 1]}, 2),  # a field of per-sample lists: its rows
+    ({"image": [[[0.0] * 4] * 3] * 5, "label": [0] * 5}, 5),  # nested-list images (lists_unpickle.py)
 ])
 def test_batch_size_of(batch, expected):
     assert batch_size_of(batch) == expected

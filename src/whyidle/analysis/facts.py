@@ -366,7 +366,9 @@ class RunFacts:
       (:func:`whyidle.analysis.run._module_loops`); ``preamble``: the model's forward before its
       first layer (:func:`whyidle.analysis.run._preamble`); ``data_ipc_share``: with DataLoader
       workers, the fraction of the training thread's sampled data wait spent receiving batches
-      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None; ``data_decode_share``
+      from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None; ``data_snapshot_share``:
+      with torchdata's ``StatefulDataLoader``, the fraction of that wait in its state snapshots
+      (:data:`whyidle.analysis.stacks.SNAPSHOT_LEAVES`), else None; ``data_decode_share``
       (Keras): the fraction of the training thread's sampled data wait spent decoding images (in
       the program's functions that mostly run :data:`whyidle.analysis.stacks.DECODE_LEAVES`,
       :func:`whyidle.analysis.stacks.function_leaf_share`), else None; ``hooks``: the
@@ -440,6 +442,7 @@ class RunFacts:
     module_loops: list[dict] | None = None
     preamble: dict | None = None
     data_ipc_share: float | None = None
+    data_snapshot_share: float | None = None
     data_decode_share: float | None = None
     hooks: dict | None = None
     notebook: NotebookFacts | None = None

@@ -344,6 +344,8 @@ def analyze(run: RunData) -> RunFacts:
         preamble=_preamble(_last(recs, "module_calls"), step, hotspots.get("forward") or []),
         data_ipc_share=stack_analysis.leaf_share(recs, "data", stack_analysis.IPC_LEAVES, window)
         if (loader or {}).get("num_workers") else None,
+        data_snapshot_share=stack_analysis.leaf_share(recs, "data", stack_analysis.SNAPSHOT_LEAVES, window)
+        if (loader or {}).get("snapshot_every_n_steps") else None,
         data_decode_share=stack_analysis.function_leaf_share(recs, "data", stack_analysis.DECODE_LEAVES, window)
         if framework == "keras" and window else None,
         hooks=_hooks(_last(recs, "hooks"), analyzed, step),

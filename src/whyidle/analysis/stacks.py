@@ -92,15 +92,23 @@ def sampled_sites(records: list[dict], phases: set[str], window: tuple[int, int]
 
 
 #: Innermost frames of a DataLoader batch crossing from a worker to the training process: reading
-#: the pickled batch, fetching each tensor's shared-memory file descriptor from the worker's
-#: resource sharer, rebuilding the storages (PyTorch's ``file_descriptor`` sharing strategy).
-IPC_LEAVES = ("multiprocessing/connection.py", "multiprocessing/reduction.py", "multiprocessing/resource_sharer.py",
-              "torch/multiprocessing/reductions.py", "torch/_utils.py", "torch/storage.py")
+#: the pickled batch, unpickling it (``multiprocessing/queues.py`` ``get`` calls the C unpickler:
+#: a batch of Python lists is rebuilt element by element there), fetching each tensor's
+#: shared-memory file descriptor from the worker's resource sharer, rebuilding the storages
+#: (PyTorch's ``file_descriptor`` sharing strategy). Waiting for a batch runs in ``selectors.py``.
+IPC_LEAVES = ("multiprocessing/connection.py", "multiprocessing/queues.py", "multiprocessing/reduction.py",
+              "multiprocessing/resource_sharer.py", "torch/multiprocessing/reductions.py", "torch/_utils.py",
+              "torch/storage.py")
 
 
 #: Innermost frames of decoding images: what caching the decoded arrays once takes out of every
 #: batch (PIL's whole-image work counts: decoding, colour conversion, resizing).
 DECODE_LEAVES = ("PIL/", "imageio/", "cv2", "torchvision/io/", "turbojpeg", "simplejpeg")
+
+
+#: Innermost frames of torchdata's ``StatefulDataLoader`` bookkeeping in the training process:
+#: applying the workers' state deltas and rebuilding their nested state at every snapshot.
+SNAPSHOT_LEAVES = ("torchdata/stateful_dataloader/",)
 
 
 def function_leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...],

@@ -16,11 +16,11 @@ import re
 
 from whyidle.analysis.facts import RunFacts
 from whyidle.analysis.stacks import OUTPUT_MODULES
-from whyidle.diagnose import fixes, notebook, sample_cost
+from whyidle.diagnose import fixes, loader_order, loader_receive, loader_shards, loader_smells, notebook, sample_cost
 from whyidle.diagnose import thresholds as T
 from whyidle.diagnose.fixes import ACCUMULATE_CODE  # noqa: F401  (trace_rules imports it from here)
 from whyidle.diagnose.loader_call import Change, operand
-from whyidle.diagnose.types import Finding, FixOption
+from whyidle.diagnose.types import Finding, FixOption, fix_option  # noqa: F401  (fix_option: the rule modules import it from here)
 
 DOCS_DATALOADER = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
 DOCS_TUNING = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
@@ -56,15 +56,6 @@ def finding(fid: str, severity: str, title: str, summary: str, evidence: dict,
         "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
         "fix": {"text": fix_text, "code": code, "docs": docs or [], "options": options or []},
     }
-
-
-def fix_option(text: str, est_speedup: float | None, condition: str | None = None,
-               code: str | None = None, assumed: bool = False) -> FixOption:
-    """One fix option of a finding: ``text`` what to do, ``est_speedup`` its step-time ratio on this
-    machine (None: unknown), ``condition`` when it gains more (or when it applies), ``code``;
-    ``assumed``: the estimate rests on an assumption ``condition`` states (a 2× cheaper sample)."""
-    return {"text": text, "code": code, "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
-            "condition": condition, "assumed": assumed}
 
 
 def printed_fix_first(findings: list[dict]) -> None:
@@ -411,12 +402,25 @@ def data_wait_with_boundaries(facts: RunFacts) -> float | None:
     return (facts.step["data_wait_s_per_step"] * n + extra) / (n + n_extra)
 
 
+def _building(facts: RunFacts) -> str:
+    """How much of the time the workers spent building batches, from their own tallies
+    (``metrics.loader_workers``), for when the host sampler did not see them; ``""`` without."""
+    rows = (facts.loader_workers or {}).get("workers") or []
+    if not rows:
+        return ""
+    return f"(building batches {_pct(sum(w['busy_share'] for w in rows) / len(rows))} of the time on average)"
+
+
 def input_bound(facts: RunFacts) -> dict | None:
     """The step waits for the next batch (data-wait share ≥ ``DATA_WAIT_WARN``).
 
     Cause, first match wins: ``unknown`` (no DataLoader configuration recorded); ``many_tensors``
     (workers hand over batches of ``T.BATCH_TENSORS_MANY``+ tensors and the training thread spends
-    ``T.IPC_SHARE_OF_WAIT``+ of its wait receiving them, cases.md C34); ``storage``
+    ``T.IPC_SHARE_OF_WAIT``+ of its wait receiving them, cases.md C34); ``uneven_shards`` (an
+    IterableDataset's workers hold unequal work: :mod:`whyidle.diagnose.loader_shards`);
+    ``main_process_receive`` (batches were ready; the training process's receiving holds the wait:
+    :mod:`whyidle.diagnose.loader_receive`); ``head_of_line`` (the loop waits behind one slow batch
+    while others are ready: :mod:`whyidle.diagnose.loader_order`); ``storage``
     (the loader is mostly off-CPU, not even waiting for a core, while reading files; or iowait
     is high); ``loader_in_main_process`` (``num_workers=0``); ``cpu_preprocessing`` (workers
     want a core all the time and the machine is out of cores: more workers cannot help);
@@ -454,10 +458,19 @@ def input_bound(facts: RunFacts) -> dict | None:
     model = loader_model(facts, measured.cost if measured else None) if loader else None
     tensors = (facts.devices or {}).get("batch_tensors") or 0
     ipc = facts.data_ipc_share
+    shards = loader_shards.uneven(facts) if nw else None
+    receive = loader_receive.main_process(facts) if nw and not shards else None
+    hol = loader_order.head_of_line(facts) if nw and not shards and not receive else None
     if not loader:
         cause = "unknown"
     elif nw and tensors >= T.BATCH_TENSORS_MANY and (ipc or 0) >= T.IPC_SHARE_OF_WAIT:
         cause = "many_tensors"
+    elif shards:
+        cause = "uneven_shards"
+    elif receive:
+        cause = "main_process_receive"
+    elif hol:
+        cause = "head_of_line"
     elif (off_cpu is not None and off_cpu >= T.LOADER_OFF_CPU and reads) or (busy is None and iowait >= T.IOWAIT_STORAGE):
         cause = "storage"
     elif not nw:
@@ -489,7 +502,10 @@ def input_bound(facts: RunFacts) -> dict | None:
                              f"worker{'s' if nw != 1 else ''} ({_pct(busy)} busy on CPU each) cannot prepare "
                              "samples any faster",
         "too_few_workers": f"{nw} DataLoader worker{'s' if nw != 1 else ''} cannot keep up "
-                           f"(each {_pct(busy)} busy on CPU)",
+                           + (f"(each {_pct(busy)} busy on CPU)" if busy is not None else _building(facts)),
+        "uneven_shards": shards["reason"] if shards else "",
+        "head_of_line": hol["reason"] if hol else "",
+        "main_process_receive": receive["reason"] if receive else "",
         "unknown": "the cause could not be narrowed down",
     }[cause]
     summary = (f"The training loop waits for the next batch {_pct(host_share)} of each step "
@@ -543,6 +559,12 @@ def input_bound(facts: RunFacts) -> dict | None:
             PACKED_COLLATE + fixes.collate_code(facts, "packed_collate"),
             [notebook.dataset_note(facts, nw or 0, defines=("packed_collate",))])
         options.append(fix_option(packed_fix, removed, None, packed_code))
+    if cause == "uneven_shards":
+        options += loader_shards.options(shards)
+    if cause == "head_of_line":
+        options += loader_order.options(facts, hol)
+    if cause == "main_process_receive":
+        options += loader_receive.options(receive)
     if cause == "storage":
         options.append(fix_option("Copy the dataset to local disk or RAM (/dev/shm), or pack small files into large "
                                   "shards (tar/WebDataset, LMDB) so each read fetches many samples.", removed,
@@ -1096,6 +1118,7 @@ def input_pipeline_config(facts: RunFacts, already: set[str]) -> dict | None:
         smells.append(f"pin_memory=False and batches moved with a blocking .to(device) ({blocking[0]['site']}): on a "
                       "GPU each copy would come from pageable memory and block the host "
                       "(pin_memory=True with .to(device, non_blocking=True) overlaps it)")
+    smells += loader_smells.settings(facts)
     iters = facts.loader_iters or {}
     restarts = (((facts.time or {}).get("parts") or {}).get("epoch_boundary") or {})
     if nw > 0 and not loader.get("persistent_workers") and restarts.get("count"):

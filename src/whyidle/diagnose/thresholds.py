@@ -46,6 +46,23 @@ BATCH_TENSORS_MANY = 100
 #: ... when at least this fraction of the sampled data wait is the training thread receiving them
 #: (``RunFacts.data_ipc_share``) rather than waiting for workers to finish.
 IPC_SHARE_OF_WAIT = 0.30
+#: ``input_bound`` cause ``head_of_line`` (diagnose/loader_order.py): at least half the data wait
+#: came with later batches already received and held for order (the loop waited behind one slow
+#: batch). A throughput-bound loader with 2-4 workers in lock-step holds a batch now and then from
+#: jitter (tests/test_loader_workers.py: 3 ms samples on 2 workers); the estimate, bounded by the
+#: workers' pace, keeps such a run from a fix that gains nothing.
+HOL_MIN_SHARE_OF_WAIT = 0.5
+#: ``input_bound`` cause ``main_process_receive`` (diagnose/loader_receive.py) from the queue: less
+#: than half the wait came with no batch ready and the loader was full (``prefetch_factor ×
+#: num_workers`` ready) at half the fetches or more. A 2-worker loader of 3 ms samples that holds
+#: the loop (tests/test_loader_workers.py) had none ready at >= 70 % of its fetches; a loader of
+#: Python-list batches unpickled in the loop: 8 % of the wait with none ready, full at 88 %.
+RECEIVE_MAX_EMPTY_WAIT = 0.5
+RECEIVE_MIN_FULL = 0.5
+#: ``input_bound`` cause ``uneven_shards`` (diagnose/loader_shards.py): the IterableDataset worker
+#: with the most building time holds at least 1.5× the workers' mean (one shard 4× the others on
+#: 4 workers: 2.3×); below, the epoch's tail with fewer workers is within a step or two.
+SHARD_MIN_IMBALANCE = 1.5
 #: iowait share of all cores that points at local storage whatever the read counters say.
 IOWAIT_STORAGE = 0.10
 

@@ -48,3 +48,12 @@ class Finding(TypedDict):
     est_speedup_if_removed: float | None
     est_speedup: float | None
     fix: Fix
+
+
+def fix_option(text: str, est_speedup: float | None, condition: str | None = None,
+               code: str | None = None, assumed: bool = False) -> FixOption:
+    """One fix option of a finding: ``text`` what to do, ``est_speedup`` its step-time ratio on this
+    machine (None: unknown), ``condition`` when it gains more (or when it applies), ``code``;
+    ``assumed``: the estimate rests on an assumption ``condition`` states (a 2× cheaper sample)."""
+    return {"text": text, "code": code, "est_speedup": round(est_speedup, 3) if est_speedup is not None else None,
+            "condition": condition, "assumed": assumed}

@@ -21,29 +21,55 @@ import time
 RECORD_KIND = "loader_queue"
 
 
+def _held(it) -> int:
+    """Batches iterator ``it`` received and holds for order (``_task_info`` entries with data)."""
+    return sum(1 for v in it._task_info.values() if len(v) == 2)
+
+
 class QueueTally:
-    """Counts of ``(loader, cap, ready, outstanding)`` between two flushes (a handful of keys)."""
+    """``[fetches, wait_ns]`` per ``(loader, cap, ready, outstanding, behind)`` between two flushes
+    (a handful of keys)."""
 
     def __init__(self) -> None:
-        self.counts: dict[tuple, int] = {}
+        self.counts: dict[tuple, list[int]] = {}
+        self.open: tuple | None = None  # (state at the fetch's start, its start ns), until done()
 
     def sample(self, it, loader) -> None:
-        """Counts the state of iterator ``it`` of DataLoader ``loader`` (an ``id()``) now; a
-        single-process iterator (no ``_tasks_outstanding``) is not counted. Raises nothing."""
+        """Reads the state of iterator ``it`` of DataLoader ``loader`` (an ``id()``) at the start of
+        a fetch; :meth:`done` counts it. A single-process iterator (no ``_tasks_outstanding``) is
+        not counted. Raises nothing."""
+        self.open = None
         try:
             outstanding = it._tasks_outstanding
             cap = it._prefetch_factor * it._num_workers
         except AttributeError:
             return
         try:
-            held = sum(1 for v in it._task_info.values() if len(v) == 2)
+            held = _held(it)
             queue = it._data_queue
             deque = getattr(queue, "queue", None)  # pin_memory: a queue.Queue filled by the pin thread
             waiting = len(deque) if deque is not None else queue.qsize()
         except Exception:  # qsize() is not implemented on macOS
             return
-        key = (loader, int(cap), int(held + waiting), int(outstanding))
-        self.counts[key] = self.counts.get(key, 0) + 1
+        self.open = ((loader, int(cap), int(held + waiting), int(outstanding)), time.monotonic_ns())
+
+    def done(self, it) -> None:
+        """Counts the fetch :meth:`sample` opened on ``it``, now ended (returned or stopped), with
+        its wait in nanoseconds and whether later batches are held for order now. Raises nothing."""
+        if self.open is None:
+            return
+        (state, t0), self.open = self.open, None
+        wait = time.monotonic_ns() - t0
+        try:
+            behind = int(_held(it) > 0)
+        except Exception:
+            behind = 0
+        row = self.counts.get(state + (behind,))
+        if row is None:
+            self.counts[state + (behind,)] = [1, wait]
+        else:
+            row[0] += 1
+            row[1] += wait
 
     def drain(self) -> list[dict]:
         """``[loader_queue record]`` with the counts since the last drain, or ``[]`` (the agent's
@@ -52,4 +78,4 @@ class QueueTally:
             return []
         counts, self.counts = self.counts, {}
         return [{"k": RECORD_KIND, "t": time.monotonic_ns(),
-                 "counts": [[*key, n] for key, n in sorted(counts.items(), key=lambda kv: str(kv[0]))]}]
+                 "counts": [[*key, *row] for key, row in sorted(counts.items(), key=lambda kv: str(kv[0]))]}]

@@ -155,7 +155,7 @@ def batch_size_of(batch, _depth: int = 0) -> int | None:
     """Number of samples in a DataLoader batch.
 
     Rules, in order: a tensor/array gives its leading dimension; a mapping is looked into
-    (``{"input_ids": ...}``); in a list/tuple, a list of per-sample dicts counts its length, a
+    (``{"input_ids": ...}``; a first field that is a list of per-sample lists counts its length); in a list/tuple, a list of per-sample dicts counts its length, a
     tensor column (``(x, y)``, ``((x1, x2), y)``) gives its leading dimension, a mapping column is
     looked into, a column that is itself a sequence (``tuple(zip(*batch))`` detection batches,
     lists of strings) counts its length, and a list of per-sample lists or scalars counts its own
@@ -166,7 +166,12 @@ def batch_size_of(batch, _depth: int = 0) -> int | None:
     if _is_array(batch):  # a symbolic tensor (Keras's build) has an unknown leading dimension
         return int(batch.shape[0]) if len(batch.shape) and batch.shape[0] is not None else None
     if isinstance(batch, collections.abc.Mapping):
-        return batch_size_of(next(iter(batch.values())), _depth + 1) if batch else None
+        if not batch:
+            return None
+        value = next(iter(batch.values()))
+        if isinstance(value, list) and value and isinstance(value[0], (list, tuple)):
+            return len(value)  # a field of per-sample Python lists ({"input_ids": [[...], [...]]})
+        return batch_size_of(value, _depth + 1)
     if not isinstance(batch, (list, tuple)) or not batch:
         return None
     if all(isinstance(item, collections.abc.Mapping) for item in batch) and len(batch) > 1:
@@ -576,6 +581,8 @@ class TorchInstrument:
         self.enter("data")
 
     def on_fetch_end(self, batch, cpu_start: int, stopped: bool, it=None) -> None:
+        if self.queue.open is not None:
+            self.queue.done(it)  # the fetch's wait, and whether it waited behind a slow batch
         full = self.full
         if full:
             self.data_cpu += thread_time_ns() - cpu_start
@@ -1361,6 +1368,9 @@ def _loader_config(loader, key: int, t: int) -> dict:
         "iterable": iterable, "sampler": type(getattr(loader, "sampler", None)).__name__,
         "collate_fn": getattr(collate, "__name__", type(collate).__name__) if collate is not None else None,
         "drop_last": attr("drop_last"), "shard": _shard(getattr(loader, "sampler", None)),
+        "loader_class": type(loader).__name__,
+        "snapshot_every_n_steps": attr("snapshot_every_n_steps"),  # torchdata's StatefulDataLoader
+        "dataset_set_epoch": callable(getattr(getattr(loader, "dataset", None), "set_epoch", None)),
     }
 
 
@@ -1438,7 +1448,7 @@ def install(agent, torch) -> TorchInstrument:
         try:
             batch = orig_next(self)
         except BaseException:  # StopIteration included: the epoch ends inside this step
-            _safe(inst, inst.on_fetch_end, None, c0, True)
+            _safe(inst, inst.on_fetch_end, None, c0, True, self)
             if first:
                 _safe(inst, inst.on_first_batch, self, t_first)
             raise
@@ -1450,33 +1460,67 @@ def install(agent, torch) -> TorchInstrument:
             inst.fail("DataLoader.__next__", exc)
         return batch
 
-    orig_iter = dl.DataLoader.__iter__
+    nested = [0, 0]  # calls of a wrapped __iter__ / __init__ now open: a subclass's calls its base's
 
-    @functools.wraps(orig_iter)
-    def __iter__(self):
-        __tracebackhide__ = True
-        if inst.off or agent.disabled or get_ident() != inst.tid:
-            return orig_iter(self)
-        t0 = monotonic_ns()
-        _safe(inst, inst.enter, "data")
-        loader_workers.set_loader(id(self))  # the workers forked now record it
-        it = None
-        try:
-            it = orig_iter(self)
-            return it
-        finally:
-            if not inst.off:
-                _safe(inst, inst.leave)
-                _safe(inst, inst.on_iter, self, t0, monotonic_ns(), it)
+    def wrap_iter(orig_iter):
+        @functools.wraps(orig_iter)
+        def __iter__(self):
+            __tracebackhide__ = True
+            if nested[0] or inst.off or agent.disabled or get_ident() != inst.tid:
+                return orig_iter(self)  # the outermost __iter__ (a subclass's) records
+            t0 = monotonic_ns()
+            _safe(inst, inst.enter, "data")
+            loader_workers.set_loader(id(self))  # the workers forked now record it
+            it = None
+            nested[0] += 1
+            try:
+                it = orig_iter(self)
+                return it
+            finally:
+                nested[0] -= 1
+                if not inst.off:
+                    _safe(inst, inst.leave)
+                    _safe(inst, inst.on_iter, self, t0, monotonic_ns(), it)
+        return __iter__
 
-    orig_init = dl.DataLoader.__init__
+    def wrap_init(orig_init):
+        @functools.wraps(orig_init)
+        def __init__(self, *args, **kwargs):
+            __tracebackhide__ = True
+            nested[1] += 1
+            try:
+                orig_init(self, *args, **kwargs)
+            finally:
+                nested[1] -= 1
+            if not nested[1] and not inst.off:
+                _safe(inst, inst.on_loader_created, self, sys._getframe(1))
+        return __init__
 
-    @functools.wraps(orig_init)
-    def __init__(self, *args, **kwargs):
-        __tracebackhide__ = True
-        orig_init(self, *args, **kwargs)
+    def wrap_subclass(cls) -> None:
+        """A DataLoader subclass that defines its own ``__iter__`` / ``__init__`` without always calling
+        the base's (torchdata's ``StatefulDataLoader``) is timed like the base."""
+        for name, wrap in (("__iter__", wrap_iter), ("__init__", wrap_init)):
+            own = cls.__dict__.get(name)
+            if own is not None and not getattr(own, "_whyidle", False):
+                wrapped = wrap(own)
+                wrapped._whyidle = True
+                patches.assign(cls, name, wrapped)
+
+    def __init_subclass__(cls, **kwargs):
+        super(dl.DataLoader, cls).__init_subclass__(**kwargs)
         if not inst.off:
-            _safe(inst, inst.on_loader_created, self, sys._getframe(1))
+            _safe(inst, wrap_subclass, cls)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    orig_iter = dl.DataLoader.__iter__
+    __iter__ = wrap_iter(orig_iter)
+    __init__ = wrap_init(dl.DataLoader.__init__)
+    for sub in list(subclasses(dl.DataLoader)):  # defined before whyidle came in
+        _safe(inst, wrap_subclass, sub)
 
     orig_shutdown = dl._MultiProcessingDataLoaderIter._shutdown_workers
 
@@ -1498,6 +1542,7 @@ def install(agent, torch) -> TorchInstrument:
     patches.assign(dl._BaseDataLoaderIter, "__next__", __next__)
     patches.assign(dl.DataLoader, "__iter__", __iter__)
     patches.assign(dl.DataLoader, "__init__", __init__)
+    patches.assign(dl.DataLoader, "__init_subclass__", classmethod(__init_subclass__))
     patches.assign(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", _shutdown_workers)
     loader_workers.install(torch, agent.run_dir, agent)  # the workers' own batch timing
     agent.collectors.append(inst.queue.drain)

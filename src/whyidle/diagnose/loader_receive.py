@@ -1,0 +1,84 @@
+"""Is the data wait the training process's own part of each fetch rather than the workers'?
+(issue 36, part 4; pure).
+
+With workers, ``next(loader)`` in the training process still receives each batch: it reads the
+pickled batch from the pipe and unpickles it (a Python list of floats is rebuilt element by element;
+a tensor crosses in shared memory and is only mapped), and with ``pin_memory`` takes it from the pin
+thread. When that, not the workers, holds the wait, more workers cannot help. Two measurements say
+so: the training thread's stack samples in the wait (``RunFacts.data_ipc_share``, innermost frames
+in :data:`whyidle.analysis.stacks.IPC_LEAVES`), and the loader's queue at the fetches
+(:mod:`whyidle.instrument.loader_queue`): batches ready for most of the wait (``empty_wait_share``
+small, the queue full) while the loop still waits.
+"""
+
+from __future__ import annotations
+
+from whyidle.analysis.facts import RunFacts
+from whyidle.diagnose import thresholds as T
+from whyidle.diagnose.types import FixOption, fix_option
+
+#: The snapshot interval (steps) the ``StatefulDataLoader`` fix is estimated for: a checkpoint
+#: every 100 steps or more is common; the estimate keeps 1/100 of today's snapshot cost.
+SNAPSHOT_EVERY = 100
+
+
+def main_process(facts: RunFacts) -> dict | None:
+    """The receiving reading of the run's data wait, or None when the workers hold it.
+
+    It holds when the training thread spends ``T.IPC_SHARE_OF_WAIT`` or more of its wait receiving
+    and unpickling batches (``RunFacts.data_ipc_share``) or in torchdata's ``StatefulDataLoader``
+    snapshots (``data_snapshot_share``), or when batches were ready for most of the wait (the
+    queue's ``empty_wait_share`` < ``T.RECEIVE_MAX_EMPTY_WAIT`` and ``full_share`` ≥
+    ``T.RECEIVE_MIN_FULL``). Returns ``{part, share, est, ready_mean, cap, full_share, reason}``:
+    ``part`` (``"receive"`` or ``"snapshot"``, the larger), its ``share`` (0–1 of the wait, None
+    without stack samples), ``est`` (step-time ratio with that cost gone: a batch of tensors
+    crosses in shared memory; a snapshot every :data:`SNAPSHOT_EVERY` steps; None without stack
+    samples), the queue's mean batches ready, its cap and full share (None without the queue), and
+    the sentence for the finding's summary.
+    """
+    step = facts.step or {}
+    nw = (facts.loader or {}).get("num_workers") or 0
+    if not nw or not step:
+        return None
+    ipc = facts.data_ipc_share
+    snapshot = facts.data_snapshot_share
+    q = (facts.loader_workers or {}).get("queue") or {}
+    empty, full = q.get("empty_wait_share"), q.get("full_share")
+    ready = empty is not None and empty < T.RECEIVE_MAX_EMPTY_WAIT and (full or 0) >= T.RECEIVE_MIN_FULL
+    if not ready and max(ipc or 0, snapshot or 0) < T.IPC_SHARE_OF_WAIT:
+        return None
+    part = "snapshot" if (snapshot or 0) > (ipc or 0) else "receive"
+    share = snapshot if part == "snapshot" else ipc
+    mean, wait = step["step_time_s"]["mean"], step["data_wait_s_per_step"]
+    # a snapshot every SNAPSHOT_EVERY steps instead of every step keeps 1/SNAPSHOT_EVERY of its cost
+    kept = 1.0 / SNAPSHOT_EVERY if part == "snapshot" else 0.0
+    est = mean / max(1e-9, mean - wait * share * (1.0 - kept)) if share else None
+    queue = (f"{q['ready_mean']:.1f} of {q['cap']} batches were ready when the loop asked (the loader full at "
+             f"{full:.0%} of the fetches)") if ready else ""
+    doing = (f"it spends {share:.0%} of the wait in StatefulDataLoader's state snapshots (snapshot_every_n_steps="
+             f"{(facts.loader or {}).get('snapshot_every_n_steps')})" if part == "snapshot" else
+             f"it spends {share:.0%} of the wait receiving and unpickling each batch") if share else ""
+    reason = ("the wait is the training process's own part of each fetch, not the workers': "
+              + "; ".join(p for p in (queue, doing) if p))
+    return {"part": part, "share": share, "est": est, "ready_mean": q.get("ready_mean"), "cap": q.get("cap"),
+            "full_share": full, "reason": reason}
+
+
+def options(receive: dict) -> list[FixOption]:
+    """The fixes for a wait in the training process's own part of the fetch, with the estimate."""
+    est = receive["est"]
+    if receive["part"] == "snapshot":
+        return [fix_option(
+            "Snapshot the loader's state only as often as you checkpoint: StatefulDataLoader(..., "
+            "snapshot_every_n_steps=<checkpoint interval in steps>) (the default, 1, snapshots every batch); or keep "
+            "the dataset's state_dict small. More workers would not help: the batches are ready.",
+            round(est, 3) if est else None,
+            f"estimated for a snapshot every {SNAPSHOT_EVERY} steps; a resumed job restarts from the last snapshot",
+            f"loader = StatefulDataLoader(..., snapshot_every_n_steps={SNAPSHOT_EVERY})   # was 1: every batch")]
+    return [fix_option(
+        "Return tensors or NumPy arrays from __getitem__ and collate_fn, not Python lists, dicts of lists or other "
+        "objects: a tensor crosses to the training process in shared memory and is only mapped there, while a "
+        "Python object is pickled by the worker and rebuilt element by element in the training process. More "
+        "workers would not help: the batches are ready, receiving them is the cost.",
+        round(est, 3) if est else None,
+        "its receiving time gone (a batch of tensors still costs a shared-memory mapping per tensor)", None)]
