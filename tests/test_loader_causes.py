@@ -117,3 +117,25 @@ def test_settings_smells():
     loader.update(snapshot_every_n_steps=1000, persistent_workers=False, pin_memory=False)
     f = rules.input_pipeline_config(facts, set())
     assert f is None or not any(w in " ".join(f["evidence"]["smells"]) for w in ("snapshot", "set_epoch", "pin_memory=True"))
+
+
+def test_python_list_batches_converted_in_the_step():
+    """Batches of Python lists: received and unpickled in the wait, then converted with torch.tensor in
+    the step; both findings give the one fix (return tensors) with the same estimate."""
+    workers = [worker(i, 50, 5.0, busy=0.2) for i in range(4)]
+    facts = facts_with(workers, queue(empty=0.05, full=0.9, ready=7.6), data=0.25, ipc=0.8)
+    facts.step = make_step(data=0.25, fwd=0.15, bwd=0.15, opt=0.05, other=0.4, mean=0.05)
+    facts.devices = {"batch_bytes": 0, "batch_tensors": None}
+    line = {"site": "train.py:85 main", "seconds": 2.0, "share": 0.38, "leaf": "train.py:85 main",
+            "code": "x, y = torch.tensor(x), torch.tensor(y)"}
+    facts.hotspots["other"] = [{"function": "train.py main", "site": "train.py:85 main", "seconds": 2.0, "share": 0.39,
+                                "samples": 200, "leaf": "train.py:85 main", "library": False, "lines": [line]}]
+    host = rules.host_bound(facts)
+    assert host["evidence"]["kind"] == "batch_conversion" and "return tensors" in host["fix"]["text"]
+    f = rules.input_bound(facts)
+    assert f["evidence"]["cause"] == "main_process_receive" and "torch.tensor(x)" in f["summary"]
+    # 0.25 x 0.8 received + 0.38 converted of the step
+    assert f["est_speedup"] == pytest.approx(1 / (1 - 0.2 - 0.38), rel=0.01)
+    assert host["est_speedup"] == pytest.approx(1 / (1 - 0.2 - 0.39), rel=0.02)
+    facts.devices = {"batch_bytes": 4096, "batch_tensors": 2}  # tensors crossed: the line is other work
+    assert rules.host_bound(facts)["evidence"]["kind"] == "python_compute"

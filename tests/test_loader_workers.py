@@ -293,3 +293,14 @@ def test_the_queue_says_when_the_loop_waits_behind_a_slow_batch(tmp_path, in_ord
         assert q["behind_wait_share"] >= 0.6
     else:
         assert q["behind_share"] == 0.0
+    from whyidle.analysis.series import queue_depth
+    from whyidle.record.reader import load_run
+    from whyidle.report.plots import queue_plot
+
+    run = load_run(str(tmp_path))
+    depth = queue_depth([r for recs in run.procs.values() for r in recs], 0)
+    assert depth["cap"] == 6 and len(depth["t_s"]) >= 1 and (depth["ready"] <= 6).all()
+    assert (depth["behind"] >= 0.5).any() if in_order else not depth["behind"].any()
+    plot = queue_plot(depth)
+    assert [t["name"] for t in plot.figure["data"]] == ["batches ready", "prefetch_factor × num_workers"]
+    assert queue_plot(None).why and queue_depth([], 0) is None

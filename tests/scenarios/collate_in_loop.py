@@ -1,7 +1,7 @@
 """A hand-written text collate called in the training loop, after the DataLoader, so the main
 process pads every batch in Python while the four workers only index lists.
 
-Stages: 8,192 documents held as Python lists of token ids (lengths 16-96, seeded), binary
+Stages: 8,192 documents held as Python lists of token ids (lengths 16-72, seeded), binary
 labels. ``pad_batch`` is the collate of many text tutorials: it allocates the padded
 ``input_ids`` / ``attention_mask`` tensors and fills them token by token in two Python loops
 (~20 ms per batch of 64 on the 2-core dev box, about the model's step). The model: an
@@ -43,7 +43,7 @@ BATCH = 64
 class TokenizedDocs(Dataset):
     def __init__(self, seed):
         rng = np.random.default_rng(seed)
-        lengths = rng.integers(16, 97, size=N_DOCS)
+        lengths = rng.integers(16, 73, size=N_DOCS)
         self.docs = [rng.integers(1, VOCAB, size=n).tolist() for n in lengths]
         self.labels = rng.integers(0, 2, size=N_DOCS).tolist()
 

@@ -2,20 +2,20 @@
 worker 0 reads 4x as many records as each of the other three, so every epoch ends with the loop
 waiting on worker 0 alone.
 
-Stages: the training set is 4 record files on (simulated) remote storage, 512 + 128 + 128 + 128
-records of 3x32x32 uint8 (896 records, 28 batches of 32 per epoch). Reading a record is a
+Stages: the training set is 4 record files on (simulated) remote storage, 1,024 + 256 + 256 +
+256 records of 3x32x32 uint8 (1,792 records, 56 batches of 32 per epoch). Reading a record is a
 round trip to the storage (sleep 0.12 x T_c, off CPU; T_c = the S-CNN's compute step at
 batch 32, calibrated at start-up, ``--tc`` skips it) plus a small NumPy decode (normalise, random
 flip). Each worker batches its own records (an ``IterableDataset``), so the in-order loader takes
 one batch from each worker in turn. S-CNN, batch 32, SGD, ``torch.set_num_threads(1)``,
-``DataLoader(num_workers=4, persistent_workers=True)``, 8 epochs by default.
+``DataLoader(num_workers=4, persistent_workers=True)``, 4 epochs (224 steps) by default.
 
-- faulty: ``files[worker_id::num_workers]``: worker 0 gets the big file (512 records, 16
-  batches), workers 1-3 a small one each (4 batches). Worker 0 alone needs ~61 T_c per epoch,
-  the loop ~28 T_c: workers 1-3 finish after 4 rounds and for the last 12 batches of the epoch
-  only worker 0 produces while the loop waits (data wait ~50 %).
+- faulty: ``files[worker_id::num_workers]``: worker 0 gets the big file (1,024 records, 32
+  batches), workers 1-3 a small one each (8 batches). Worker 0 alone needs ~123 T_c per epoch,
+  the loop ~56 T_c: workers 1-3 finish after 8 rounds and for the last 24 batches of the epoch
+  only worker 0 produces while the loop waits (data wait ~55 %, the training process asleep).
 - fixed:  the same records interleaved: record i of the concatenated files goes to worker i % 4
-  (224 records, 7 batches each); same samples per epoch.
+  (448 records, 14 batches each, ~54 T_c per worker); same samples per epoch.
 
 The per-record cost is mostly storage latency on purpose: with a CPU-only cost the four workers
 share the box's 2 cores, and an even split can at best use 2 cores where the uneven tail uses 1

@@ -3,21 +3,22 @@ the whole in-order stream while the other workers' batches sit ready.
 
 Stages: 4,096 images (3x32x32 uint8) behind a simulated remote object store. Each DataLoader
 worker opens its own connection in ``worker_init_fn``, round-robin over three storage replicas;
-worker 0 lands on replica "a", which misses its cache for a fixed seeded 1 % of the keys: such a
-read stalls for 30 x T_c (a remote read that hangs). Every other read costs 1/32 T_c (sleep, off
+worker 0 lands on replica "a", which misses its cache for a fixed 0.8 % of the keys (32 of
+4,096, by a hash of the key): such a read stalls for 30 x T_c (a remote read that hangs). Every other read costs 1/32 T_c (sleep, off
 CPU) plus a cheap decode, so a worker fetches a batch of 32 in ~1 T_c and the four workers
 together could deliver ~4 batches per step: their mean throughput is ample. T_c = the S-CNN's
 compute step at batch 32, calibrated at start-up (``--tc`` skips it). S-CNN, batch 32, shuffle.
 
 - faulty: ``DataLoader(num_workers=4)`` with the default ``prefetch_factor=2`` and
   ``in_order=True``: batch k comes from worker k % 4 and must be returned in order, so each stall
-  in worker 0 (~1 in 4 of its batches has a cold key) stops the loop although workers 1-3 have
-  their batches ready. Data wait ~60 % of the loop, the training process sleeps while it waits.
+  in worker 0 (~1 in 5 of its batches has a cold key) stops the loop although workers 1-3 have
+  their batches ready. Data wait ~67 % of the loop, the training process sleeps while it waits
+  (``data_cpu_share`` ~0.03).
 - fixed: ``DataLoader(..., in_order=False)`` (PyTorch >= 2.6): the loop takes whichever batch is
   ready; the stalled worker only delays its own batches.
-- ``--variant prefetch``: ``prefetch_factor=8``, still in order: a deeper queue does not help
-  much: worker 0's mean time per batch (~1 T_c + 0.28 x 30 T_c) is above the 4 steps it has,
-  so it falls behind whatever the depth.
+- ``--variant prefetch``: ``prefetch_factor=8``, still in order: a deeper queue helps little
+  (~1.15x): worker 0's mean time per batch (~1 T_c + 0.25 x 30 T_c) is above the ~4 T_c that
+  the loop gives it (every 4th batch), so it falls behind whatever the depth.
 
 Expected diagnosis (faulty): ``input_bound`` with the workers mostly idle (waiting for
 the loop to take their batches) while the loop waits on one worker: head-of-line blocking of an

@@ -396,6 +396,7 @@ class RunSeries:
     gpu_notices: list[str]
     interval_s: float | None
     worker_batches: list = dataclasses.field(default_factory=list)
+    queue_depth: dict | None = None
 
 
 #: Batches of one DataLoader worker the page draws at most (its last ones).
@@ -418,6 +419,44 @@ def worker_batches(tallies: dict, origin: int) -> list[dict]:
     return out
 
 
+def queue_depth(records: list[dict], origin: int) -> dict | None:
+    """The training loop's view of its DataLoader's queue over time, one point per flush of the
+    trainer's ``loader_queue`` records (half a second apart, agent.FLUSH_PERIOD_S; the loader fetched from most):
+    ``{t_s, ready, wait_ms, behind, cap}``: seconds since ``origin``, the batches ready at the fetches
+    since the last point (mean), their mean wait (milliseconds; NaN for runs recorded before it
+    was counted), the share (0–1) of that wait spent behind a slow batch (NaN likewise), all
+    float32 arrays, and the most batches the loader may hold (``prefetch_factor × num_workers``).
+    None without such records."""
+    by_loader: dict = {}
+    for rec in records:
+        if rec.get("k") != "loader_queue" or not isinstance(rec.get("t"), int):
+            continue
+        for row in rec.get("counts") or []:
+            if isinstance(row, list) and len(row) in (5, 7) and all(isinstance(v, int) for v in row[1:]):
+                by_loader.setdefault(row[0], {}).setdefault(rec["t"], []).append(row)
+    if not by_loader:
+        return None
+    points = max(by_loader.values(), key=lambda p: sum(r[-2] if len(r) == 7 else r[4] for rows in p.values()
+                                                       for r in rows))
+    t_s, ready, wait_ms, behind, cap = [], [], [], [], 0
+    for t in sorted(points):
+        rows = points[t]
+        n = sum(r[5] if len(r) == 7 else r[4] for r in rows)
+        if n <= 0:
+            continue
+        timed = all(len(r) == 7 for r in rows)
+        wait = sum(r[6] for r in rows) if timed else 0
+        t_s.append((t - origin) / 1e9)
+        ready.append(sum(r[2] * (r[5] if len(r) == 7 else r[4]) for r in rows) / n)
+        wait_ms.append(wait / n / 1e6 if timed else float("nan"))
+        behind.append((sum(r[6] for r in rows if r[4]) / wait if wait else 0.0) if timed else float("nan"))
+        cap = max(cap, *(r[1] for r in rows))
+    if not t_s:
+        return None
+    return {"t_s": np.asarray(t_s, np.float32), "ready": np.asarray(ready, np.float32),
+            "wait_ms": np.asarray(wait_ms, np.float32), "behind": np.asarray(behind, np.float32), "cap": cap}
+
+
 def run_series(run, facts: RunFacts) -> RunSeries:
     """The :class:`RunSeries` of a loaded run (:class:`whyidle.record.reader.RunData`) and its
     facts (:func:`whyidle.analysis.run.analyze`)."""
@@ -437,4 +476,5 @@ def run_series(run, facts: RunFacts) -> RunSeries:
         gpu_notices=[r["msg"] for r in run.gpu if r.get("k") == "gpu_notice" and r.get("msg")],
         interval_s=meta.get("interval_s"),
         worker_batches=worker_batches(run.loader_workers, origin),
+        queue_depth=queue_depth(run.procs.get(facts.primary) or [], origin) if facts.primary is not None else None,
     )

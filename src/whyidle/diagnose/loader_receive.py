@@ -22,6 +22,49 @@ from whyidle.diagnose.types import FixOption, fix_option
 SNAPSHOT_EVERY = 100
 
 
+#: Calls that build tensors or arrays out of Python objects, as written on a line of the program
+#: (spaces removed): converting a batch that crossed as Python lists.
+CONVERTERS = ("torch.tensor(", "torch.as_tensor(", "np.array(", "np.asarray(", "numpy.array(", "numpy.asarray(",
+              "torch.FloatTensor(", "torch.LongTensor(")
+#: A conversion line counts from this fraction (0–1) of the step time (``HOT_MIN_SHARE`` of
+#: diagnose/sample_cost.py: below, rewriting it gains less than run-to-run noise).
+CONVERSION_MIN_SHARE = 0.05
+
+
+def conversion(facts: RunFacts) -> dict | None:
+    """The program's line in the step (outside the data wait and the model) that turns a batch of
+    Python objects into tensors, when the DataLoader's batches carried no tensor at all
+    (``devices.batch_bytes`` 0): ``{site, code, share}`` (``share``: fraction 0–1 of the step
+    time), or None. Such a batch is pickled by the workers, rebuilt element by element in the
+    training process, then converted: returning tensors from the Dataset removes both."""
+    if (facts.devices or {}).get("batch_bytes") != 0:
+        return None
+    for h in (facts.hotspots or {}).get("other", []):
+        if h.get("library") or h.get("framework"):
+            continue
+        for line in h.get("lines") or [h]:
+            code = (line.get("code") or "").replace(" ", "")
+            if (line.get("share") or 0) >= CONVERSION_MIN_SHARE and any(c in code for c in CONVERTERS):
+                return {"site": line.get("site"), "code": line.get("code"), "share": line["share"]}
+    return None
+
+
+def conversion_text(conv: dict) -> str:
+    """The fix for :func:`conversion`'s line, as a sentence."""
+    return (f"The batches arrive as Python lists (no tensor in them) and `{conv['code'].strip()}` ({conv['site']}) "
+            "converts them in every step: return tensors or NumPy arrays from the Dataset's __getitem__ (and keep "
+            "the default collate_fn), so the batch is built once in the workers and crosses in shared memory.")
+
+
+def received_share(facts: RunFacts) -> float:
+    """The fraction (0–1) of the step the training process spends receiving and unpickling batches
+    from its workers (data-wait share × ``data_ipc_share``; 0 without workers or stack samples):
+    what returning tensors removes besides the step's :func:`conversion`."""
+    if not (facts.loader or {}).get("num_workers") or not facts.step:
+        return 0.0
+    return facts.step["shares"]["data_wait"] * (facts.data_ipc_share or 0.0)
+
+
 def main_process(facts: RunFacts) -> dict | None:
     """The receiving reading of the run's data wait, or None when the workers hold it.
 
@@ -32,8 +75,8 @@ def main_process(facts: RunFacts) -> dict | None:
     ``T.RECEIVE_MIN_FULL``). Returns ``{part, share, est, ready_mean, cap, full_share, reason}``:
     ``part`` (``"receive"`` or ``"snapshot"``, the larger), its ``share`` (0–1 of the wait, None
     without stack samples), ``est`` (step-time ratio with that cost gone: a batch of tensors
-    crosses in shared memory; a snapshot every :data:`SNAPSHOT_EVERY` steps; None without stack
-    samples), the queue's mean batches ready, its cap and full share (None without the queue), and
+    crosses in shared memory, and the step's :func:`conversion` of the Python lists goes too; a
+    snapshot every :data:`SNAPSHOT_EVERY` steps; None without stack samples), ``conversion``, the queue's mean batches ready, its cap and full share (None without the queue), and
     the sentence for the finding's summary.
     """
     step = facts.step or {}
@@ -52,15 +95,19 @@ def main_process(facts: RunFacts) -> dict | None:
     mean, wait = step["step_time_s"]["mean"], step["data_wait_s_per_step"]
     # a snapshot every SNAPSHOT_EVERY steps instead of every step keeps 1/SNAPSHOT_EVERY of its cost
     kept = 1.0 / SNAPSHOT_EVERY if part == "snapshot" else 0.0
-    est = mean / max(1e-9, mean - wait * share * (1.0 - kept)) if share else None
+    conv = conversion(facts) if part == "receive" else None
+    converted = conv["share"] * mean if conv else 0.0  # the loop's conversion goes with the same fix
+    est = mean / max(1e-9, mean - wait * share * (1.0 - kept) - converted) if share else None
     queue = (f"{q['ready_mean']:.1f} of {q['cap']} batches were ready when the loop asked (the loader full at "
              f"{full:.0%} of the fetches)") if ready else ""
     doing = (f"it spends {share:.0%} of the wait in StatefulDataLoader's state snapshots (snapshot_every_n_steps="
              f"{(facts.loader or {}).get('snapshot_every_n_steps')})" if part == "snapshot" else
              f"it spends {share:.0%} of the wait receiving and unpickling each batch") if share else ""
+    converting = (f"then `{conv['code'].strip()}` converts the Python lists in the step ({conv['share']:.0%} of it)"
+                  if conv else "")
     reason = ("the wait is the training process's own part of each fetch, not the workers': "
-              + "; ".join(p for p in (queue, doing) if p))
-    return {"part": part, "share": share, "est": est, "ready_mean": q.get("ready_mean"), "cap": q.get("cap"),
+              + "; ".join(p for p in (queue, doing, converting) if p))
+    return {"part": part, "share": share, "est": est, "conversion": conv, "ready_mean": q.get("ready_mean"), "cap": q.get("cap"),
             "full_share": full, "reason": reason}
 
 
@@ -81,4 +128,5 @@ def options(receive: dict) -> list[FixOption]:
         "Python object is pickled by the worker and rebuilt element by element in the training process. More "
         "workers would not help: the batches are ready, receiving them is the cost.",
         round(est, 3) if est else None,
-        "its receiving time gone (a batch of tensors still costs a shared-memory mapping per tensor)", None)]
+        "its receiving time gone" + (" and the conversion in the step" if receive["conversion"] else "")
+        + " (a batch of tensors still costs a shared-memory mapping per tensor)", None)]

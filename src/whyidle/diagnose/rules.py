@@ -716,6 +716,7 @@ def host_bound(facts: RunFacts) -> dict | None:
         where = ("too few stack samples landed in it to name the lines (a longer run, or a higher --stack-hz, names them)"
                  if (facts.hotspots or {}).get("other") else "no stack samples were recorded to name the lines")
     removable = share if attributed is None else min(share, attributed)
+    received, conv_line = 0.0, False
     logging_work = any(_is_logging(h) for h in ([focus] if focus else []) + user[:1])
     summary = (f"Host work outside data loading and the model takes {_pct(share)} of each step "
                f"({_ms(share * step['step_time_s']['mean'])}); {where}.")
@@ -759,6 +760,11 @@ def host_bound(facts: RunFacts) -> dict | None:
                      "own Python, measured apart from forward and backward.")
         if facts.framework in ("keras", "tensorflow"):
             text, code = fixes.keras_host_text(facts, what), None
+        conv = loader_receive.conversion(facts)
+        if conv and attributed and conv["share"] >= 0.5 * attributed:  # the batch's Python lists made tensors here
+            # the same fix takes their receiving out of the data wait: estimated as input_bound does
+            text, code, received = loader_receive.conversion_text(conv), None, loader_receive.received_share(facts)
+            conv_line = True
     # the program's own tensor code in the step (a loss over pairs, a per-element metric) also
     # builds an autograd graph: the backward beyond BWD_PER_FWD × the forward is its, and goes with it
     sh = step["shares"]
@@ -769,7 +775,7 @@ def host_bound(facts: RunFacts) -> dict | None:
                        "step_time_s_mean": step["step_time_s"]["mean"], "backward_excess_share": excess or None})
     evidence["focus"] = focus
     evidence["hotspots"] = user
-    evidence["kind"] = "logging" if logging_work else "python_compute"
+    evidence["kind"] = "logging" if logging_work else "batch_conversion" if conv_line else "python_compute"
     # Severity follows what fixing the named work would gain, so it agrees with est_speedup.
     if removable >= T.HOST_SHARE_CRITICAL:
         severity = "critical"
@@ -778,7 +784,8 @@ def host_bound(facts: RunFacts) -> dict | None:
     else:
         severity = "info"
     return finding("host_bound", severity, "Host-bound: Python work in the step holds the device", summary,
-                   evidence, speedup_if_removed(min(0.95, removable + excess)), text, code, [DOCS_TUNING], bound=share)
+                   evidence, speedup_if_removed(min(0.95, removable + excess + received)), text, code, [DOCS_TUNING],
+                   bound=share)
 
 
 def _in_training_step(focus: dict | None, hotspots: list[dict]) -> bool:

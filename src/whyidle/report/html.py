@@ -255,6 +255,8 @@ def build_plots(report: dict, series: RunSeries) -> list[plots.Plot]:
         ("idle", "GPU idle by cause", lambda: plots.idle_cause_plot(gpu, idle_why)),
         *([("workers", "DataLoader workers", lambda: plots.workers_plot(series.worker_batches, window_s))]
           if series.worker_batches else []),
+        *([("queue", "DataLoader queue", lambda: plots.queue_plot(series.queue_depth, window_s))]
+          if series.queue_depth else []),
     ]
     out = []
     for key, title, build in builders:

@@ -649,3 +649,34 @@ def workers_plot(workers: list[dict], window_s=None) -> Plot:
               "bargap": 0.3, "hovermode": "closest", "showlegend": False}
     plot.figure = fig.done(height=90 + 36 * len(workers), **layout)
     return plot
+
+
+def queue_plot(queue: dict | None, window_s=None) -> Plot:
+    """How far ahead the DataLoader was when the loop asked for a batch, over time
+    (:func:`whyidle.analysis.series.queue_depth`): the batches ready (mean per flush) against the
+    most it may hold; the hover gives the fetches' mean wait and the share of it spent behind a slow
+    batch (head-of-line blocking)."""
+    plot = Plot("queue", "DataLoader queue: batches ready when the loop asked",
+                "Batches received or waiting in the queue at the training loop's timed fetches (mean over each "
+                "half second), against prefetch_factor × num_workers, the most the loader may hold. At zero the "
+                "loop waits on the workers; at the cap the loader is ahead and the time is elsewhere.")
+    if not queue:
+        plot.why = "No multi-worker DataLoader fetch was sampled."
+        return plot
+    fig = _Figure()
+    x = _clean(queue["t_s"], 3)
+    wait = np.asarray(queue["wait_ms"], dtype=np.float64)
+    behind = np.asarray(queue["behind"], dtype=np.float64) * 100
+    custom = [[None if np.isnan(w) else round(float(w), 2), None if np.isnan(b) else round(float(b), 0)]
+              for w, b in zip(wait, behind)]
+    fig.add({"type": "scatter", "mode": "lines", "name": "batches ready", "x": x, "y": _clean(queue["ready"], 2),
+             "line": {"color": "#1f77b4"}, "customdata": custom,
+             "hovertemplate": "%{y} ready · wait %{customdata[0]} ms, %{customdata[1]} % of it behind a slow batch"
+                              "<extra></extra>"})
+    fig.add({"type": "scatter", "mode": "lines", "name": "prefetch_factor × num_workers", "x": [x[0], x[-1]],
+             "y": [queue["cap"], queue["cap"]], "line": {"color": "#7f7f7f", "dash": "dash"}, "hoverinfo": "skip"})
+    fig.shade_window(window_s)
+    layout = {"xaxis": {"title": _title(_TIME_AXIS)}, "yaxis": {"title": _title("batches"), "rangemode": "tozero"},
+              "hovermode": "closest"}
+    plot.figure = fig.done(height=300, **layout)
+    return plot
