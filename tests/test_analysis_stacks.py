@@ -367,3 +367,16 @@ def test_focus_reads_nesting_from_the_chains_when_the_inner_function_has_two_cal
     f = focus(recs, "other")
     assert f["function"] == "m.py stats_loop" and f["callers"] == ["training_step", "<module>"]
     assert f["share_of_phase"] == pytest.approx(0.93)
+
+
+def test_leaf_split_says_what_the_training_thread_did_in_its_data_wait():
+    from whyidle.analysis.stacks import leaf_split
+
+    records = [rec(1, [["data", "train.py:80 main", "selectors.py:415 select", 60],
+                       ["data", "train.py:80 main", "multiprocessing/queues.py:122 get", 30],
+                       ["data", "train.py:80 main", "torch/utils/data/dataloader.py:1400 _next_data", 5],
+                       ["data", "train.py:80 main", "train.py:12 __iter__", 5],
+                       ["forward", "model.py:5 forward", "selectors.py:415 select", 50]])]
+    split = leaf_split(records, "data")
+    assert split == pytest.approx({"waiting": 0.6, "receiving": 0.3, "snapshot": 0.0, "loader": 0.05, "other": 0.05})
+    assert leaf_split(records, "backward") is None

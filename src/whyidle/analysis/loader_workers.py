@@ -111,7 +111,8 @@ def queue_facts(records: list[dict]) -> dict | None:
             "empty_wait_share": wait_share([r for r in rows if r[1] == 0])}
 
 
-def worker_facts(tallies: dict[int, WorkerTally], queue_records: list[dict] = ()) -> dict | None:
+def worker_facts(tallies: dict[int, WorkerTally], queue_records: list[dict] = (),
+                 wait_split: dict | None = None) -> dict | None:
     """``metrics.loader_workers`` (docs/report.md) from the run's worker tallies (pid → tally) and
     the trainer's ``loader_queue`` records; None when no worker recorded a batch and no queue was
     sampled.
@@ -125,7 +126,10 @@ def worker_facts(tallies: dict[int, WorkerTally], queue_records: list[dict] = ()
     ``batches`` (all workers); ``sample_ms`` (``{p50, p99}`` of one sample, all workers; within a
     factor √2); ``slowest_1pct_share`` (0–1: the samples' time held by their slowest 1 %, from the
     histogram; a head-of-line tail when large); ``slowest`` (the slowest samples: ``{index, ms, worker, loader}``; ``index`` as the
-    sampler gave it, text when it is not an int); ``queue`` (:func:`queue_facts`, or None)."""
+    sampler gave it, text when it is not an int); ``queue`` (:func:`queue_facts`, or None);
+    ``wait_split`` (what the training thread did in its data wait, from its stack samples:
+    ``{receiving, waiting, snapshot, loader, other}`` fractions 0–1,
+    :func:`whyidle.analysis.stacks.leaf_split`; None without samples)."""
     rows = []
     hist: dict = {}
     slowest = []
@@ -154,4 +158,4 @@ def worker_facts(tallies: dict[int, WorkerTally], queue_records: list[dict] = ()
     return {"workers": rows, "batches": sum(r["batches"] for r in rows),
             "sample_ms": {"p50": _sample_quantile_ms(hist, 0.5), "p99": _sample_quantile_ms(hist, 0.99)},
             "slowest_1pct_share": _tail_share(hist),
-            "slowest": slowest[:SLOWEST_LISTED], "queue": queue}
+            "slowest": slowest[:SLOWEST_LISTED], "queue": queue, "wait_split": wait_split}

@@ -351,8 +351,9 @@ def analyze(run: RunData) -> RunFacts:
         hooks=_hooks(_last(recs, "hooks"), analyzed, step),
         notebook=notebook_analysis.notebook_facts(recs, run.meta, loader),
         worker_start=notebook_analysis.worker_start(loader, proc),
-        loader_workers=loader_workers.worker_facts(run.loader_workers,
-                                                   [r for r in recs if r.get("k") == "loader_queue"]),
+        loader_workers=loader_workers.worker_facts(
+            run.loader_workers, [r for r in recs if r.get("k") == "loader_queue"],
+            stack_analysis.leaf_split(recs, "data", window=window) if (loader or {}).get("num_workers") else None),
     )
 
 

@@ -111,6 +111,29 @@ DECODE_LEAVES = ("PIL/", "imageio/", "cv2", "torchvision/io/", "turbojpeg", "sim
 SNAPSHOT_LEAVES = ("torchdata/stateful_dataloader/",)
 
 
+#: What the training thread does in a multi-worker DataLoader's data wait, by its innermost frame
+#: (first match wins): waiting for a batch (``selectors.py`` under the data queue's poll, or
+#: ``threading.py`` under the pin-memory thread's queue), receiving one (:data:`IPC_LEAVES`),
+#: torchdata's snapshots (:data:`SNAPSHOT_LEAVES`), the iterator's own Python
+#: (``torch/utils/data/``); the rest is ``other`` (the program's code, e.g. a sampler).
+WAIT_GROUPS = (("receiving", IPC_LEAVES), ("waiting", ("selectors.py", "threading.py", "/queue.py")),
+               ("snapshot", SNAPSHOT_LEAVES), ("loader", ("torch/utils/data/",)))
+
+
+def leaf_split(records: list[dict], phase: str, groups=WAIT_GROUPS, window: tuple[int, int] | None = None
+               ) -> dict | None:
+    """The fraction (0–1) of ``phase``'s sampled time in each group of innermost frames (``groups``:
+    ``(name, path fragments)`` pairs, first match wins), plus ``other``: ``{name: share}`` summing
+    to 1; None without samples in ``phase``."""
+    seconds = {name: 0.0 for name, _ in groups}
+    seconds["other"] = 0.0
+    for _phase, _user, leaf, _count, secs, _callers in sampled_sites(records, {phase}, window):
+        name = next((n for n, parts in groups if leaf and any(p in leaf for p in parts)), "other")
+        seconds[name] += secs
+    total = sum(seconds.values())
+    return {name: s / total for name, s in seconds.items()} if total > 0 else None
+
+
 def function_leaf_share(records: list[dict], phase: str, leaves: tuple[str, ...],
                         window: tuple[int, int] | None = None) -> float | None:
     """The fraction (0–1) of ``phase``'s sampled time inside the program's functions that mostly

@@ -197,7 +197,9 @@ def loop_text(loop: dict) -> str | None:
 def workers_line(lw: dict | None) -> str | None:
     """One line on the DataLoader workers (``metrics.loader_workers``): how many, the range of
     their batch p50s and the largest p95 (ms), the range of their busy shares, the batches ready when
-    the loop asked (``queue``), the slowest sample; None without worker records or queue samples."""
+    the loop asked (``queue``) and the wait spent behind a slow batch, what the training thread did
+    in its wait (``wait_split``: parts of 5 % or more), the slowest sample; None without worker
+    records or queue samples."""
     rows = (lw or {}).get("workers") or []
     p50s = sorted(r["batch_ms"]["p50"] for r in rows if (r.get("batch_ms") or {}).get("p50") is not None)
     queue = (lw or {}).get("queue")
@@ -211,9 +213,17 @@ def workers_line(lw: dict | None) -> str | None:
         if busy:
             lo, hi = min(busy), max(busy)
             parts.append(f"building batches {lo:.0%}" + (f"–{hi:.0%}" if hi - lo >= 0.005 else "") + " of the time")
+    split = (lw or {}).get("wait_split")
     if queue:
+        # the wait of fetches that ended with later batches held, less the loop's own receiving in it
+        behind = (queue.get("behind_wait_share") or 0) * (1 - (split or {}).get("receiving", 0)
+                                                          - (split or {}).get("snapshot", 0))
         parts.append(f"when the loop asked: {queue['ready_mean']:.1f} of {queue['cap']} batches ready on average, "
-                     f"none in {queue['empty_share']:.0%} of the fetches")
+                     f"none in {queue['empty_share']:.0%} of the fetches"
+                     + (f", {behind:.0%} of the wait behind a slow batch" if behind >= 0.05 else ""))
+    if split:
+        named = [(k, v) for k, v in sorted(split.items(), key=lambda kv: -kv[1]) if v >= 0.05]
+        parts.append("the loop's wait: " + ", ".join(f"{k} {v:.0%}" for k, v in named))
     slow = ((lw or {}).get("slowest") or [None])[0]
     if slow:
         parts.append(f"slowest sample: index {slow['index']} {slow['ms']:.1f} ms (worker {slow['worker']})")
