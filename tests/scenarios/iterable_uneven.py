@@ -25,6 +25,9 @@ Expected diagnosis (faulty): ``input_bound`` concentrated at the end of each epo
 per step grows through the epoch: the last ~40 % of the steps wait), workers 1-3 idle
 (exhausted) while worker 0 is still reading: uneven shards of an ``IterableDataset``; fix:
 split by record (or balance the files) across ``get_worker_info()`` workers, not by whole files.
+
+Measured plainly on the 2-core dev box (3 alternated repeats, medians): faulty 749 samples/s
+(data wait 0.56), fixed 1596 (0.16): 2.1x [1.84-2.18].
 """
 
 import os

@@ -57,6 +57,12 @@ SCENARIOS = {
     "keras_eval_callback": ("keras_eval_callback.py", TWO),
     # the fixed variant's first launch makes its cache (in the temp folder): run it once before
     "startup_prep": ("startup_prep.py", TWO),
+    # inside the DataLoader (issue 36)
+    "loader_head_of_line": ("loader_head_of_line.py", TWO + [("prefetch", ["--variant", "prefetch"])]),
+    "collate_in_loop": ("collate_in_loop.py", TWO),
+    "lists_unpickle": ("lists_unpickle.py", TWO),
+    "iterable_uneven": ("iterable_uneven.py", TWO),
+    "stateful_snapshot": ("stateful_snapshot.py", TWO),
 }
 
 

@@ -25,6 +25,10 @@ Expected diagnosis (faulty): ``input_bound`` with the training process on the CP
 waits (``data_cpu_share`` ~1; the workers are not behind), the time in torchdata's
 ``stateful_dataloader`` (``_take_snapshot`` / ``_unflatten`` / ``apply_delta``); fix
 ``snapshot_every_n_steps`` = the checkpoint interval (or a smaller dataset state).
+
+Measured plainly on the 2-core dev box (3 alternated repeats, medians): faulty 653 samples/s
+(data wait 0.63, ``data_cpu_share`` 0.95; step p50 46.5 ms), fixed 1483 (0.16; 19.2 ms): 2.3x
+[2.13-2.27].
 """
 
 import os
