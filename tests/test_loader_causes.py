@@ -54,6 +54,8 @@ def test_head_of_line_is_named_with_in_order_false_first():
     pf = next(o for o in f["fix"]["options"] if "prefetch_factor" in o["text"])
     assert pf["est_speedup"] == pytest.approx(first["est_speedup"], rel=0.01)
     assert "worker 0" in f["summary"] and "4800" in f["summary"]
+    part = f["evidence"]["loader_part"]
+    assert part["slow_worker"] == 0 and part["behind_s_per_step"] == pytest.approx(0.027, rel=0.01)
     assert "# was" not in first["code"]  # only in_order changes
 
 

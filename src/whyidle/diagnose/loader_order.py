@@ -123,7 +123,8 @@ def options(facts: RunFacts, hol: dict) -> list[FixOption]:
     where = " (override Trainer.get_train_dataloader to build it)" if hf else ""
     order_text = ("Hand batches over as they finish: DataLoader(..., in_order=False)" + where + ", so the batches "
                   "other workers finished are not held behind a slow one, and new indices go to the workers with "
-                  "the fewest outstanding" + ("" if new else f" (PyTorch 2.6 or later; this run has {version})") + ".")
+                  "the fewest outstanding" + (f" (PyTorch 2.6 or later; this run has {version})" if new is False else "")
+                  + ".")
     opts = [fix_option(order_text, round(hol["est_in_order"], 3),
                        "batches arrive in completion order, not the sampler's (fine for shuffled training; keep the "
                        "order for evaluation)",

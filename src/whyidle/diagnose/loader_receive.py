@@ -45,7 +45,7 @@ def conversion(facts: RunFacts) -> dict | None:
         for line in h.get("lines") or [h]:
             code = (line.get("code") or "").replace(" ", "")
             if (line.get("share") or 0) >= CONVERSION_MIN_SHARE and any(c in code for c in CONVERTERS):
-                return {"site": line.get("site"), "code": line.get("code"), "share": line["share"]}
+                return {"site": line.get("site"), "code": line.get("code"), "share": round(line["share"], 4)}
     return None
 
 

@@ -402,6 +402,22 @@ def data_wait_with_boundaries(facts: RunFacts) -> float | None:
     return (facts.step["data_wait_s_per_step"] * n + extra) / (n + n_extra)
 
 
+def _loader_part(cause: str, shards: dict | None, receive: dict | None, hol: dict | None) -> dict | None:
+    """``evidence.loader_part`` of ``input_bound``: the measured figures behind the causes read from
+    inside a multi-worker DataLoader (docs/report.md), None for the other causes."""
+    if cause == "uneven_shards":
+        return _round({"batches_by_worker": {str(k): v for k, v in shards["batches"].items()},
+                       "imbalance": shards["imbalance"]})
+    if cause == "main_process_receive":
+        return _round({"part": receive["part"], "share_of_wait": receive["share"],
+                       "conversion": receive["conversion"]})
+    if cause == "head_of_line":
+        return _round({"behind_s_per_step": hol["behind_s"], "pace_s_per_step": hol["pace_s"],
+                       "slowest_pace_s_per_step": hol["slowest_pace_s"], "slow_worker": hol["slow_worker"]["worker"],
+                       "suggested_prefetch_factor": hol["prefetch"]})
+    return None
+
+
 def _building(facts: RunFacts) -> str:
     """How much of the time the workers spent building batches, from their own tallies
     (``metrics.loader_workers``), for when the host sampler did not see them; ``""`` without."""
@@ -625,6 +641,7 @@ def input_bound(facts: RunFacts) -> dict | None:
     })
     evidence["hotspots"] = hot
     evidence["focus"] = focus
+    evidence["loader_part"] = _loader_part(cause, shards, receive, hol)
     evidence["sample_cost"] = None if measured is None else {
         "lines": [{"site": h.site, "code": h.code, "share_of_loading": round(h.share, 4), "leaf": h.leaf}
                   for h in measured.lines],
