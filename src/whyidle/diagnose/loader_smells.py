@@ -17,7 +17,8 @@ def settings(facts: RunFacts) -> list[str]:
     - ``persistent_workers=True`` with a dataset that has ``set_epoch``: the workers hold the copies
       of the dataset made when they started, so ``dataset.set_epoch(e)`` in the training process
       reaches none of them (an epoch-seeded shuffle or augmentation stays at its first epoch);
-    - ``pin_memory=True`` on a run without a GPU: PyTorch turns it off (nothing to pin for).
+    - ``pin_memory=True`` on a run without a GPU, by a program that never asks for CUDA (one that
+      does is meant for a GPU too, where pinning is right: cases.md C21): PyTorch turns it off.
     """
     loader = facts.loader or {}
     nw = loader.get("num_workers") or 0
@@ -32,7 +33,8 @@ def settings(facts: RunFacts) -> list[str]:
                       "training process reaches none of them (an epoch-seeded shuffle or augmentation stays at its "
                       "first epoch); pass the epoch through the sampler or a shared value, or re-create the workers")
     params = (facts.devices or {}).get("params") or {}
-    if loader.get("pin_memory") and (facts.device or {}).get("kind") == "cpu" and "cuda" not in params:
+    asks_cuda = (facts.placement or {}).get("cuda_queries")  # a script meant for a GPU too: pinning is right there
+    if loader.get("pin_memory") and (facts.device or {}).get("kind") == "cpu" and "cuda" not in params and not asks_cuda:
         smells.append("pin_memory=True on a run without a GPU: PyTorch turns it off here (nothing to pin for); it "
                       "pins each batch in a thread of the training process once a GPU is there")
     return smells
