@@ -78,14 +78,26 @@ def test_a_throughput_bound_loader_is_not_head_of_line():
 def test_receiving_in_the_main_process_never_advises_more_workers():
     workers = [worker(i, 50, 5.0, busy=0.2) for i in range(4)]
     facts = facts_with(workers, queue(behind=0.5, empty=0.05, full=0.9, ready=7.6), data=0.3, ipc=0.8)
+    facts.devices = {"batch_bytes": 0, "batch_tensors": None}  # batches of Python objects
     f = rules.input_bound(facts)
     assert_contract(f)
-    assert f["evidence"]["cause"] == "main_process_receive"
+    assert f["evidence"]["cause"] == "main_process_receive" and f["evidence"]["loader_part"]["part"] == "objects"
     assert all("num_workers" not in (o["code"] or "") and "Raise num_workers" not in o["text"]
                for o in f["fix"]["options"])
-    assert "7.6 of 8 batches were ready" in f["summary"]
+    assert "7.6 of 8 batches were ready" in f["summary"] and f["evidence"]["suggested_num_workers"] == 4
     # 50 ms step, 15 ms wait, 80 % of it receiving: 50 / 38 ms
     assert f["est_speedup"] == pytest.approx(0.05 / (0.05 - 0.3 * 0.05 * 0.8), rel=0.01)
+    # tensor batches: not "return tensors"; no estimate (what else they carry decides the fix)
+    facts.devices = {"batch_bytes": 1 << 20, "batch_tensors": 2}
+    f = rules.input_bound(facts)
+    assert f["evidence"]["loader_part"]["part"] == "receive" and f["est_speedup"] is None
+    assert "Return tensors" not in f["fix"]["text"] and "More workers would not help" in f["fix"]["text"]
+    # a StatefulDataLoader snapshotting every batch: with tensor batches the receiving is the state
+    facts.loader.update(snapshot_every_n_steps=1)
+    facts.data_snapshot_share = 0.05
+    f = rules.input_bound(facts)
+    assert f["evidence"]["loader_part"]["part"] == "snapshot" and "snapshot_every_n_steps" in f["fix"]["text"]
+    assert f["est_speedup"] == pytest.approx(0.05 / (0.05 - 0.3 * 0.05 * 0.85 * 0.99), rel=0.01)
 
 
 def test_uneven_iterable_shards():

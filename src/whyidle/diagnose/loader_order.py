@@ -98,8 +98,8 @@ def head_of_line(facts: RunFacts) -> dict | None:
     tail_share = lw.get("slowest_1pct_share")
     sample = (lw.get("sample_ms") or {}).get("p50")
     names = ", ".join(f"{e['index']} ({e['ms']:.0f} ms)" for e in slowest[:3])
-    reason = (f"the loop waits behind one slow batch while the others are ready: {share:.0%} of the wait came "
-              f"with later batches already received and held for order; worker {slow['worker']}'s batches take "
+    reason = (f"the loop waits behind one slow batch while the others are ready: {behind / wait:.0%} of the wait "
+              f"came with later batches already received and held for order; worker {slow['worker']}'s batches take "
               f"{slow['batch_ms']['mean']:.1f} ms on average (p99 {slow['batch_ms'].get('p99') or 0:.0f} ms)"
               + (f", the slowest 1 % of samples hold {tail_share:.0%} of the loading time" if tail_share else "")
               + (f" (slowest: {names}" + (f"; a median sample {sample:.2g} ms" if sample else "") + ")" if names else ""))

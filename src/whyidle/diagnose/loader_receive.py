@@ -66,67 +66,92 @@ def received_share(facts: RunFacts) -> float:
 
 
 def main_process(facts: RunFacts) -> dict | None:
-    """The receiving reading of the run's data wait, or None when the workers hold it.
+    """The training process's own reading of the run's data wait, or None when the workers hold it.
 
     It holds when the training thread spends ``T.IPC_SHARE_OF_WAIT`` or more of its wait receiving
     and unpickling batches (``RunFacts.data_ipc_share``) or in torchdata's ``StatefulDataLoader``
     snapshots (``data_snapshot_share``), or when batches were ready for most of the wait (the
     queue's ``empty_wait_share`` < ``T.RECEIVE_MAX_EMPTY_WAIT`` and ``full_share`` ≥
-    ``T.RECEIVE_MIN_FULL``). Returns ``{part, share, est, ready_mean, cap, full_share, reason}``:
-    ``part`` (``"receive"`` or ``"snapshot"``, the larger), its ``share`` (0–1 of the wait, None
-    without stack samples), ``est`` (step-time ratio with that cost gone: a batch of tensors
-    crosses in shared memory, and the step's :func:`conversion` of the Python lists goes too; a
-    snapshot every :data:`SNAPSHOT_EVERY` steps; None without stack samples), ``conversion``, the queue's mean batches ready, its cap and full share (None without the queue), and
-    the sentence for the finding's summary.
+    ``T.RECEIVE_MIN_FULL``).
+
+    ``part`` says what the training process does: ``"snapshot"`` (a ``StatefulDataLoader``: its
+    snapshots' bookkeeping, and the receiving too when the batches carry tensors: then what crosses
+    besides them is the workers' dataset state, pickled with each batch at every snapshot),
+    ``"objects"`` (batches of Python objects, no tensor in them: unpickled element by element, and
+    converted in the step where :func:`conversion` finds the line), else ``"receive"`` (tensor
+    batches whose receiving still holds the wait: no estimate, the fix depends on what they carry).
+
+    Returns ``{part, share, est, conversion, ready_mean, cap, full_share, reason}``: ``share``
+    (0–1 of the wait in that part, None without stack samples), ``est`` (step-time ratio with it
+    gone: objects → tensors, which also removes the conversion; snapshots every
+    :data:`SNAPSHOT_EVERY` steps where they are taken more often; None otherwise), the queue's mean
+    batches ready, its cap and full share (None without the queue), the summary's sentence.
     """
     step = facts.step or {}
-    nw = (facts.loader or {}).get("num_workers") or 0
+    loader = facts.loader or {}
+    nw = loader.get("num_workers") or 0
     if not nw or not step:
         return None
-    ipc = facts.data_ipc_share
-    snapshot = facts.data_snapshot_share
+    ipc, snapshot = facts.data_ipc_share or 0.0, facts.data_snapshot_share or 0.0
     q = (facts.loader_workers or {}).get("queue") or {}
     empty, full = q.get("empty_wait_share"), q.get("full_share")
     ready = empty is not None and empty < T.RECEIVE_MAX_EMPTY_WAIT and (full or 0) >= T.RECEIVE_MIN_FULL
-    if not ready and max(ipc or 0, snapshot or 0) < T.IPC_SHARE_OF_WAIT:
+    if not ready and max(ipc, snapshot) < T.IPC_SHARE_OF_WAIT:
         return None
-    part = "snapshot" if (snapshot or 0) > (ipc or 0) else "receive"
-    share = snapshot if part == "snapshot" else ipc
+    every = loader.get("snapshot_every_n_steps")
+    objects = (facts.devices or {}).get("batch_bytes") == 0
+    if every and (snapshot > ipc or not objects):
+        part, share = "snapshot", snapshot + (0.0 if objects else ipc)
+    else:
+        part, share = ("objects" if objects else "receive"), ipc
     mean, wait = step["step_time_s"]["mean"], step["data_wait_s_per_step"]
-    # a snapshot every SNAPSHOT_EVERY steps instead of every step keeps 1/SNAPSHOT_EVERY of its cost
-    kept = 1.0 / SNAPSHOT_EVERY if part == "snapshot" else 0.0
-    conv = conversion(facts) if part == "receive" else None
-    converted = conv["share"] * mean if conv else 0.0  # the loop's conversion goes with the same fix
-    est = mean / max(1e-9, mean - wait * share * (1.0 - kept) - converted) if share else None
+    conv = conversion(facts) if part == "objects" else None
+    est = None
+    if part == "objects" and share:
+        est = mean / max(1e-9, mean - wait * share - (conv["share"] * mean if conv else 0.0))
+    elif part == "snapshot" and share and every < SNAPSHOT_EVERY:  # kept: every / SNAPSHOT_EVERY of the cost
+        est = mean / max(1e-9, mean - wait * share * (1.0 - every / SNAPSHOT_EVERY))
     queue = (f"{q['ready_mean']:.1f} of {q['cap']} batches were ready when the loop asked (the loader full at "
              f"{full:.0%} of the fetches)") if ready else ""
-    doing = (f"it spends {share:.0%} of the wait in StatefulDataLoader's state snapshots (snapshot_every_n_steps="
-             f"{(facts.loader or {}).get('snapshot_every_n_steps')})" if part == "snapshot" else
-             f"it spends {share:.0%} of the wait receiving and unpickling each batch") if share else ""
+    doing = {"snapshot": f"it spends {share:.0%} of the wait on StatefulDataLoader's snapshots of the workers' state "
+                         f"(snapshot_every_n_steps={every})",
+             "objects": f"it spends {share:.0%} of the wait receiving and unpickling batches of Python objects",
+             "receive": f"it spends {share:.0%} of the wait receiving the batches"}[part] if share else ""
     converting = (f"then `{conv['code'].strip()}` converts the Python lists in the step ({conv['share']:.0%} of it)"
                   if conv else "")
     reason = ("the wait is the training process's own part of each fetch, not the workers': "
               + "; ".join(p for p in (queue, doing, converting) if p))
-    return {"part": part, "share": share, "est": est, "conversion": conv, "ready_mean": q.get("ready_mean"), "cap": q.get("cap"),
-            "full_share": full, "reason": reason}
+    return {"part": part, "share": share, "est": est, "conversion": conv, "ready_mean": q.get("ready_mean"),
+            "cap": q.get("cap"), "full_share": full, "every": every, "reason": reason}
 
 
 def options(receive: dict) -> list[FixOption]:
-    """The fixes for a wait in the training process's own part of the fetch, with the estimate."""
-    est = receive["est"]
+    """The fix for a wait in the training process's own part of the fetch, with its estimate."""
+    est = round(receive["est"], 3) if receive["est"] else None
+    ready = " More workers would not help: the batches are ready."
     if receive["part"] == "snapshot":
+        every = receive["every"]
+        often = every < SNAPSHOT_EVERY
         return [fix_option(
-            "Snapshot the loader's state only as often as you checkpoint: StatefulDataLoader(..., "
-            "snapshot_every_n_steps=<checkpoint interval in steps>) (the default, 1, snapshots every batch); or keep "
-            "the dataset's state_dict small. More workers would not help: the batches are ready.",
-            round(est, 3) if est else None,
-            f"estimated for a snapshot every {SNAPSHOT_EVERY} steps; a resumed job restarts from the last snapshot",
-            f"loader = StatefulDataLoader(..., snapshot_every_n_steps={SNAPSHOT_EVERY})   # was 1: every batch")]
+            ("Snapshot the loader's state only as often as you checkpoint: StatefulDataLoader(..., "
+             f"snapshot_every_n_steps=<checkpoint interval in steps>) (now {every}: "
+             + ("every batch" if every == 1 else f"every {every} batches") + "), and keep the dataset's state_dict() "
+             "small (counters and offsets, not arrays): the workers' state crosses to the training process with "
+             "the batches at every snapshot." if often else
+             "Keep the dataset's state_dict() small (counters and offsets, not arrays): the workers' state crosses "
+             f"to the training process with the batches at every snapshot (every {every} steps).") + ready,
+            est, f"estimated for a snapshot every {SNAPSHOT_EVERY} steps; a resumed job restarts from the last "
+                 "snapshot" if often else None,
+            f"loader = StatefulDataLoader(..., snapshot_every_n_steps={SNAPSHOT_EVERY})   # was {every}"
+            if often else None)]
+    if receive["part"] == "objects":
+        return [fix_option(
+            "Return tensors or NumPy arrays from __getitem__ and collate_fn, not Python lists, dicts of lists or other "
+            "objects: a tensor crosses to the training process in shared memory and is only mapped there, while a "
+            "Python object is pickled by the worker and rebuilt element by element in the training process." + ready,
+            est, "its receiving time gone" + (" and the conversion in the step" if receive["conversion"] else "")
+            + " (a batch of tensors still costs a shared-memory mapping per tensor)", None)]
     return [fix_option(
-        "Return tensors or NumPy arrays from __getitem__ and collate_fn, not Python lists, dicts of lists or other "
-        "objects: a tensor crosses to the training process in shared memory and is only mapped there, while a "
-        "Python object is pickled by the worker and rebuilt element by element in the training process. More "
-        "workers would not help: the batches are ready, receiving them is the cost.",
-        round(est, 3) if est else None,
-        "its receiving time gone" + (" and the conversion in the step" if receive["conversion"] else "")
-        + " (a batch of tensors still costs a shared-memory mapping per tensor)", None)]
+        "Look at what each batch carries besides its tensors: Python objects in it (lists, strings, dicts of "
+        "metadata) are pickled by the worker and rebuilt in the training process; keep them out of the batch or "
+        "make them tensors." + ready, None, None, None)]

@@ -402,6 +402,10 @@ def data_wait_with_boundaries(facts: RunFacts) -> float | None:
     return (facts.step["data_wait_s_per_step"] * n + extra) / (n + n_extra)
 
 
+#: ``input_bound`` causes read from inside a multi-worker DataLoader, whose fix is not more workers.
+LOADER_PART_CAUSES = ("uneven_shards", "main_process_receive", "head_of_line")
+
+
 def _loader_part(cause: str, shards: dict | None, receive: dict | None, hol: dict | None) -> dict | None:
     """``evidence.loader_part`` of ``input_bound``: the measured figures behind the causes read from
     inside a multi-worker DataLoader (docs/report.md), None for the other causes."""
@@ -476,7 +480,10 @@ def input_bound(facts: RunFacts) -> dict | None:
     ipc = facts.data_ipc_share
     shards = loader_shards.uneven(facts) if nw else None
     receive = loader_receive.main_process(facts) if nw and not shards else None
-    hol = loader_order.head_of_line(facts) if nw and not shards and not receive else None
+    hol = loader_order.head_of_line(facts) if nw and not shards else None
+    if receive and hol:  # the larger part of the wait: receiving batches, or waiting behind a slow one
+        receive, hol = (None, hol) if hol["behind_s"] > (receive["share"] or 0) * step["data_wait_s_per_step"] \
+            else (receive, None)
     if not loader:
         cause = "unknown"
     elif nw and tensors >= T.BATCH_TENSORS_MANY and (ipc or 0) >= T.IPC_SHARE_OF_WAIT:
@@ -496,6 +503,8 @@ def input_bound(facts: RunFacts) -> dict | None:
     else:
         cause = "too_few_workers"
     workers = model["workers"] if model else 2
+    if cause in LOADER_PART_CAUSES:
+        workers = nw  # more workers are not the fix (suggested_num_workers stays the loader's own)
     wait = step["data_wait_s_per_step"]
     mean = step["step_time_s"]["mean"]
     wait_all = data_wait_with_boundaries(facts)

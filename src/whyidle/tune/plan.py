@@ -31,6 +31,9 @@ import math
 from whyidle.tune import job_settings
 
 #: Kind of each setting: one trial per kind goes into the combination.
+#: ``input_bound`` causes (docs/report.md) whose printed fix is not a worker count: packing the
+#: batch's tensors, even shards, the training process's own receiving, ``in_order=False``.
+NOT_WORKERS = ("many_tensors", "uneven_shards", "main_process_receive", "head_of_line")
 FAMILY = {"num_workers": "loader", "persistent_workers": "loader", "prefetch_factor": "loader", "pin_memory": "pin",
           "batch_size": "batch", "threads": "threads", "autocast": "precision", "tf32": "tf32",
           "cudnn_benchmark": "cudnn", "tfdata_parallel_map": "tfdata", "tfdata_prefetch": "tfdata",
@@ -139,7 +142,7 @@ def candidates(report: dict, cores: int, tries: dict[str, list] | None = None) -
     framework = report.get("framework")
     on_cuda = (report.get("device") or {}).get("kind") == "cuda"
     inp = _finding(report, "input_bound")
-    if inp and framework == "torch" and loader and inp["evidence"].get("cause") != "many_tensors":
+    if inp and framework == "torch" and loader and inp["evidence"].get("cause") not in NOT_WORKERS:
         ev = inp["evidence"]
         now = loader.get("num_workers") or 0
         best = int(ev.get("suggested_num_workers") or max(1, min(2, cores)))

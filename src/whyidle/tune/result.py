@@ -142,8 +142,11 @@ def first_fix_patch(report: dict, cmd: list[str]) -> dict:
              if c.origin == first["id"]]
     cand = next((c for c in cands if c.predicted is not None), cands[0] if cands else None)
     if cand is None:
+        cause = (first.get("evidence") or {}).get("cause")
+        what = f"{first['id']}, cause {cause}" if cause else first["id"]
         return {"diff": None, "file": None, "placed": {}, "unplaced": {}, "finding": first["id"], "settings": None,
-                "error": f"the first fix ({first['id']}) is a code change, not a setting: see the report"}
+                "error": f"the first fix ({what}) is a code change, or a setting whyidle does not write as a diff "
+                         "(in_order=False, snapshot_every_n_steps): see the report's code"}
     return {**winner_patch(cmd, cand.settings, {}, report), "finding": first["id"], "settings": cand.settings}
 
 
