@@ -61,6 +61,12 @@ def test_decoding_lines_stay_and_unlisted_lines_of_a_decoding_function_do_not_co
     # ImageEnhance.Color converts each in-memory sample: a conversion, not decoding (which runs under
     # ImageFile.load); the randaugment scenario's estimate once ranked as assumed by this leaf
     assert not sample_cost.decodes("PIL/Image.py:1100 convert") and sample_cost.decodes("PIL/ImageFile.py:300 load")
+    # a line that opens the image decodes even when its most-sampled frame is the resize after it
+    opened = [func("ds.py __getitem__", 0.8, [line("ds.py:63 __getitem__", 0.75, "PIL/Image.py:2440 resize"),
+                                               line("ds.py:60 __getitem__", 0.02, "ds.py:60 __getitem__")])]
+    assert not sample_cost.decoding(opened)
+    opened[0]["lines"][1]["code"] = "img = Image.open(io.BytesIO(self.blobs[idx]))"
+    assert sample_cost.decoding(opened) and not sample_cost.decoding(funcs[:0])
 
 
 def test_input_bound_prints_the_measured_cheaper_sample_first_when_it_gains_most():

@@ -368,7 +368,9 @@ class RunFacts:
       workers, the fraction of the training thread's sampled data wait spent receiving batches
       from them (:data:`whyidle.analysis.stacks.IPC_LEAVES`), else None; ``data_snapshot_share``:
       with torchdata's ``StatefulDataLoader``, the fraction of that wait in its state snapshots
-      (:data:`whyidle.analysis.stacks.SNAPSHOT_LEAVES`), else None; ``data_decode_share``
+      (:data:`whyidle.analysis.stacks.SNAPSHOT_LEAVES`), else None; ``data_image_read_share``: the
+      fraction of the training thread's sampled data wait in image decoding
+      (:data:`whyidle.analysis.stacks.IMAGE_READ_LEAVES`), None without samples; ``data_decode_share``
       (Keras): the fraction of the training thread's sampled data wait spent decoding images (in
       the program's functions that mostly run :data:`whyidle.analysis.stacks.DECODE_LEAVES`,
       :func:`whyidle.analysis.stacks.function_leaf_share`), else None; ``hooks``: the
@@ -443,6 +445,7 @@ class RunFacts:
     preamble: dict | None = None
     data_ipc_share: float | None = None
     data_snapshot_share: float | None = None
+    data_image_read_share: float | None = None
     data_decode_share: float | None = None
     hooks: dict | None = None
     notebook: NotebookFacts | None = None

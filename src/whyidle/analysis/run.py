@@ -346,6 +346,7 @@ def analyze(run: RunData) -> RunFacts:
         if (loader or {}).get("num_workers") else None,
         data_snapshot_share=stack_analysis.leaf_share(recs, "data", stack_analysis.SNAPSHOT_LEAVES, window)
         if (loader or {}).get("snapshot_every_n_steps") else None,
+        data_image_read_share=stack_analysis.leaf_share(recs, "data", stack_analysis.IMAGE_READ_LEAVES, window),
         data_decode_share=stack_analysis.function_leaf_share(recs, "data", stack_analysis.DECODE_LEAVES, window)
         if framework == "keras" and window else None,
         hooks=_hooks(_last(recs, "hooks"), analyzed, step),

@@ -106,6 +106,11 @@ IPC_LEAVES = ("multiprocessing/connection.py", "multiprocessing/queues.py", "mul
 DECODE_LEAVES = ("PIL/", "imageio/", "cv2", "torchvision/io/", "turbojpeg", "simplejpeg")
 
 
+#: Innermost frames of reading and decoding an encoded image (PIL's decoder loop and format
+#: plugins, torchvision's and the JPEG libraries' decoders): not resizing or colour work.
+IMAGE_READ_LEAVES = ("PIL/ImageFile.py", "PIL/JpegImagePlugin.py", "PIL/PngImagePlugin.py", "PIL/WebPImagePlugin.py",
+                     "torchvision/io/", "turbojpeg", "simplejpeg", "imageio/")
+
 #: Innermost frames of torchdata's ``StatefulDataLoader`` bookkeeping in the training process:
 #: applying the workers' state deltas and rebuilding their nested state at every snapshot.
 SNAPSHOT_LEAVES = ("torchdata/stateful_dataloader/",)

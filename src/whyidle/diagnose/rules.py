@@ -361,17 +361,25 @@ def _decodes(facts: RunFacts) -> bool:
     estimate ranks as an assumption, after the workers' (image_decode_main: 2 workers measured
     1.49-1.71x, printed first; the removal estimate said 6.0x). PIL augmentation without decoding
     keeps its measured rank (randaugment_pil: 1.61x estimated, 1.48x measured)."""
-    return _images(facts) and any(sample_cost.decodes(leaf) for leaf in _leaves(facts))
+    return _images(facts) and _decoding(facts)
+
+
+def _decoding(facts: RunFacts) -> bool:
+    """The data phase decodes images: its hot lines say so (:func:`sample_cost.decoding`), or at
+    least ``T.IMAGE_READ_MIN_SHARE`` of its stack samples ran an image decoder (the hot lines name
+    each line's most-sampled frame only: image_decode_main's decoding under a line whose top frame
+    is the resize after it)."""
+    return (sample_cost.decoding((facts.hotspots or {}).get("data"))
+            or (facts.data_image_read_share or 0.0) >= T.IMAGE_READ_MIN_SHARE)
 
 
 def _cheaper_sample(facts: RunFacts) -> str:
     """How to make each sample cheaper, by what the data phase's samples ran: image decoding, image
     augmentation (PIL operations without decoding), or PyTorch's own per-sample indexing and
     collation of in-memory tensors, else either."""
-    leaves = _leaves(facts)
     images = _images(facts)
     gpu = (facts.device or {}).get("kind") == "cuda"
-    if images and not any(sample_cost.decodes(leaf) for leaf in leaves):
+    if images and not _decoding(facts):
         return ("The images are augmented one at a time: run the augmentation on whole batches as tensor ops "
                 "(torchvision.transforms.v2 or Kornia on a uint8 batch, one random op and magnitude per image)"
                 + (" on the GPU" if gpu else "") + " instead of per-sample PIL calls in __getitem__.")

@@ -64,6 +64,28 @@ class SampleCost:
         return max(0.0, 1.0 - self.removed)
 
 
+#: Calls that read an encoded image, as a line of the program writes them: the line decodes even
+#: where its most-sampled innermost frame is the resize after it (image_decode_main's
+#: ``Image.open``: 2 % of the loading under ``JpegImagePlugin``, the decode under the next line's
+#: ``resize`` most of the time).
+READ_CALLS = ("Image.open(", "decode_jpeg(", "decode_image(", "read_image(", "imread(", "imdecode(")
+
+
+def reads_images(code: str | None) -> bool:
+    """True when a line's source ``code`` calls one of :data:`READ_CALLS`."""
+    return bool(code) and any(c in code for c in READ_CALLS)
+
+
+def decoding(hotspots: list[dict] | None) -> bool:
+    """The data phase decodes images: a hotspot's or listed line's innermost frame decodes
+    (:func:`decodes`) or a listed line reads an image file (:func:`reads_images`)."""
+    for h in hotspots or []:
+        for line in [h] + list(h.get("lines") or []):
+            if decodes(line.get("leaf") or "") or reads_images(line.get("code")):
+                return True
+    return False
+
+
 def decodes(leaf: str) -> bool:
     """True when ``leaf`` (``path:line function``) is image decoding (:data:`DECODE_LEAVES`, or PIL's
     ``Image.open``: :data:`PIL_DECODE`)."""
@@ -107,7 +129,7 @@ def measured_cost(hotspots: list[dict] | None, data_share: float, num_workers: i
     """
     if num_workers or not hotspots or data_share <= 0:
         return None
-    decoding = any(decodes(line.get("leaf") or "") for h in hotspots for line in (h.get("lines") or [h]))
+    decoded = decoding(hotspots)
     removed = 0.0
     lines: list[HotLine] = []
     for h in hotspots:
@@ -115,7 +137,7 @@ def measured_cost(hotspots: list[dict] | None, data_share: float, num_workers: i
             continue  # not the program's own preparation
         listed = h.get("lines") or [h]
         kept = sum(line.get("share") or 0.0 for line in listed if _kept(line))
-        if decoding and h.get("lines"):  # the function's lines not listed may be decoding: not counted
+        if decoded and h.get("lines"):  # the function's lines not listed may be decoding: not counted
             removed += sum(line.get("share") or 0.0 for line in listed if not _kept(line)) / data_share
         else:
             removed += max(0.0, (h.get("share") or 0.0) - kept) / data_share

@@ -63,6 +63,10 @@ RECEIVE_MIN_FULL = 0.5
 #: with the most building time holds at least 1.5× the workers' mean (one shard 4× the others on
 #: 4 workers: 2.3×); below, the epoch's tail with fewer workers is within a step or two.
 SHARD_MIN_IMBALANCE = 1.5
+#: The data phase decodes images when this fraction (0–1) of its stack samples ran an image decoder
+#: (analysis/stacks.py IMAGE_READ_LEAVES): one sample in twenty; augmentation of in-memory images
+#: (randaugment_pil) has none.
+IMAGE_READ_MIN_SHARE = 0.05
 #: iowait share of all cores that points at local storage whatever the read counters say.
 IOWAIT_STORAGE = 0.10
 
